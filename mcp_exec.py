@@ -1,0 +1,1221 @@
+#!/usr/bin/env python3
+"""mcp_exec.py: let any MCP client run Python code. One file, one tool.
+
+    python mcp_exec.py               stdio server (what MCP clients launch)
+    python mcp_exec.py --http        HTTP server: HTTP+SSE (/sse) and Streamable HTTP (/mcp)
+    python mcp_exec.py demo          a scripted session against a stdio server, wire shown
+    python mcp_exec.py --help        every mode and every environment variable
+
+The file reads top to bottom in the order a message travels:
+
+    1. Configuration   every limit, with the environment variable that sets it
+    2. Executor        a fresh interpreter per call: timeouts, output caps, limits, packages
+    3. Protocol        JSON-RPC framing and the MCP methods, shared by every transport
+    4. stdio           newline-delimited JSON on stdin/stdout
+    5. HTTP            Flask app: HTTP+SSE and Streamable HTTP (Flask is imported only here)
+    6. Command line    mode selection, --help, the demo client
+
+The stdio path imports only the standard library. References such as "lifecycle.mdx"
+point into the MCP specification, docs/specification/<version>/ in
+github.com/modelcontextprotocol/modelcontextprotocol.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# =============================================================================
+# 1. Configuration
+# =============================================================================
+# Everything is read once, from the environment, when the module is imported.
+
+
+def _env_float(name, default):
+    value = os.environ.get(name, "").strip()
+    try:
+        return float(value) if value else default
+    except ValueError:
+        sys.exit("mcp-exec: %s must be a number, got %r" % (name, value))
+
+
+def _env_int(name, default):
+    return int(_env_float(name, default))
+
+
+def _env_bool(name, default=False):
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value in ("1", "true", "yes", "on")
+
+
+def _default_state_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mcp-exec")
+
+
+SERVER_NAME = "mcp-exec"
+SERVER_TITLE = "Python code execution"
+SERVER_VERSION = "0.1.0"
+TOOL_NAME = "code_exec_python"
+
+# Protocol versions this server speaks, newest first (see the changelog.mdx of each).
+HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[0]
+
+EXEC_TIMEOUT = _env_float("EXEC_TIMEOUT", 30.0)              # seconds a call may run by default
+EXEC_TIMEOUT_MAX = max(EXEC_TIMEOUT, _env_float("EXEC_TIMEOUT_MAX", 300.0))  # per-call cap
+INSTALL_TIMEOUT = _env_float("INSTALL_TIMEOUT", 300.0)       # seconds for creating an env + pip
+OUTPUT_LIMIT = max(256, _env_int("OUTPUT_LIMIT", 64 * 1024))  # bytes kept per stream
+EXEC_MEMORY_MB = _env_int("EXEC_MEMORY_MB", 2048)            # address space of the child (0 = off)
+EXEC_FILE_MB = _env_int("EXEC_FILE_MB", 1024)                # largest file it may write (0 = off)
+EXEC_MAX_FILES = _env_int("EXEC_MAX_FILES", 1024)            # open file descriptors (0 = off)
+EXEC_CONCURRENCY = max(1, _env_int("EXEC_CONCURRENCY", 8))   # calls running at once; more wait
+EXEC_ENV_PASSTHROUGH = [n for n in re.split(r"[,\s]+", os.environ.get("EXEC_ENV_PASSTHROUGH", "")) if n]
+STATE_DIR = os.path.abspath(os.environ.get("MCP_EXEC_DIR") or _default_state_dir())
+VENV_CACHE_SIZE = max(1, _env_int("VENV_CACHE_SIZE", 8))    # isolated environments kept
+MAX_MESSAGE_BYTES = _env_int("MAX_MESSAGE_BYTES", 16 * 1024 * 1024)  # one stdio line
+TRACE = _env_bool("MCP_TRACE")
+EOF_GRACE = 5.0           # seconds running calls get to finish after stdin closes
+KILL_GRACE = 1.0          # seconds to wait for pipes to close after a kill
+MAX_PACKAGES = 50
+
+POSIX = os.name == "posix"
+
+# The child sees only these variables of the server's environment (plus LC_* and
+# EXEC_ENV_PASSTHROUGH). API_KEY and every other secret stay in the server.
+CHILD_ENV_ALLOW = (
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR",
+    "SYSTEMROOT", "SYSTEMDRIVE", "WINDIR", "COMSPEC", "PATHEXT", "USERPROFILE", "APPDATA",
+    "LOCALAPPDATA", "PROGRAMDATA", "TEMP", "TMP",
+)
+# The installer also sees the operator's pip/uv configuration, proxies and CA bundles,
+# so that mirrors and local wheel folders work.
+INSTALLER_ENV_PREFIXES = ("PIP_", "UV_")
+INSTALLER_ENV_ALLOW = (
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+)
+
+
+def log(message):
+    """Diagnostics go to stderr: on stdio, stdout carries only MCP messages (transports.mdx)."""
+    sys.stderr.write("mcp-exec: %s\n" % message)
+    sys.stderr.flush()
+
+
+# =============================================================================
+# 2. Executor
+# =============================================================================
+# run_code() is the whole tool. Each call gets a fresh interpreter in a fresh temporary
+# directory, fed through BOOTSTRAP below; the server reads its output in chunks, kills its
+# whole process group when time is up, and removes every trace afterwards.
+
+# The child runs this with `python -u -c BOOTSTRAP MEM_MB FILE_MB MAX_FILES CPU_S`. It sets its
+# own resource limits (so the server needs no preexec_fn, which is unsafe with threads),
+# reads the code from stdin (no argv size limit), and runs it as __main__ with fresh
+# globals. Source lines are registered with linecache, so tracebacks show the failing line.
+# The bootstrap's own frame is dropped from tracebacks: the user sees only their code.
+BOOTSTRAP = r"""
+def _mcp_exec_bootstrap():
+    import sys, builtins, linecache
+    limits = [int(x) for x in sys.argv[1:5]]
+    del sys.argv[1:]
+    try:
+        import resource
+    except ImportError:
+        resource = None
+    if resource is not None:
+        for name, value in zip(("RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CPU", "RLIMIT_CORE"),
+                               (limits[0] << 20, limits[1] << 20, limits[2], limits[3], 0)):
+            if value > 0 or name == "RLIMIT_CORE":
+                try:
+                    kind = getattr(resource, name)
+                    hard = resource.getrlimit(kind)[1]
+                    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                    resource.setrlimit(kind, (value, value))
+                except (AttributeError, ValueError, OSError):
+                    pass
+    source = sys.stdin.buffer.read()
+    text = source.decode("utf-8", "replace")
+    linecache.cache["<code>"] = (len(text), None, text.splitlines(True), "<code>")
+    import __main__
+    namespace = __main__.__dict__
+    namespace.clear()
+    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
+                     __spec__=None, __builtins__=builtins)
+    try:
+        exec(compile(source, "<code>", "exec"), namespace)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        exc.__traceback__ = exc.__traceback__.tb_next
+        if sys.excepthook is sys.__excepthook__:
+            import traceback   # the Python printer reads linecache, so source lines show
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+        else:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        sys.exit(1)
+_mcp_exec_bootstrap()
+"""
+
+
+class OutputBuffer:
+    """Keep the first and last `limit // 2` bytes of a stream, count the rest.
+
+    The server's memory stays flat however much the code prints: the middle is dropped
+    as it arrives, and a marker says how much.
+    """
+
+    def __init__(self, limit):
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+        self.last_line = ""
+
+    def add(self, chunk):
+        self.total += len(chunk)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > 2 * self.tail_limit:   # trim in batches, not per chunk
+                del self.tail[:-self.tail_limit]
+        lines = chunk.splitlines() if chunk else self.head.splitlines()[-1:]
+        for line in reversed(lines):
+            if line.strip():
+                self.last_line = line.decode("utf-8", "replace").strip()[:200]
+                break
+
+    @property
+    def truncated(self):
+        return self.total > self.head_limit + self.tail_limit
+
+    def text(self):
+        tail = bytes(self.tail[-self.tail_limit:]) if self.tail else b""
+        if not self.truncated:
+            return (bytes(self.head) + tail).decode("utf-8", "replace")
+        cut = self.total - len(self.head) - len(tail)
+        marker = "\n[... %d bytes truncated: showing the first %d and the last %d of %d bytes ...]\n" % (
+            cut, len(self.head), len(tail), self.total)
+        return self.head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
+
+
+def _pump(pipe, buffer, name, on_output):
+    """Reader thread: copy one pipe into its OutputBuffer in chunks until EOF."""
+    try:
+        while True:
+            chunk = pipe.read1(65536)
+            if not chunk:
+                break
+            buffer.add(chunk)
+            if on_output is not None:
+                on_output(name, buffer.last_line)
+    except (OSError, ValueError):
+        pass
+
+
+def _feed(pipe, data):
+    """Writer thread: hand the code to the child's stdin, then close it (EOF = end of code)."""
+    try:
+        if data:
+            pipe.write(data)
+    except (OSError, ValueError):
+        pass   # the child died before reading everything; its stderr says why
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def _kill_tree(proc, marker):
+    """Kill the child's process group, and on Linux every process that carries our marker.
+
+    The child runs in a session of its own (start_new_session), so killpg reaches its
+    children too. A descendant that started a new session escapes the group; it still
+    inherits the MCP_EXEC_RUN marker in its environment, which /proc lets us find.
+    """
+    if POSIX:
+        import signal
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if marker and os.path.isdir("/proc/self"):
+            needle = ("MCP_EXEC_RUN=%s\0" % marker).encode()
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        with open("/proc/%s/environ" % entry, "rb") as f:
+                            found = needle in f.read()
+                        if found:
+                            os.kill(int(entry), signal.SIGKILL)
+                    except OSError:
+                        pass
+    else:
+        subprocess.run(["taskkill", "/F", "/T", "/PID", str(proc.pid)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
+def run_process(argv, *, env, cwd, timeout, stdin_data=b"", cancel=None, on_output=None,
+                marker=None, output_limit=OUTPUT_LIMIT):
+    """Run argv to completion, timeout or cancellation; never leave a process behind.
+
+    Returns {"returncode", "stdout", "stderr", "timed_out", "truncated", "cancelled"}.
+    stdout/stderr are capped at output_limit bytes each (head and tail kept).
+    """
+    popen_args = {"start_new_session": True} if POSIX else {
+        "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=cwd, env=env, **popen_args)
+    out, err = OutputBuffer(output_limit), OutputBuffer(output_limit)
+    threads = [threading.Thread(target=_pump, args=(proc.stdout, out, "stdout", on_output), daemon=True),
+               threading.Thread(target=_pump, args=(proc.stderr, err, "stderr", on_output), daemon=True),
+               threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    timed_out = cancelled = False
+    # Wait for both output pipes to close and the process to exit; poll the cancel flag.
+    for t in threads[:2]:
+        while t.is_alive():
+            t.join(min(0.05, max(0.0, deadline - time.monotonic())))
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+            elif time.monotonic() >= deadline:
+                timed_out = True
+            if cancelled or timed_out:
+                break
+        if cancelled or timed_out:
+            break
+    while not (cancelled or timed_out):
+        try:
+            proc.wait(min(0.05, max(0.001, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+            elif time.monotonic() >= deadline:
+                timed_out = True
+    # Whatever happened, nothing of this call may survive it.
+    _kill_tree(proc, marker)
+    proc.wait()
+    for t in threads[:2]:
+        t.join(KILL_GRACE)   # a pipe held by an escaped process is abandoned, not waited for
+    for pipe in (proc.stdout, proc.stderr):
+        try:
+            pipe.close()
+        except OSError:
+            pass
+    return {"returncode": proc.returncode, "stdout": out.text(), "stderr": err.text(),
+            "timed_out": timed_out, "truncated": out.truncated or err.truncated,
+            "cancelled": cancelled}
+
+
+def child_environment(extra=None, installer=False):
+    """The allow-listed environment of executed code (and, wider, of the installer)."""
+    env = {}
+    for name, value in os.environ.items():
+        if (name in CHILD_ENV_ALLOW or name.startswith("LC_") or name in EXEC_ENV_PASSTHROUGH
+                or (installer and (name.startswith(INSTALLER_ENV_PREFIXES) or name in INSTALLER_ENV_ALLOW))):
+            env[name] = value
+    env["PYTHONIOENCODING"] = "utf-8"
+    env.update(extra or {})
+    return env
+
+
+# --- Packages -----------------------------------------------------------------
+# A package is a plain requirement: name, optional [extras], optional version specifiers.
+# Nothing else reaches pip: no options, URLs, paths, "@ url", markers or shell characters.
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
+REQUIREMENT_RE = re.compile(
+    r"^\s*(?P<name>%s)\s*(?:\[\s*(?P<extras>%s(?:\s*,\s*%s)*)\s*\])?\s*(?P<specs>%s(?:\s*,\s*%s)*)?\s*$"
+    % (_NAME, _NAME, _NAME, _SPEC, _SPEC))
+
+
+def normalize_requirement(text):
+    """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain requirement."""
+    if not isinstance(text, str) or len(text) > 200:
+        return None
+    m = REQUIREMENT_RE.match(text)
+    if not m:
+        return None
+    name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
+    extras = sorted({re.sub(r"[-_.]+", "-", e.strip()).lower() for e in (m.group("extras") or "").split(",") if e.strip()})
+    specs = ",".join(sorted(re.sub(r"\s+", "", s) for s in (m.group("specs") or "").split(",") if s.strip()))
+    return name + ("[%s]" % ",".join(extras) if extras else "") + specs
+
+
+def _venv_python(venv):
+    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
+
+
+def _installer_argv(python, requirements):
+    """pip (or uv, when on PATH) installing requirements into the environment of `python`.
+
+    pip's --python option (pip >= 22.3) installs into another interpreter's environment,
+    so the environments we create need no pip of their own. "--" ends the options:
+    even a requirement that slipped past validation could not become an option.
+    """
+    import shutil
+    uv = shutil.which("uv")
+    if uv and os.environ.get("MCP_EXEC_INSTALLER", "auto") != "pip":
+        return [uv, "pip", "install", "--python", python, "--"] + list(requirements)
+    return [sys.executable, "-m", "pip", "--python", python, "install", "--no-input",
+            "--disable-pip-version-check", "--"] + list(requirements)
+
+
+def _create_venv(path, layered, deadline, cancel):
+    """Create a virtual environment without pip; `layered` also sees the server's packages.
+
+    A layered environment (the shared workspace) gets a .pth file that adds the server's
+    site-packages *after* its own: code sees what the server has, and what it installs
+    lands in the workspace, never in the server's environment.
+    """
+    import shutil
+    uv = shutil.which("uv")
+    if uv and os.environ.get("MCP_EXEC_INSTALLER", "auto") != "pip":
+        argv = [uv, "venv", "--quiet", "--python", sys.executable, path]
+    else:
+        argv = [sys.executable, "-m", "venv", "--without-pip", path]
+    result = run_process(argv, env=child_environment(installer=True), cwd=STATE_DIR,
+                         timeout=max(1.0, deadline - time.monotonic()), cancel=cancel)
+    if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
+        return result
+    if layered:
+        import sysconfig
+        site_dir = sysconfig.get_path("purelib", vars={"base": path, "platbase": path})
+        server_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+        with open(os.path.join(site_dir, "_mcp_exec_server_packages.pth"), "w") as f:
+            f.write("import site; list(map(site.addsitedir, %r))\n" % (server_dirs,))
+    return result
+
+
+def _install_failed(result, what):
+    if result["timed_out"]:
+        reason = "timed out after %g s (INSTALL_TIMEOUT)" % INSTALL_TIMEOUT
+    else:
+        reason = "exit status %s" % result["returncode"]
+    detail = (result["stderr"].strip() + "\n" + result["stdout"].strip()).strip()
+    return {"returncode": result["returncode"] if result["returncode"] else 1, "stdout": "",
+            "stderr": "Dependency install failed (%s: %s)\n%s" % (what, reason, detail[-4000:]),
+            "timed_out": result["timed_out"], "truncated": False,
+            "cancelled": result["cancelled"]}
+
+
+class Environments:
+    """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
+
+    Layout under STATE_DIR:
+        workspace/              layered venv; installs accumulate (the default mode)
+        workspace.installed     requirements already installed there, one per line
+        venvs/<key>-<random>/   isolated venvs (use_temp_dir), built in place
+        venvs/<key>.ready       published only once its venv is complete: the cache entry
+    """
+
+    def __init__(self, root):
+        self.root = root
+        self.lock = threading.Lock()      # guards the dicts below
+        self.key_locks = {}               # one build at a time per package set
+        self.in_use = {}                  # venv dir -> number of calls running in it
+        self.workspace_lock = threading.Lock()
+
+    # -- shared workspace ----------------------------------------------------
+    def workspace(self, requirements, deadline, cancel):
+        """Return (python, error_result) for the default mode, installing what is missing."""
+        venv = os.path.join(self.root, "workspace")
+        record = venv + ".installed"
+        with self.workspace_lock, _FileLock(venv + ".lock"):
+            if not os.path.exists(os.path.join(venv, ".mcp-exec-ready")):
+                import shutil
+                shutil.rmtree(venv, ignore_errors=True)
+                os.makedirs(self.root, exist_ok=True)
+                result = _create_venv(venv, True, deadline, cancel)
+                if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
+                    if requirements:
+                        return None, _install_failed(result, "creating the workspace environment")
+                    log("could not create the workspace environment; running with the server's interpreter")
+                    return sys.executable, None
+                open(os.path.join(venv, ".mcp-exec-ready"), "w").close()
+            try:
+                with open(record) as f:
+                    installed = set(f.read().split())
+            except OSError:
+                installed = set()
+            missing = [r for r in requirements if r not in installed]
+            if missing:   # pip is not even started when everything asked for is there
+                result = run_process(_installer_argv(_venv_python(venv), missing),
+                                     env=child_environment(installer=True), cwd=self.root,
+                                     timeout=max(0.1, deadline - time.monotonic()), cancel=cancel)
+                if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
+                    return None, _install_failed(result, "pip install " + " ".join(missing))
+                with open(record, "a") as f:
+                    f.write("".join(r + "\n" for r in missing))
+        return _venv_python(venv), None
+
+    # -- isolated, cached environments ----------------------------------------
+    def isolated(self, requirements, deadline, cancel):
+        """Return (python, venv_dir, error_result) for use_temp_dir; release(venv_dir) after."""
+        import hashlib
+        key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:20]
+        cache = os.path.join(self.root, "venvs")
+        pointer = os.path.join(cache, key + ".ready")
+        with self.lock:
+            key_lock = self.key_locks.setdefault(key, threading.Lock())
+        while not key_lock.acquire(timeout=0.1):        # same set, same moment: built once
+            if cancel.is_set() or time.monotonic() > deadline:
+                return None, None, _install_failed(
+                    {"returncode": 1, "stdout": "", "stderr": "waited for another build",
+                     "timed_out": not cancel.is_set(), "cancelled": cancel.is_set()}, "waiting")
+        try:
+            venv = self._lookup(cache, pointer)
+            if venv is None:
+                os.makedirs(cache, exist_ok=True)
+                venv = tempfile.mkdtemp(prefix=key + "-", dir=cache)
+                result = _create_venv(venv, False, deadline, cancel)
+                if result["returncode"] == 0 and not (result["timed_out"] or result["cancelled"]) and requirements:
+                    result = run_process(_installer_argv(_venv_python(venv), requirements),
+                                         env=child_environment(installer=True), cwd=cache,
+                                         timeout=max(0.1, deadline - time.monotonic()), cancel=cancel)
+                if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
+                    import shutil
+                    shutil.rmtree(venv, ignore_errors=True)
+                    return None, None, _install_failed(result, "building an isolated environment for %s"
+                                                       % (" ".join(requirements) or "no packages"))
+                # Publish atomically: a crash before this line leaves no entry that a later
+                # call would trust, only an orphan directory that _evict() removes.
+                tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
+                with open(tmp, "w") as f:
+                    f.write(os.path.basename(venv))
+                os.replace(tmp, pointer)
+            with self.lock:
+                self.in_use[venv] = self.in_use.get(venv, 0) + 1
+        finally:
+            key_lock.release()
+        self._evict(cache)
+        return _venv_python(venv), venv, None
+
+    def release(self, venv):
+        with self.lock:
+            self.in_use[venv] -= 1
+            if not self.in_use[venv]:
+                del self.in_use[venv]
+
+    def _lookup(self, cache, pointer):
+        try:
+            with open(pointer) as f:
+                venv = os.path.join(cache, f.read().strip())
+        except OSError:
+            return None
+        if not os.path.exists(_venv_python(venv)):
+            return None
+        os.utime(pointer)            # least-recently-used order is the pointers' mtime
+        return venv
+
+    def _evict(self, cache):
+        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that no call is using."""
+        import shutil
+
+        def target(pointer_name):
+            try:
+                with open(os.path.join(cache, pointer_name)) as f:
+                    return f.read().strip()
+            except OSError:
+                return None
+        pointers = sorted((os.path.getmtime(os.path.join(cache, n)), n)
+                          for n in os.listdir(cache) if n.endswith(".ready"))
+        excess = len(pointers) - VENV_CACHE_SIZE
+        for _, name in pointers:
+            venv = target(name)
+            if excess <= 0 or venv is None:
+                continue
+            with self.lock:
+                busy = os.path.join(cache, venv) in self.in_use
+            if not busy:
+                os.unlink(os.path.join(cache, name))
+                shutil.rmtree(os.path.join(cache, venv), ignore_errors=True)
+                excess -= 1
+        # Directories no entry names are failed or abandoned builds; one younger than any
+        # build could take may still be filling in another server process, so it stays.
+        live = {target(n) for n in os.listdir(cache) if n.endswith(".ready")}
+        for name in os.listdir(cache):
+            path = os.path.join(cache, name)
+            with self.lock:
+                busy = path in self.in_use
+            if (os.path.isdir(path) and name not in live and not busy
+                    and time.time() - os.path.getmtime(path) > INSTALL_TIMEOUT + 60):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+class _FileLock:
+    """An advisory lock between server processes sharing STATE_DIR (POSIX flock)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.file = None
+
+    def __enter__(self):
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.file = open(self.path, "a")
+        try:
+            import fcntl
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+ENVIRONMENTS = Environments(STATE_DIR)
+EXEC_SLOTS = threading.BoundedSemaphore(EXEC_CONCURRENCY)
+
+
+def run_code(code, packages=(), use_temp_dir=False, timeout=None, cancel=None, on_output=None):
+    """Run `code` once and return {"returncode", "stdout", "stderr", "timed_out", "truncated"}.
+
+    packages are normalized requirement strings (see normalize_requirement). The call waits
+    for one of EXEC_CONCURRENCY slots; the timeout starts when the code does.
+    """
+    cancel = cancel or threading.Event()
+    timeout = min(float(timeout or EXEC_TIMEOUT), EXEC_TIMEOUT_MAX)
+    while not EXEC_SLOTS.acquire(timeout=0.1):
+        if cancel.is_set():
+            return {"returncode": -1, "stdout": "", "stderr": "cancelled", "timed_out": False,
+                    "truncated": False, "cancelled": True}
+    release = None
+    try:
+        install_deadline = time.monotonic() + INSTALL_TIMEOUT
+        if use_temp_dir:
+            python, venv, failure = ENVIRONMENTS.isolated(list(packages), install_deadline, cancel)
+            if venv:
+                release = venv
+        else:
+            python, failure = ENVIRONMENTS.workspace(list(packages), install_deadline, cancel)
+        if failure:
+            return failure
+        return _run_python(python, code, timeout, cancel, on_output)
+    finally:
+        if release:
+            ENVIRONMENTS.release(release)
+        EXEC_SLOTS.release()
+
+
+def _run_python(python, code, timeout, cancel, on_output):
+    import shutil
+    root = tempfile.mkdtemp(prefix="mcp-exec-")
+    try:
+        work, tmp = os.path.join(root, "work"), os.path.join(root, "tmp")
+        os.mkdir(work)
+        os.mkdir(tmp)
+        marker = os.path.basename(root)
+        extra = {"MCP_EXEC_RUN": marker, "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp}
+        if python != sys.executable:   # a venv: its scripts come first on PATH
+            bin_dir = os.path.dirname(python)
+            extra["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
+            extra["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+        cpu = int(EXEC_TIMEOUT_MAX) + 5   # a backstop; the wall clock is the real limit
+        argv = [python, "-u", "-c", BOOTSTRAP, str(EXEC_MEMORY_MB), str(EXEC_FILE_MB),
+                str(EXEC_MAX_FILES), str(cpu)]
+        result = run_process(argv, env=child_environment(extra), cwd=work, timeout=timeout,
+                             stdin_data=code.encode("utf-8", "surrogatepass"), cancel=cancel,
+                             on_output=on_output, marker=marker)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if result["timed_out"]:
+        result["stderr"] += ("\n[mcp-exec] Timed out after %g s: the process and its children were "
+                             "killed. Pass a larger \"timeout\" (at most %g s) or make the code faster."
+                             % (timeout, EXEC_TIMEOUT_MAX))
+    return result
+
+
+# =============================================================================
+# 3. Protocol
+# =============================================================================
+# handle_payload(payload, session, notify) -> response | [responses] | None is the whole
+# protocol; every transport parses frames, calls it, and delivers what it returns.
+
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
+    -32700, -32600, -32601, -32602, -32603)
+CANCELLED = object()   # a handler's answer for a request that must get no response
+
+
+class ProtocolError(Exception):
+    """Raised by a method handler to answer with a JSON-RPC error."""
+
+    def __init__(self, code, message, data=None):
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+def error_response(request_id, code, message, data=None):
+    error = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def _reject_constant(name):
+    raise ValueError("%s is not JSON" % name)
+
+
+def parse_frame(data):
+    """bytes/str -> (payload, None) or (None, -32700 error response with id null)."""
+    try:
+        return json.loads(data, parse_constant=_reject_constant), None
+    except (ValueError, RecursionError) as exc:   # UnicodeDecodeError is a ValueError
+        return None, error_response(None, PARSE_ERROR, "Parse error: %s" % str(exc)[:200])
+
+
+def encode_message(message):
+    """Compact JSON on one line (stdio framing forbids embedded newlines, transports.mdx).
+
+    Non-ASCII stays readable; a lone surrogate (only possible if a client sent one) is
+    written as its \\uXXXX escape, which is still valid JSON.
+    """
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
+
+
+class Session:
+    """The state of one conversation: a stdio process, an SSE stream, or an HTTP session.
+
+    Holds the negotiated protocol version (None until initialize) and the running tool
+    calls, so that notifications/cancelled and the end of the session can stop them.
+    """
+
+    def __init__(self, transport="stdio", allow_exec=True):
+        self.transport = transport
+        self.allow_exec = allow_exec
+        self.protocol_version = None
+        self.client_info = None
+        self.initialized = False
+        self.closed = False
+        self.calls = {}            # request id -> cancel Event
+        self.lock = threading.Lock()
+
+    def start_call(self, request_id):
+        with self.lock:
+            if self.closed:
+                raise ProtocolError(INVALID_REQUEST, "Session is closed")
+            if request_id in self.calls:
+                raise ProtocolError(INVALID_REQUEST, "Request id %r is already in use by a running call" % (request_id,))
+            event = self.calls[request_id] = threading.Event()
+        return event
+
+    def end_call(self, request_id):
+        with self.lock:
+            self.calls.pop(request_id, None)
+
+    def cancel(self, request_id):
+        with self.lock:
+            event = self.calls.get(request_id)
+        if event is not None:
+            event.set()
+
+    def close(self):
+        """End the session: every running execution is killed."""
+        with self.lock:
+            self.closed = True
+            events = list(self.calls.values())
+        for event in events:
+            event.set()
+
+    def running(self):
+        with self.lock:
+            return len(self.calls)
+
+
+def _valid_id(value):
+    # JSON-RPC ids are strings or integers, never null (basic/index.mdx); bool is not an int here.
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def handle_payload(payload, session, notify=None):
+    """A parsed frame -> its response, a list of responses (batch), or None.
+
+    A JSON array is a batch (2025-03-26 basic/index.mdx): the answers to its requests,
+    in order, none for notifications; an empty batch is one Invalid Request error, and
+    initialize may not be batched (lifecycle.mdx).
+    """
+    if not isinstance(payload, list):
+        return handle_message(payload, session, notify)
+    if not payload:
+        return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
+    replies = []
+    for message in payload:
+        if isinstance(message, dict) and message.get("method") == "initialize" and "id" in message:
+            reply = error_response(message["id"] if _valid_id(message["id"]) else None, INVALID_REQUEST,
+                                   "initialize must not be part of a batch")
+        else:
+            reply = handle_message(message, session, notify)
+        if reply is not None:
+            replies.append(reply)
+    return replies or None
+
+
+def needs_worker(payload):
+    """True if handling the payload may take long (it contains a tools/call request)."""
+    messages = payload if isinstance(payload, list) else [payload]
+    return any(isinstance(m, dict) and m.get("method") == "tools/call" and "id" in m for m in messages)
+
+
+def handle_message(message, session, notify=None):
+    """One JSON-RPC message -> one response object, or None (notifications, responses)."""
+    if not isinstance(message, dict):
+        return error_response(None, INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
+    has_id = "id" in message
+    request_id = message.get("id")
+    if "method" not in message and has_id and ("result" in message or "error" in message):
+        return None   # a response; this server sends no requests, so there is nothing to match
+    if has_id and not _valid_id(request_id):
+        return error_response(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+    reply_id = request_id if has_id else None
+    if message.get("jsonrpc") != "2.0":
+        return error_response(reply_id, INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
+    method = message.get("method")
+    if not isinstance(method, str):
+        return error_response(reply_id, INVALID_REQUEST, 'Invalid Request: "method" must be a string')
+    params = message.get("params", {})
+    if not has_id:
+        # Notifications never get a response, not even an error (basic/index.mdx).
+        handler = NOTIFICATION_HANDLERS.get(method)
+        if handler is not None and isinstance(params, dict):
+            try:
+                handler(params, session)
+            except Exception:
+                log("error in notification %s:\n%s" % (method, _traceback()))
+        return None
+    handler = REQUEST_HANDLERS.get(method)
+    if handler is None:
+        return error_response(request_id, METHOD_NOT_FOUND, "Method not found: %s" % method)
+    if not isinstance(params, dict):
+        return error_response(request_id, INVALID_PARAMS, 'Invalid params: "params" must be an object')
+    if session.protocol_version is None and method not in PRE_INITIALIZE_METHODS:
+        return error_response(request_id, INVALID_REQUEST,
+                              "Not initialized: send an initialize request first (only ping may come before it)")
+    try:
+        result = handler(params, session, request_id, notify)
+    except ProtocolError as exc:
+        return error_response(request_id, exc.code, exc.message, exc.data)
+    except Exception:
+        log("internal error in %s:\n%s" % (method, _traceback()))
+        return error_response(request_id, INTERNAL_ERROR, "Internal error (details are in the server's log)")
+    if result is CANCELLED:
+        return None
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def _traceback():
+    import traceback
+    return traceback.format_exc()
+
+
+def at_least(version, minimum):
+    """Protocol versions are dates, so they compare as strings."""
+    return version >= minimum
+
+
+# --- Methods --------------------------------------------------------------------
+
+
+def server_info(version):
+    info = {"name": SERVER_NAME, "version": SERVER_VERSION}
+    if at_least(version, "2025-06-18"):
+        info["title"] = SERVER_TITLE           # Implementation.title, 2025-06-18
+    return info
+
+
+def limits_text():
+    return ("Each call runs in a fresh Python %d.%d interpreter in an empty temporary working directory "
+            "that is deleted afterwards; nothing but installed packages survives between calls. "
+            "Limits: %g s per call by default (argument \"timeout\", at most %g s), %d KiB of stdout and of "
+            "stderr each (the middle of longer output is cut), %s of memory, no stdin. "
+            "Code sees no secrets of the server's environment."
+            % (sys.version_info[0], sys.version_info[1], EXEC_TIMEOUT, EXEC_TIMEOUT_MAX,
+               OUTPUT_LIMIT // 1024, "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"))
+
+
+def tool_description():
+    return ("Run Python code and return its exit status, stdout and stderr as JSON "
+            "{returncode, stdout, stderr, timed_out, truncated}. Print what you want to see. "
+            "\"packages\" installs pip requirements first (names, extras and versions only, e.g. "
+            "[\"numpy\", \"requests>=2.31\"]) into a workspace environment shared by later calls; "
+            "with \"use_temp_dir\": true the code runs in an isolated environment holding only those "
+            "packages. " + limits_text())
+
+
+def instructions():
+    return ("This server runs Python code for you with the tool %s. Use it to compute, test code, "
+            "or process data; print results to stdout. %s" % (TOOL_NAME, limits_text()))
+
+
+INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "description": "Python source, run as the __main__ module."},
+        "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
+                     "description": "pip requirements to install first, e.g. [\"numpy\", \"pandas==2.2.3\"]."},
+        "use_temp_dir": {"type": "boolean", "default": False,
+                         "description": "Run in an isolated virtual environment holding only `packages`."},
+        "timeout": {"type": "number", "exclusiveMinimum": 0,
+                    "description": "Seconds before the run is killed (default %g, at most %g)."
+                                   % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
+    },
+    "required": ["code"],
+    "additionalProperties": False,
+}
+
+OUTPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "returncode": {"type": "integer", "description": "Exit status; negative = killed by that signal."},
+        "stdout": {"type": "string"},
+        "stderr": {"type": "string"},
+        "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
+        "truncated": {"type": "boolean", "description": "Output was longer than the limit; its middle was cut."},
+    },
+    "required": ["returncode", "stdout", "stderr", "timed_out", "truncated"],
+}
+
+
+def tool_definition(version):
+    """The one tool, with only the fields the negotiated version knows (tools.mdx)."""
+    tool = {"name": TOOL_NAME, "description": tool_description(), "inputSchema": INPUT_SCHEMA}
+    if at_least(version, "2025-03-26"):        # ToolAnnotations arrived in 2025-03-26
+        tool["annotations"] = {"title": "Run Python code", "readOnlyHint": False,
+                               "destructiveHint": True, "idempotentHint": False, "openWorldHint": True}
+    if at_least(version, "2025-06-18"):        # title and structured output in 2025-06-18
+        tool["title"] = "Run Python code"
+        tool["outputSchema"] = OUTPUT_SCHEMA
+    return tool
+
+
+def validate_arguments(arguments):
+    """Check tools/call arguments against INPUT_SCHEMA; return (clean, None) or (None, problem)."""
+    unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]))
+    if unknown:
+        return None, "unknown argument(s) %s; the arguments are code, packages, use_temp_dir and timeout" % ", ".join(unknown)
+    code = arguments.get("code")
+    if not isinstance(code, str):
+        return None, '"code" is required and must be a string of Python source, e.g. {"code": "print(1 + 1)"}'
+    packages = arguments.get("packages", [])
+    if packages is None:
+        packages = []
+    if not isinstance(packages, list) or len(packages) > MAX_PACKAGES:
+        return None, '"packages" must be a list of at most %d requirement strings, e.g. ["numpy", "requests>=2.31"]' % MAX_PACKAGES
+    clean = []
+    for item in packages:
+        normal = normalize_requirement(item)
+        if normal is None:
+            return None, ('"packages" entry %s is not a plain requirement: use a package name with optional '
+                          '[extras] and version specifiers, such as "numpy" or "pandas>=2,<3"; options, URLs, '
+                          'paths and "name @ url" are not allowed' % json.dumps(item)[:200])
+        clean.append(normal)
+    use_temp_dir = arguments.get("use_temp_dir", False)
+    if not isinstance(use_temp_dir, bool):
+        return None, '"use_temp_dir" must be true or false'
+    timeout = arguments.get("timeout", EXEC_TIMEOUT)
+    if timeout is None:
+        timeout = EXEC_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        return None, '"timeout" must be a positive number of seconds (at most %g)' % EXEC_TIMEOUT_MAX
+    return {"code": code, "packages": sorted(set(clean)), "use_temp_dir": use_temp_dir,
+            "timeout": min(float(timeout), EXEC_TIMEOUT_MAX)}, None
+
+
+def tool_result(obj, version, is_error):
+    """CallToolResult: the JSON object as text (for every client), and as structuredContent
+    where the negotiated version has it (2025-06-18 server/tools.mdx, Structured Content)."""
+    result = {"content": [{"type": "text", "text": json.dumps(obj, ensure_ascii=False)}], "isError": is_error}
+    if at_least(version, "2025-06-18"):
+        result["structuredContent"] = obj
+    return result
+
+
+def handle_initialize(params, session, request_id, notify):
+    if session.protocol_version is not None:
+        raise ProtocolError(INVALID_REQUEST, "Already initialized")
+    requested = params.get("protocolVersion")
+    if not isinstance(requested, str):
+        raise ProtocolError(INVALID_PARAMS, 'Invalid params: "protocolVersion" (a string) is required')
+    # Echo the client's version if we speak it, else offer our latest (lifecycle.mdx,
+    # Version Negotiation); the client decides whether it can go on.
+    version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
+    session.protocol_version = version
+    session.client_info = params.get("clientInfo")
+    return {"protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": server_info(version),
+            "instructions": instructions()}
+
+
+def handle_ping(params, session, request_id, notify):
+    return {}
+
+
+def handle_tools_list(params, session, request_id, notify):
+    if params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+    return {"tools": [tool_definition(session.protocol_version)] if session.allow_exec else []}
+
+
+def handle_tools_call(params, session, request_id, notify):
+    name = params.get("name")
+    if not isinstance(name, str):
+        raise ProtocolError(INVALID_PARAMS, 'Invalid params: "name" (a string) is required')
+    if name != TOOL_NAME:
+        raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s" % name)
+    if not session.allow_exec:
+        raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s. Code execution is disabled over HTTP on "
+                            "this server (STDIO_MODE_ONLY=true); it runs only over stdio." % name)
+    arguments = params.get("arguments")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
+    version = session.protocol_version
+    # Bad arguments are a tool error the model can read and fix, not a protocol error
+    # (2025-11-25 server/tools.mdx, Error Handling); we apply that rule to every version.
+    clean, problem = validate_arguments(arguments)
+    if problem:
+        return {"content": [{"type": "text", "text": "Invalid arguments for %s: %s." % (TOOL_NAME, problem)}],
+                "isError": True}
+    cancel = session.start_call(request_id)
+    try:
+        obj = run_code(clean["code"], clean["packages"], clean["use_temp_dir"], clean["timeout"], cancel)
+    finally:
+        session.end_call(request_id)
+    if obj.pop("cancelled", False) or cancel.is_set():
+        return CANCELLED   # cancellation.mdx: the receiver SHOULD NOT respond
+    return tool_result(obj, version, obj["returncode"] != 0 or obj["timed_out"])
+
+
+def notify_initialized(params, session):
+    session.initialized = True
+
+
+def notify_cancelled(params, session):
+    # cancellation.mdx: stop the request and send no response; unknown ids are ignored.
+    session.cancel(params.get("requestId"))
+
+
+REQUEST_HANDLERS = {
+    "initialize": handle_initialize,
+    "ping": handle_ping,
+    "tools/list": handle_tools_list,
+    "tools/call": handle_tools_call,
+}
+NOTIFICATION_HANDLERS = {
+    "notifications/initialized": notify_initialized,
+    "notifications/cancelled": notify_cancelled,
+}
+PRE_INITIALIZE_METHODS = {"initialize", "ping"}   # ping is answered always (ping.mdx)
+
+
+# =============================================================================
+# 4. stdio transport
+# =============================================================================
+
+
+class StdioServer:
+    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio).
+
+    The reading loop is synchronous; tool calls run on worker threads so that ping and
+    notifications/cancelled are answered while code runs. Writes are serialized.
+    """
+
+    def __init__(self, infile, outfile):
+        self.infile, self.outfile = infile, outfile
+        self.session = Session("stdio")
+        self.write_lock = threading.Lock()
+        self.workers = set()
+        self.workers_lock = threading.Lock()
+
+    def send(self, message):
+        line = encode_message(message)
+        with self.write_lock:
+            if TRACE:
+                log("<-- " + line.decode("utf-8", "replace"))
+            try:
+                self.outfile.write(line + b"\n")
+                self.outfile.flush()
+            except (OSError, ValueError):
+                pass   # the client went away; the read loop will see EOF
+
+    def deliver(self, reply):
+        if reply is not None:
+            self.send(reply)
+
+    def handle_line(self, line):
+        if TRACE:
+            log("--> " + line.decode("utf-8", "replace").rstrip())
+        if not line.strip():
+            return
+        payload, error = parse_frame(line)
+        if error:
+            return self.send(error)
+        if not needs_worker(payload):
+            return self.deliver(handle_payload(payload, self.session, self.send))
+        worker = threading.Thread(target=self._work, args=(payload,), daemon=True)
+        with self.workers_lock:
+            self.workers.add(worker)
+        worker.start()
+
+    def _work(self, payload):
+        try:
+            self.deliver(handle_payload(payload, self.session, self.send))
+        finally:
+            with self.workers_lock:
+                self.workers.discard(threading.current_thread())
+
+    def read_lines(self):
+        """Yield input lines; a line over MAX_MESSAGE_BYTES is skipped and answered with an error."""
+        while True:
+            line = self.infile.readline(MAX_MESSAGE_BYTES + 1)
+            if not line:
+                return
+            if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
+                while True:   # discard the rest of the oversized line
+                    rest = self.infile.readline(1 << 20)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+                self.send(error_response(None, INVALID_REQUEST, "Invalid Request: message larger than %d bytes"
+                                         % MAX_MESSAGE_BYTES))
+                continue
+            yield line
+
+    def serve(self):
+        try:
+            for line in self.read_lines():
+                try:
+                    self.handle_line(line)
+                except Exception:   # no input line can kill the server
+                    log("error handling a line:\n" + _traceback())
+            self.wait_for_workers(EOF_GRACE)   # stdin closed: let running calls finish briefly
+        finally:
+            self.session.close()                # then kill what is still running
+            self.wait_for_workers(KILL_GRACE + 1)
+
+    def wait_for_workers(self, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self.workers_lock:
+                workers = list(self.workers)
+            if not workers:
+                return
+            workers[0].join(max(0.0, deadline - time.monotonic()))
+
+
+def serve_stdio():
+    if POSIX:
+        import signal
+
+        def on_sigterm(signum, frame):
+            raise SystemExit(0)
+        signal.signal(signal.SIGTERM, on_sigterm)
+    server = StdioServer(sys.stdin.buffer, sys.stdout.buffer)
+    try:
+        server.serve()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+# =============================================================================
+# 6. Command line
+# =============================================================================
+
+HELP = """\
+usage: python mcp_exec.py [--http [--host HOST] [--port PORT] | demo | --help]
+
+Modes
+  (no arguments)   stdio MCP server: JSON-RPC lines on stdin/stdout, logs on stderr.
+                   This is what Claude Desktop, Cursor and other MCP clients launch.
+  demo             start a stdio server and play initialize, tools/list and two
+                   tools/call requests against it, printing every frame on the wire.
+  --help           this text.
+
+Environment (defaults in brackets)
+  EXEC_TIMEOUT          seconds a call may run unless it asks otherwise [30]
+  EXEC_TIMEOUT_MAX      largest per-call "timeout" accepted; larger is clamped [300]
+  INSTALL_TIMEOUT       seconds for creating an environment and installing packages [300]
+  OUTPUT_LIMIT          bytes of stdout and of stderr kept per call, head and tail [65536]
+  EXEC_MEMORY_MB        address-space limit of the code, MB; 0 = none (POSIX only) [2048]
+  EXEC_FILE_MB          largest file the code may write, MB; 0 = none (POSIX only) [1024]
+  EXEC_MAX_FILES        open file descriptors of the code; 0 = none (POSIX only) [1024]
+  EXEC_CONCURRENCY      calls that run at once; further calls wait for a slot [8]
+  EXEC_ENV_PASSTHROUGH  comma-separated names of extra variables the code may see []
+  MCP_EXEC_DIR          state: workspace environment and isolated-env cache
+                        [$XDG_CACHE_HOME/mcp-exec or ~/.cache/mcp-exec]
+  VENV_CACHE_SIZE       isolated environments (use_temp_dir) kept, least recently used
+                        evicted [8]
+  MCP_EXEC_INSTALLER    auto (uv when on PATH, else pip) or pip [auto]
+  MAX_MESSAGE_BYTES     largest stdio message [16777216]
+  MCP_TRACE             1 = write every frame in (-->) and out (<--) to stderr [off]
+  PIP_*, UV_*           passed to the installer (mirrors, --find-links, ...)
+"""
+
+
+def main(argv=None):
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        return serve_stdio()
+    if args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(HELP)
+        return 0
+    if args[0] == "demo":
+        return demo()
+    sys.stderr.write("mcp-exec: unknown arguments %s\n\n%s" % (" ".join(args), HELP))
+    return 2
+
+
+def demo():
+    """Start `python mcp_exec.py` as a child and show a session with it, frame by frame."""
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    script = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": LATEST_HANDSHAKE_VERSION, "capabilities": {},
+                    "clientInfo": {"name": "mcp-exec-demo", "version": SERVER_VERSION}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+         "params": {"name": TOOL_NAME, "arguments": {"code": "import sys\nprint(sum(range(101)), sys.version.split()[0])"}}},
+        {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+         "params": {"name": TOOL_NAME, "arguments": {"code": "1/0"}}},
+    ]
+    try:
+        for message in script:
+            line = encode_message(message)
+            print("--> " + line.decode())
+            proc.stdin.write(line + b"\n")
+            proc.stdin.flush()
+            if "id" in message:
+                reply = proc.stdout.readline()
+                if not reply:
+                    print("server closed the connection", file=sys.stderr)
+                    return 1
+                print("<-- " + reply.decode().rstrip())
+                print()
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
