@@ -438,10 +438,15 @@ class Environments:
         """Return (python, error_result) for the default mode, installing what is missing."""
         venv = os.path.join(self.root, "workspace")
         record = venv + ".installed"
+        # The marker names the interpreter the workspace was built for: a server started
+        # with another Python (or an older layout) rebuilds it instead of breaking in it.
+        stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
         with self.workspace_lock, _FileLock(venv + ".lock"):
-            if not os.path.exists(os.path.join(venv, ".mcp-exec-ready")):
+            if _read(os.path.join(venv, ".mcp-exec-ready")) != stamp:
                 import shutil
                 shutil.rmtree(venv, ignore_errors=True)
+                if os.path.exists(record):
+                    os.unlink(record)
                 os.makedirs(self.root, exist_ok=True)
                 result = _create_venv(venv, True, deadline, cancel)
                 if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
@@ -449,7 +454,8 @@ class Environments:
                         return None, _install_failed(result, "creating the workspace environment")
                     log("could not create the workspace environment; running with the server's interpreter")
                     return sys.executable, None
-                open(os.path.join(venv, ".mcp-exec-ready"), "w").close()
+                with open(os.path.join(venv, ".mcp-exec-ready"), "w") as f:
+                    f.write(stamp)
             try:
                 with open(record) as f:
                     installed = set(f.read().split())
@@ -558,6 +564,14 @@ class Environments:
             if (os.path.isdir(path) and name not in live and not busy
                     and time.time() - os.path.getmtime(path) > INSTALL_TIMEOUT + 60):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 class _FileLock:
@@ -771,6 +785,50 @@ def needs_worker(payload):
     """True if handling the payload may take long (it contains a tools/call request)."""
     messages = payload if isinstance(payload, list) else [payload]
     return any(isinstance(m, dict) and m.get("method") == "tools/call" and "id" in m for m in messages)
+
+
+class Workers:
+    """The worker threads a transport started, so that shutdown can wait for them."""
+
+    def __init__(self):
+        self.threads = set()
+        self.lock = threading.Lock()
+
+    def start(self, target):
+        def run():
+            try:
+                target()
+            finally:
+                with self.lock:
+                    self.threads.discard(threading.current_thread())
+        thread = threading.Thread(target=run, daemon=True)
+        with self.lock:
+            self.threads.add(thread)
+        thread.start()
+
+    def wait(self, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self.lock:
+                threads = list(self.threads)
+            if not threads:
+                return True
+            threads[0].join(max(0.0, deadline - time.monotonic()))
+        return False
+
+
+def dispatch(payload, session, send, workers):
+    """Handle a parsed frame and send() its reply: inline if quick, on a worker thread if it
+    contains a tools/call, so that the transport keeps reading (ping and cancellation are
+    answered while code runs, and several calls run at once)."""
+    def work():
+        reply = handle_payload(payload, session, send)
+        if reply is not None:
+            send(reply)
+    if needs_worker(payload):
+        workers.start(work)
+    else:
+        work()
 
 
 def handle_message(message, session, notify=None):
@@ -1042,8 +1100,7 @@ class StdioServer:
         self.infile, self.outfile = infile, outfile
         self.session = Session("stdio")
         self.write_lock = threading.Lock()
-        self.workers = set()
-        self.workers_lock = threading.Lock()
+        self.workers = Workers()
 
     def send(self, message):
         line = encode_message(message)
@@ -1056,10 +1113,6 @@ class StdioServer:
             except (OSError, ValueError):
                 pass   # the client went away; the read loop will see EOF
 
-    def deliver(self, reply):
-        if reply is not None:
-            self.send(reply)
-
     def handle_line(self, line):
         if TRACE:
             log("--> " + line.decode("utf-8", "replace").rstrip())
@@ -1067,20 +1120,9 @@ class StdioServer:
             return
         payload, error = parse_frame(line)
         if error:
-            return self.send(error)
-        if not needs_worker(payload):
-            return self.deliver(handle_payload(payload, self.session, self.send))
-        worker = threading.Thread(target=self._work, args=(payload,), daemon=True)
-        with self.workers_lock:
-            self.workers.add(worker)
-        worker.start()
-
-    def _work(self, payload):
-        try:
-            self.deliver(handle_payload(payload, self.session, self.send))
-        finally:
-            with self.workers_lock:
-                self.workers.discard(threading.current_thread())
+            self.send(error)
+        else:
+            dispatch(payload, self.session, self.send, self.workers)
 
     def read_lines(self):
         """Yield input lines; a line over MAX_MESSAGE_BYTES is skipped and answered with an error."""
@@ -1105,19 +1147,10 @@ class StdioServer:
                     self.handle_line(line)
                 except Exception:   # no input line can kill the server
                     log("error handling a line:\n" + _traceback())
-            self.wait_for_workers(EOF_GRACE)   # stdin closed: let running calls finish briefly
+            self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
         finally:
             self.session.close()                # then kill what is still running
-            self.wait_for_workers(KILL_GRACE + 1)
-
-    def wait_for_workers(self, seconds):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            with self.workers_lock:
-                workers = list(self.workers)
-            if not workers:
-                return
-            workers[0].join(max(0.0, deadline - time.monotonic()))
+            self.workers.wait(KILL_GRACE + 1)
 
 
 def serve_stdio():
@@ -1132,6 +1165,432 @@ def serve_stdio():
         server.serve()
     except KeyboardInterrupt:
         pass
+    return 0
+
+
+# =============================================================================
+# 5. HTTP transports
+# =============================================================================
+# A Flask app with both HTTP transports, served by waitress. Flask is imported inside
+# create_app(), so the stdio server never pays for it. `mcp_exec:app` (for waitress-serve)
+# is built on first access by the module __getattr__ at the end of this section.
+#
+#   GET  /sse             HTTP+SSE (2024-11-05): the event stream of one session
+#   POST /messages/?session_id=...    its client-to-server messages -> 202
+#   POST /mcp             Streamable HTTP (2025-03-26 and later)
+#   DELETE /mcp           end a Streamable HTTP session
+#   GET  /health          liveness, without auth; reveals nothing
+
+
+class HttpSettings:
+    """HTTP configuration, read from the environment when the app is created."""
+
+    def __init__(self, env=None):
+        env = os.environ if env is None else env
+
+        def get(name, default=""):
+            return env.get(name, default).strip()
+        self.api_key = get("API_KEY")
+        # On a Heroku dyno (DYNO is set) the router must reach us, so bind to all interfaces.
+        self.host = get("HOST") or ("0.0.0.0" if get("DYNO") else "127.0.0.1")
+        self.port = int(get("PORT") or 8000)
+        self.threads = max(1, int(get("WEB_CONCURRENCY") or 16))
+        # Every open SSE stream holds a waitress thread for its whole life; keep a quarter
+        # of the threads (at least one) for POSTs, so a full house never deadlocks.
+        self.max_streams = int(get("SSE_MAX_STREAMS") or max(1, self.threads - max(1, self.threads // 4)))
+        self.stdio_only = get("STDIO_MODE_ONLY").lower() in ("1", "true", "yes", "on")
+        self.stateless = get("MCP_STATELESS").lower() in ("1", "true", "yes", "on")
+        self.max_body = int(get("MAX_BODY_BYTES") or 4 * 1024 * 1024)
+        self.keepalive = float(get("SSE_KEEPALIVE") or 15)
+        self.session_idle = float(get("SESSION_IDLE_TIMEOUT") or 3600)
+        self.max_sessions = int(get("MAX_SESSIONS") or 1000)
+        self.loopback = self.host in ("127.0.0.1", "localhost", "::1", "[::1]")
+        self.allowed_origins = [o.rstrip("/") for o in re.split(r"[,\s]+", get("ALLOWED_ORIGINS")) if o]
+        self.allowed_hosts = [h.lower() for h in re.split(r"[,\s]+", get("ALLOWED_HOSTS")) if h]
+
+
+NO_API_KEY = """mcp-exec: refusing to serve HTTP without API_KEY.
+Executed code can do anything this user can; every HTTP request must carry the key.
+Make one and start again:
+    export API_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
+Clients then send "Authorization: Bearer $API_KEY" (or "X-API-Key: $API_KEY")."""
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def _host_name(value):
+    """'example.com:8000' -> 'example.com', '[::1]:80' -> '[::1]'."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[:value.find("]") + 1]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class SseSession(Session):
+    """An HTTP+SSE conversation: messages for the client wait in `outbox` for the stream."""
+
+    def __init__(self, allow_exec):
+        import queue
+        import secrets
+        super().__init__("sse", allow_exec)
+        self.session_id = secrets.token_hex(16)   # unguessable (transports.mdx, Security)
+        self.outbox = queue.Queue()
+
+
+class HttpSession(Session):
+    """A Streamable HTTP session, identified by the Mcp-Session-Id header."""
+
+    def __init__(self, allow_exec, session_id=None):
+        super().__init__("http", allow_exec)
+        self.session_id = session_id
+        self.last_used = time.monotonic()
+
+
+class HttpServer:
+    """The state behind the Flask routes: sessions of both transports and the stream slots."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.lock = threading.Lock()
+        self.sse_sessions = {}      # session_id -> SseSession
+        self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
+        self.stream_slots = threading.BoundedSemaphore(settings.max_streams)
+        self.workers = Workers()
+
+    # -- guards ----------------------------------------------------------------
+    def check_request(self, headers):
+        """-> None if the request may proceed, else (status, message, extra headers)."""
+        s = self.settings
+        host = _host_name(headers.get("Host", ""))
+        # DNS rebinding: a page on evil.example that resolves to 127.0.0.1 still says
+        # "Host: evil.example". When bound to loopback only local names are accepted.
+        if s.allowed_hosts and "*" not in s.allowed_hosts:
+            if host not in s.allowed_hosts and not (s.loopback and host in LOCAL_NAMES):
+                return 421, "Host %r is not allowed (ALLOWED_HOSTS)" % host, {}
+        elif s.loopback and not s.allowed_hosts and host not in LOCAL_NAMES:
+            return 421, "Host %r is not allowed: this server is bound to loopback (set ALLOWED_HOSTS)" % host, {}
+        # A present Origin that is not allowed -> 403 (2025-11-25 transports.mdx, Security Warning).
+        origin = headers.get("Origin")
+        if origin is not None and "*" not in s.allowed_origins and origin.rstrip("/") not in s.allowed_origins:
+            from urllib.parse import urlsplit
+            try:
+                origin_host = (urlsplit(origin).hostname or "").lower()
+            except ValueError:
+                origin_host = ""
+            if not (s.loopback and origin_host in ("localhost", "127.0.0.1", "::1")):
+                return 403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin, {}
+        # The API key, in either header, compared in constant time.
+        import hmac
+        supplied = headers.get("X-API-Key", "")
+        scheme, _, token = headers.get("Authorization", "").partition(" ")
+        if not supplied and scheme.lower() == "bearer":
+            supplied = token.strip()
+        if not supplied or not hmac.compare_digest(supplied.encode(), s.api_key.encode()):
+            return 401, "Unauthorized: send Authorization: Bearer <API_KEY> or X-API-Key: <API_KEY>", {
+                "WWW-Authenticate": 'Bearer realm="mcp-exec"'}
+        return None
+
+    # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE) --------------------
+    def open_stream(self, script_root, client_disconnected):
+        """-> (session, event iterator, on_close), or None when every stream slot is taken."""
+        if not self.stream_slots.acquire(blocking=False):
+            return None
+        session = SseSession(allow_exec=not self.settings.stdio_only)
+        with self.lock:
+            self.sse_sessions[session.session_id] = session
+        released = []
+
+        def on_close():   # runs once when waitress closes the response, however it ended
+            if not released:
+                released.append(True)
+                with self.lock:
+                    self.sse_sessions.pop(session.session_id, None)
+                session.close()          # its running executions are killed
+                self.stream_slots.release()
+
+        def events():
+            import queue
+            # The first event tells the client where to POST (a relative URI; clients
+            # resolve it against the stream's URL and refuse other origins).
+            yield "event: endpoint\ndata: %s/messages/?session_id=%s\n\n" % (script_root, session.session_id)
+            last_write = time.monotonic()
+            while not session.closed:
+                try:
+                    message = session.outbox.get(timeout=0.25)
+                except queue.Empty:
+                    if client_disconnected is not None and client_disconnected():
+                        return
+                    if time.monotonic() - last_write >= self.settings.keepalive:
+                        last_write = time.monotonic()
+                        yield ": keep-alive\n\n"   # Heroku drops connections idle for 55 s
+                    continue
+                last_write = time.monotonic()
+                yield "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
+        return session, events(), on_close
+
+    def post_message(self, session_id, body):
+        """-> (status, message). The answer travels on the session's stream, never here."""
+        if not session_id:
+            return 400, "Missing session_id query parameter"
+        with self.lock:
+            session = self.sse_sessions.get(session_id)
+        if session is None:
+            return 404, "Unknown or closed session: open a new stream with GET /sse"
+        payload, error = parse_frame(body)
+        if error:
+            return 400, error["error"]["message"]
+        dispatch(payload, session, session.outbox.put, self.workers)
+        return 202, "Accepted"
+
+    # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP) -------------
+    def new_http_session(self):
+        import secrets
+        now = time.monotonic()
+        with self.lock:
+            for sid, old in list(self.http_sessions.items()):   # expire idle sessions
+                if now - old.last_used > self.settings.session_idle and not old.running():
+                    del self.http_sessions[sid]
+                    old.close()
+            if len(self.http_sessions) >= self.settings.max_sessions:
+                oldest = min(self.http_sessions.values(), key=lambda x: x.last_used)
+                del self.http_sessions[oldest.session_id]
+                oldest.close()
+            session = HttpSession(not self.settings.stdio_only, secrets.token_urlsafe(24))
+            self.http_sessions[session.session_id] = session
+        return session
+
+    def find_http_session(self, session_id):
+        with self.lock:
+            session = self.http_sessions.get(session_id)
+            if session is not None:
+                session.last_used = time.monotonic()
+        return session
+
+    def end_http_session(self, session_id):
+        with self.lock:
+            session = self.http_sessions.pop(session_id, None)
+        if session is not None:
+            session.close()
+        return session is not None
+
+
+def _is_request(message):
+    return isinstance(message, dict) and "method" in message and "id" in message
+
+
+def create_app(settings=None):
+    """Build the Flask app. Refuses (SystemExit) without API_KEY."""
+    from flask import Flask, Response, request
+
+    settings = settings or HttpSettings()
+    if not settings.api_key:
+        raise SystemExit(NO_API_KEY)
+    server = HttpServer(settings)
+    app = Flask("mcp_exec")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body
+    app.extensions["mcp_exec"] = server
+
+    def json_response(message, status=200, headers=None):
+        return Response(encode_message(message), status, headers, mimetype="application/json")
+
+    def http_error(status, message, code=INVALID_REQUEST, headers=None):
+        # Errors are JSON-RPC error objects without an id, never HTML pages.
+        return json_response(error_response(None, code, message), status, headers)
+
+    def sse_response(events, on_close=None):
+        response = Response(events, mimetype="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        if on_close is not None:
+            response.call_on_close(on_close)
+        return response
+
+    @app.before_request
+    def guard():
+        if request.path == "/health":
+            return None
+        if request.path.startswith("/.well-known/"):
+            # No OAuth metadata here: a 404 tells clients that probe after a 401 to stop.
+            return http_error(404, "Not found: this server uses a static API key, not OAuth")
+        refusal = server.check_request(request.headers)
+        if refusal is not None:
+            status, message, headers = refusal
+            return http_error(status, message, headers=headers)
+        if TRACE and request.method == "POST":
+            log("--> %s %s %s" % (request.method, request.full_path.rstrip("?"),
+                                  request.get_data()[:2000].decode("utf-8", "replace")))
+        return None
+
+    @app.errorhandler(404)
+    def not_found(exc):
+        return http_error(404, "Not found: the endpoints are /mcp, /sse and /messages/")
+
+    @app.errorhandler(405)
+    def method_not_allowed(exc):
+        return http_error(405, "Method not allowed", headers={"Allow": ", ".join(exc.valid_methods or [])})
+
+    @app.errorhandler(413)
+    def too_large(exc):
+        return http_error(413, "Request body larger than %d bytes (MAX_BODY_BYTES)" % settings.max_body)
+
+    @app.errorhandler(500)
+    def server_error(exc):
+        return http_error(500, "Internal error (details are in the server's log)", INTERNAL_ERROR)
+
+    @app.get("/health")
+    def health():
+        return json_response({"status": "ok"})
+
+    @app.get("/sse")
+    def sse():
+        opened = server.open_stream(request.script_root, request.environ.get("waitress.client_disconnected"))
+        if opened is None:
+            return http_error(503, "Too many open SSE streams (%d); retry shortly, or use Streamable HTTP at /mcp"
+                              % settings.max_streams, headers={"Retry-After": "5"})
+        session, events, on_close = opened
+        return sse_response(events, on_close)
+
+    @app.post("/messages/")
+    def messages():
+        status, message = server.post_message(request.args.get("session_id"), request.get_data())
+        if status == 202:
+            return Response(message, 202, mimetype="text/plain")
+        return http_error(status, message, PARSE_ERROR if status == 400 and "Parse error" in message else INVALID_REQUEST)
+
+    @app.route("/mcp", methods=["GET", "POST", "DELETE"])
+    def mcp():
+        if request.method == "GET":
+            # We offer no standalone server-to-client stream (transports.mdx: 405 is the answer).
+            return http_error(405, "This server sends no unsolicited messages: GET is not offered",
+                              headers={"Allow": "POST, DELETE"})
+        session_id = request.headers.get("Mcp-Session-Id")
+        if request.method == "DELETE":
+            if settings.stateless:
+                return http_error(405, "Stateless mode has no sessions to end", headers={"Allow": "POST"})
+            if not session_id:
+                return http_error(400, "Missing Mcp-Session-Id header")
+            if not server.end_http_session(session_id):
+                return http_error(404, "Unknown or ended session")
+            return Response(status=204)
+        header_version = request.headers.get("MCP-Protocol-Version")
+        if header_version is not None and header_version not in HANDSHAKE_VERSIONS:
+            return http_error(400, "Unsupported MCP-Protocol-Version %r; supported: %s"
+                              % (header_version, ", ".join(HANDSHAKE_VERSIONS)))
+        payload, error = parse_frame(request.get_data())
+        if error:
+            return json_response(error, 400)
+        headers = {}
+        if isinstance(payload, dict) and payload.get("method") == "initialize" and "id" in payload:
+            if settings.stateless:
+                session = HttpSession(not settings.stdio_only)
+            else:
+                session = server.new_http_session()
+                headers["Mcp-Session-Id"] = session.session_id
+            reply = handle_payload(payload, session)
+            if "error" in reply and session.session_id:
+                server.end_http_session(session.session_id)
+                headers = {}
+            return json_response(reply, 200, headers)
+        if settings.stateless:
+            # Every POST stands alone: the version comes from the header (2025-03-26 if
+            # absent, transports.mdx, Protocol Version Header), the session from nowhere.
+            session = HttpSession(not settings.stdio_only)
+            session.protocol_version = header_version or "2025-03-26"
+        else:
+            if not session_id:
+                return http_error(400, "Missing Mcp-Session-Id header: send initialize first")
+            session = server.find_http_session(session_id)
+            if session is None:
+                return http_error(404, "Unknown or ended session: initialize again")
+        messages = payload if isinstance(payload, list) else [payload]
+        if not any(_is_request(m) for m in messages):
+            # Notifications and responses only: accepted, no body.
+            handle_payload(payload, session)
+            return Response(status=202, mimetype="text/plain")
+        accept = request.headers.get("Accept", "")
+        wants_json = "application/json" in accept or "*/*" in accept or not accept
+        if needs_worker(payload) and ("text/event-stream" in accept or not wants_json):
+            return sse_response(stream_reply(payload, session, request.environ.get("waitress.client_disconnected")))
+        reply = handle_payload(payload, session)
+        if reply is None:                   # the request was cancelled: no JSON-RPC response
+            return Response(status=202, mimetype="text/plain")
+        if not wants_json:                  # the client accepts only text/event-stream
+            return sse_response(iter(["event: message\ndata: %s\n\n" % encode_message(reply).decode("utf-8")]))
+        return json_response(reply)
+
+    def stream_reply(payload, session, client_disconnected):
+        """An SSE response for a long request: keep-alive comments (Heroku's router cuts a
+        response silent for 30 s), then the JSON-RPC response, then the end of the stream."""
+        import queue
+        outbox = queue.Queue()
+        done = object()
+
+        def work():
+            try:
+                reply = handle_payload(payload, session, outbox.put)
+                if reply is not None:
+                    outbox.put(reply)
+            finally:
+                outbox.put(done)
+        server.workers.start(work)
+
+        def events():
+            yield ": stream open\n\n"
+            last_write = time.monotonic()
+            while True:
+                try:
+                    message = outbox.get(timeout=0.25)
+                except queue.Empty:
+                    # On 2025-x a disconnect is not a cancellation (transports.mdx): the
+                    # call runs on, its answer is dropped.
+                    if client_disconnected is not None and client_disconnected():
+                        return
+                    if time.monotonic() - last_write >= settings.keepalive:
+                        last_write = time.monotonic()
+                        yield ": keep-alive\n\n"
+                    continue
+                if message is done:
+                    return
+                last_write = time.monotonic()
+                yield "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
+        return events()
+
+    return app
+
+
+def __getattr__(name):
+    """`mcp_exec:app` for waitress-serve: the Flask app is built on first access only."""
+    if name == "app":
+        globals()["app"] = create_app()
+        return globals()["app"]
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def serve_http(args):
+    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress, configured."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
+    parser.add_argument("--host", help="interface to bind (HOST) [127.0.0.1]")
+    parser.add_argument("--port", type=int, help="port (PORT) [8000]")
+    parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [16]")
+    options = parser.parse_args(args)
+    for name, value in (("HOST", options.host), ("PORT", options.port), ("WEB_CONCURRENCY", options.threads)):
+        if value is not None:
+            os.environ[name] = str(value)
+    settings = HttpSettings()
+    if not settings.api_key:
+        sys.stderr.write(NO_API_KEY + "\n")
+        return 2
+    app = create_app(settings)
+    import waitress
+    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
+        "at most %d SSE streams%s%s" % (settings.host, settings.port, settings.threads, settings.max_streams,
+                                        ", stateless" if settings.stateless else "",
+                                        ", STDIO_MODE_ONLY: no code execution over HTTP" if settings.stdio_only else ""))
+    # channel_request_lookahead lets waitress notice a client that went away while its
+    # stream is open (environ["waitress.client_disconnected"]); without it, never.
+    waitress.serve(app, host=settings.host, port=settings.port, threads=settings.threads,
+                   channel_request_lookahead=1, max_request_body_size=2 * settings.max_body + 65536,
+                   ident="mcp-exec")
     return 0
 
 
@@ -1177,6 +1636,8 @@ def main(argv=None):
     if args[0] in ("-h", "--help", "help"):
         sys.stdout.write(HELP)
         return 0
+    if args[0] in ("--http", "http"):
+        return serve_http(args[1:])
     if args[0] == "demo":
         return demo()
     sys.stderr.write("mcp-exec: unknown arguments %s\n\n%s" % (" ".join(args), HELP))
