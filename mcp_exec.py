@@ -63,8 +63,16 @@ SERVER_VERSION = "0.1.0"
 TOOL_NAME = "code_exec_python"
 
 # Protocol versions this server speaks, newest first (see the changelog.mdx of each).
+# Two eras (2026-07-28 basic/versioning.mdx): "legacy" versions open with an initialize
+# handshake; "modern" ones carry version and capabilities in every request's _meta.
+MODERN_VERSIONS = ("2026-07-28",)
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
 LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[0]
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_CLIENT = "io.modelcontextprotocol/clientInfo"
+META_SERVER = "io.modelcontextprotocol/serverInfo"
 
 EXEC_TIMEOUT = _env_float("EXEC_TIMEOUT", 30.0)              # seconds a call may run by default
 EXEC_TIMEOUT_MAX = max(EXEC_TIMEOUT, _env_float("EXEC_TIMEOUT_MAX", 300.0))  # per-call cap
@@ -82,6 +90,8 @@ TRACE = _env_bool("MCP_TRACE")
 EOF_GRACE = 5.0           # seconds running calls get to finish after stdin closes
 KILL_GRACE = 1.0          # seconds to wait for pipes to close after a kill
 MAX_PACKAGES = 50
+PROGRESS_INTERVAL = _env_float("PROGRESS_INTERVAL", 3.0)   # seconds between progress notifications
+PROGRESS_MIN_GAP = min(1.0, PROGRESS_INTERVAL)             # new output is reported at most this often
 
 POSIX = os.name == "posix"
 
@@ -404,6 +414,11 @@ def _create_venv(path, layered, deadline, cancel):
     return result
 
 
+def _install_reporter(report):
+    """The installer's output lines, passed on as progress of the "install" stream."""
+    return None if report is None else (lambda stream, line: report("install", line))
+
+
 def _install_failed(result, what):
     if result["timed_out"]:
         reason = "timed out after %g s (INSTALL_TIMEOUT)" % INSTALL_TIMEOUT
@@ -434,7 +449,7 @@ class Environments:
         self.workspace_lock = threading.Lock()
 
     # -- shared workspace ----------------------------------------------------
-    def workspace(self, requirements, deadline, cancel):
+    def workspace(self, requirements, deadline, cancel, report=None):
         """Return (python, error_result) for the default mode, installing what is missing."""
         venv = os.path.join(self.root, "workspace")
         record = venv + ".installed"
@@ -465,7 +480,8 @@ class Environments:
             if missing:   # pip is not even started when everything asked for is there
                 result = run_process(_installer_argv(_venv_python(venv), missing),
                                      env=child_environment(installer=True), cwd=self.root,
-                                     timeout=max(0.1, deadline - time.monotonic()), cancel=cancel)
+                                     timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
+                                     on_output=_install_reporter(report))
                 if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
                     return None, _install_failed(result, "pip install " + " ".join(missing))
                 with open(record, "a") as f:
@@ -473,7 +489,7 @@ class Environments:
         return _venv_python(venv), None
 
     # -- isolated, cached environments ----------------------------------------
-    def isolated(self, requirements, deadline, cancel):
+    def isolated(self, requirements, deadline, cancel, report=None):
         """Return (python, venv_dir, error_result) for use_temp_dir; release(venv_dir) after."""
         import hashlib
         key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:20]
@@ -495,7 +511,8 @@ class Environments:
                 if result["returncode"] == 0 and not (result["timed_out"] or result["cancelled"]) and requirements:
                     result = run_process(_installer_argv(_venv_python(venv), requirements),
                                          env=child_environment(installer=True), cwd=cache,
-                                         timeout=max(0.1, deadline - time.monotonic()), cancel=cancel)
+                                         timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
+                                         on_output=_install_reporter(report))
                 if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
                     import shutil
                     shutil.rmtree(venv, ignore_errors=True)
@@ -615,11 +632,11 @@ def run_code(code, packages=(), use_temp_dir=False, timeout=None, cancel=None, o
     try:
         install_deadline = time.monotonic() + INSTALL_TIMEOUT
         if use_temp_dir:
-            python, venv, failure = ENVIRONMENTS.isolated(list(packages), install_deadline, cancel)
+            python, venv, failure = ENVIRONMENTS.isolated(list(packages), install_deadline, cancel, on_output)
             if venv:
                 release = venv
         else:
-            python, failure = ENVIRONMENTS.workspace(list(packages), install_deadline, cancel)
+            python, failure = ENVIRONMENTS.workspace(list(packages), install_deadline, cancel, on_output)
         if failure:
             return failure
         return _run_python(python, code, timeout, cancel, on_output)
@@ -665,6 +682,8 @@ def _run_python(python, code, timeout, cancel, on_output):
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700, -32600, -32601, -32602, -32603)
+# MCP's own codes, 2026-07-28 (basic/index.mdx, Error Codes).
+HEADER_MISMATCH, MISSING_CLIENT_CAPABILITY, UNSUPPORTED_VERSION = -32020, -32021, -32022
 CANCELLED = object()   # a handler's answer for a request that must get no response
 
 
@@ -711,9 +730,10 @@ class Session:
     calls, so that notifications/cancelled and the end of the session can stop them.
     """
 
-    def __init__(self, transport="stdio", allow_exec=True):
+    def __init__(self, transport="stdio", allow_exec=True, modern=True):
         self.transport = transport
         self.allow_exec = allow_exec
+        self.modern = modern           # may it serve 2026-07-28 requests? (not on HTTP+SSE)
         self.protocol_version = None
         self.client_info = None
         self.initialized = False
@@ -857,16 +877,14 @@ def handle_message(message, session, notify=None):
             except Exception:
                 log("error in notification %s:\n%s" % (method, _traceback()))
         return None
-    handler = REQUEST_HANDLERS.get(method)
-    if handler is None:
-        return error_response(request_id, METHOD_NOT_FOUND, "Method not found: %s" % method)
     if not isinstance(params, dict):
         return error_response(request_id, INVALID_PARAMS, 'Invalid params: "params" must be an object')
-    if session.protocol_version is None and method not in PRE_INITIALIZE_METHODS:
-        return error_response(request_id, INVALID_REQUEST,
-                              "Not initialized: send an initialize request first (only ping may come before it)")
     try:
-        result = handler(params, session, request_id, notify)
+        if session.modern and is_modern_request(method, params):
+            request = modern_request(request_id, method, params, session, notify)
+        else:
+            request = legacy_request(request_id, method, params, session, notify)
+        result = request.handler(request)
     except ProtocolError as exc:
         return error_response(request_id, exc.code, exc.message, exc.data)
     except Exception:
@@ -874,7 +892,64 @@ def handle_message(message, session, notify=None):
         return error_response(request_id, INTERNAL_ERROR, "Internal error (details are in the server's log)")
     if result is CANCELLED:
         return None
+    if request.modern:
+        # Every modern result says what it is and who answered (basic/index.mdx, _meta).
+        result["resultType"] = "complete"
+        result.setdefault("_meta", {})[META_SERVER] = server_info(request.version)
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+class Request:
+    """One request being handled: what a method handler may look at."""
+
+    def __init__(self, request_id, params, session, version, modern, handler, notify):
+        self.id, self.params, self.session = request_id, params, session
+        self.version, self.modern, self.handler, self.notify = version, modern, handler, notify
+
+
+def is_modern_request(method, params):
+    """A request in the 2026-07-28 style: it carries its own version in _meta.
+    (server/discover exists only there, so it is modern even when its _meta is missing.)"""
+    meta = params.get("_meta")
+    return method == "server/discover" or (isinstance(meta, dict) and (META_VERSION in meta or META_CAPABILITIES in meta))
+
+
+def missing_modern_meta(params):
+    """The required per-request _meta fields a modern request lacks (basic/index.mdx, _meta)."""
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    missing = []
+    if not isinstance(meta.get(META_VERSION), str):
+        missing.append(META_VERSION)
+    if not isinstance(meta.get(META_CAPABILITIES), dict):
+        missing.append(META_CAPABILITIES)
+    return missing
+
+
+def modern_request(request_id, method, params, session, notify):
+    """Served statelessly: no initialize, nothing taken from earlier requests."""
+    missing = missing_modern_meta(params)
+    if missing:
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: a 2026-07-28 request must carry _meta %s"
+                            % " and ".join(missing), {"missing": missing})
+    version = params["_meta"][META_VERSION]
+    if version not in MODERN_VERSIONS:
+        raise ProtocolError(UNSUPPORTED_VERSION, "Unsupported protocol version",
+                            {"supported": list(SUPPORTED_VERSIONS), "requested": version})
+    handler = MODERN_HANDLERS.get(method)
+    if handler is None:
+        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
+    return Request(request_id, params, session, version, True, handler, notify)
+
+
+def legacy_request(request_id, method, params, session, notify):
+    """Handshake era: the version is the one initialize negotiated for this session."""
+    handler = REQUEST_HANDLERS.get(method)
+    if handler is None:
+        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
+    if session.protocol_version is None and method not in PRE_INITIALIZE_METHODS:
+        raise ProtocolError(INVALID_REQUEST, "Not initialized: send an initialize request first "
+                            "(only ping may come before it)")
+    return Request(request_id, params, session, session.protocol_version, False, handler, notify)
 
 
 def _traceback():
@@ -1004,14 +1079,15 @@ def tool_result(obj, version, is_error):
     return result
 
 
-def handle_initialize(params, session, request_id, notify):
+def handle_initialize(request):
+    session, params = request.session, request.params
     if session.protocol_version is not None:
         raise ProtocolError(INVALID_REQUEST, "Already initialized")
     requested = params.get("protocolVersion")
     if not isinstance(requested, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "protocolVersion" (a string) is required')
-    # Echo the client's version if we speak it, else offer our latest (lifecycle.mdx,
-    # Version Negotiation); the client decides whether it can go on.
+    # Echo the client's version if we speak it, else offer our latest handshake version
+    # (lifecycle.mdx, Version Negotiation); never 2026-07-28, which has no handshake.
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
     session.client_info = params.get("clientInfo")
@@ -1021,17 +1097,29 @@ def handle_initialize(params, session, request_id, notify):
             "instructions": instructions()}
 
 
-def handle_ping(params, session, request_id, notify):
+def handle_discover(request):
+    """server/discover (2026-07-28 server/discover.mdx): versions, capabilities, identity."""
+    return {"supportedVersions": list(SUPPORTED_VERSIONS),
+            "capabilities": {"tools": {"listChanged": False}},
+            "instructions": instructions(),
+            "ttlMs": 3600 * 1000, "cacheScope": "public"}
+
+
+def handle_ping(request):
     return {}
 
 
-def handle_tools_list(params, session, request_id, notify):
-    if params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
+def handle_tools_list(request):
+    if request.params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
-    return {"tools": [tool_definition(session.protocol_version)] if session.allow_exec else []}
+    result = {"tools": [tool_definition(request.version)] if request.session.allow_exec else []}
+    if request.modern:   # cacheable result (2026-07-28 server/utilities/caching.mdx)
+        result.update(ttlMs=3600 * 1000, cacheScope="public")
+    return result
 
 
-def handle_tools_call(params, session, request_id, notify):
+def handle_tools_call(request):
+    params, session = request.params, request.session
     name = params.get("name")
     if not isinstance(name, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "name" (a string) is required')
@@ -1045,21 +1133,85 @@ def handle_tools_call(params, session, request_id, notify):
         arguments = {}
     if not isinstance(arguments, dict):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
-    version = session.protocol_version
     # Bad arguments are a tool error the model can read and fix, not a protocol error
     # (2025-11-25 server/tools.mdx, Error Handling); we apply that rule to every version.
     clean, problem = validate_arguments(arguments)
     if problem:
         return {"content": [{"type": "text", "text": "Invalid arguments for %s: %s." % (TOOL_NAME, problem)}],
                 "isError": True}
-    cancel = session.start_call(request_id)
+    cancel = session.start_call(request.id)
+    progress = Progress.for_request(request)
     try:
-        obj = run_code(clean["code"], clean["packages"], clean["use_temp_dir"], clean["timeout"], cancel)
+        obj = run_code(clean["code"], clean["packages"], clean["use_temp_dir"], clean["timeout"], cancel,
+                       progress.output if progress else None)
     finally:
-        session.end_call(request_id)
+        if progress:
+            progress.stop()     # progress.mdx: nothing about a request after its response
+        session.end_call(request.id)
     if obj.pop("cancelled", False) or cancel.is_set():
-        return CANCELLED   # cancellation.mdx: the receiver SHOULD NOT respond
-    return tool_result(obj, version, obj["returncode"] != 0 or obj["timed_out"])
+        return CANCELLED        # cancellation.mdx: the receiver SHOULD NOT respond
+    return tool_result(obj, request.version, obj["returncode"] != 0 or obj["timed_out"])
+
+
+class Progress:
+    """notifications/progress for one tools/call that asked for it with _meta.progressToken.
+
+    A background thread reports every PROGRESS_INTERVAL seconds, and sooner (at most every
+    PROGRESS_MIN_GAP) when new output appears. `progress` is the seconds elapsed, strictly
+    increasing; `message` (2025-03-26 and later) is the latest line of output or install
+    step. stop() returns only when no notification can follow (progress.mdx).
+    """
+
+    @classmethod
+    def for_request(cls, request):
+        meta = request.params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        if request.notify is None or not _valid_id(token):
+            return None
+        return cls(token, request.notify, at_least(request.version, "2025-03-26"))
+
+    def __init__(self, token, notify, with_message):
+        self.token, self.notify, self.with_message = token, notify, with_message
+        self.started = time.monotonic()
+        self.last_progress = 0.0
+        self.last_sent = self.started
+        self.line = "started"
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def output(self, stream, line):
+        """Called by the executor with the latest output line (stream: stdout, stderr, install)."""
+        if line:
+            self.line = ("installing: " + line) if stream == "install" else line
+            self.wake.set()
+
+    def _run(self):
+        while not self.stopped:
+            self.wake.wait(PROGRESS_INTERVAL)
+            self.wake.clear()
+            pause = self.last_sent + PROGRESS_MIN_GAP - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)   # rate limit: output arriving meanwhile goes in this report
+            with self.lock:
+                if self.stopped:
+                    return
+                self._send(time.monotonic())
+
+    def _send(self, now):
+        progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
+        self.last_progress, self.last_sent = progress, now
+        params = {"progressToken": self.token, "progress": progress}
+        if self.with_message:
+            params["message"] = "%.0f s: %s" % (now - self.started, self.line)
+        self.notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+    def stop(self):
+        with self.lock:
+            self.stopped = True
+        self.wake.set()
 
 
 def notify_initialized(params, session):
@@ -1071,8 +1223,14 @@ def notify_cancelled(params, session):
     session.cancel(params.get("requestId"))
 
 
-REQUEST_HANDLERS = {
+REQUEST_HANDLERS = {            # handshake era
     "initialize": handle_initialize,
+    "ping": handle_ping,
+    "tools/list": handle_tools_list,
+    "tools/call": handle_tools_call,
+}
+MODERN_HANDLERS = {             # 2026-07-28: no initialize; ping was removed, we still answer it
+    "server/discover": handle_discover,
     "ping": handle_ping,
     "tools/list": handle_tools_list,
     "tools/call": handle_tools_call,
@@ -1232,7 +1390,9 @@ class SseSession(Session):
     def __init__(self, allow_exec):
         import queue
         import secrets
-        super().__init__("sse", allow_exec)
+        # HTTP+SSE is a handshake-era transport: a modern probe gets a legacy answer, and
+        # a dual-era client falls back to initialize (2026-07-28 basic/versioning.mdx).
+        super().__init__("sse", allow_exec, modern=False)
         self.session_id = secrets.token_hex(16)   # unguessable (transports.mdx, Security)
         self.outbox = queue.Queue()
 
@@ -1374,6 +1534,33 @@ class HttpServer:
         return session is not None
 
 
+def _header_value(value):
+    """Decode the =?base64?...?= sentinel of Mcp-Name (2026-07-28 streamable-http.mdx, Value Encoding)."""
+    if value is not None and value.startswith("=?base64?") and value.endswith("?="):
+        import base64
+        import binascii
+        try:
+            return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+    return value
+
+
+def header_mismatch(message, params, headers):
+    """What is wrong with a modern request's mirrored headers, or None (Server Validation)."""
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    checks = [("MCP-Protocol-Version", headers.get("MCP-Protocol-Version"), meta.get(META_VERSION)),
+              ("Mcp-Method", headers.get("Mcp-Method"), message.get("method"))]
+    if message.get("method") == "tools/call":
+        checks.append(("Mcp-Name", _header_value(headers.get("Mcp-Name")), params.get("name")))
+    for name, header, body in checks:
+        if header is None:
+            return "the %s header is required" % name
+        if body is not None and header != body:
+            return "%s header value %r does not match body value %r" % (name, header, body)
+    return None
+
+
 def _is_request(message):
     return isinstance(message, dict) and "method" in message and "id" in message
 
@@ -1471,15 +1658,20 @@ def create_app(settings=None):
             if not server.end_http_session(session_id):
                 return http_error(404, "Unknown or ended session")
             return Response(status=204)
-        header_version = request.headers.get("MCP-Protocol-Version")
-        if header_version is not None and header_version not in HANDSHAKE_VERSIONS:
-            return http_error(400, "Unsupported MCP-Protocol-Version %r; supported: %s"
-                              % (header_version, ", ".join(HANDSHAKE_VERSIONS)))
         payload, error = parse_frame(request.get_data())
         if error:
             return json_response(error, 400)
+        first = payload if isinstance(payload, dict) else {}
+        first_id = first.get("id") if _valid_id(first.get("id")) else None
+        params = first.get("params") if isinstance(first.get("params"), dict) else {}
+        header_version = request.headers.get("MCP-Protocol-Version")
+        if header_version is not None and header_version not in SUPPORTED_VERSIONS:
+            return json_response(error_response(first_id, UNSUPPORTED_VERSION, "Unsupported protocol version",
+                                                {"supported": list(SUPPORTED_VERSIONS), "requested": header_version}), 400)
+        if header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params):
+            return modern_post(payload, first, first_id, params)
         headers = {}
-        if isinstance(payload, dict) and payload.get("method") == "initialize" and "id" in payload:
+        if first.get("method") == "initialize" and "id" in first:
             if settings.stateless:
                 session = HttpSession(not settings.stdio_only)
             else:
@@ -1501,25 +1693,51 @@ def create_app(settings=None):
             session = server.find_http_session(session_id)
             if session is None:
                 return http_error(404, "Unknown or ended session: initialize again")
+        return answer(payload, session, modern=False)
+
+    def modern_post(payload, first, first_id, params):
+        """A 2026-07-28 request: headers must mirror the body, and no session exists."""
+        if "id" in first:
+            problem = header_mismatch(first, params, request.headers)
+            if problem:
+                return json_response(error_response(first_id, HEADER_MISMATCH, "Header mismatch: " + problem), 400)
+            try:   # validate up front, so that these errors get their HTTP status, not an SSE 200
+                modern_request(first_id, first.get("method"), params, None, None)
+            except ProtocolError as exc:
+                status = 404 if exc.code == METHOD_NOT_FOUND else 400
+                return json_response(error_response(first_id, exc.code, exc.message, exc.data), status)
+        return answer(payload, HttpSession(not settings.stdio_only), modern=True)
+
+    def answer(payload, session, modern):
+        """Reply to a POST: 202 for notifications only, JSON or an SSE stream for requests."""
         messages = payload if isinstance(payload, list) else [payload]
         if not any(_is_request(m) for m in messages):
-            # Notifications and responses only: accepted, no body.
-            handle_payload(payload, session)
+            handle_payload(payload, session)     # notifications and responses: accepted, no body
             return Response(status=202, mimetype="text/plain")
         accept = request.headers.get("Accept", "")
         wants_json = "application/json" in accept or "*/*" in accept or not accept
-        if needs_worker(payload) and ("text/event-stream" in accept or not wants_json):
-            return sse_response(stream_reply(payload, session, request.environ.get("waitress.client_disconnected")))
-        reply = handle_payload(payload, session)
-        if reply is None:                   # the request was cancelled: no JSON-RPC response
-            return Response(status=202, mimetype="text/plain")
-        if not wants_json:                  # the client accepts only text/event-stream
+        wants_sse = "text/event-stream" in accept
+        if not needs_worker(payload):
+            reply = handle_payload(payload, session)
+            if wants_json:
+                return json_response(reply)
             return sse_response(iter(["event: message\ndata: %s\n\n" % encode_message(reply).decode("utf-8")]))
+        # A tools/call runs on a worker thread while this thread watches the client.
+        stream = worker_messages(payload, session, request.environ.get("waitress.client_disconnected"), modern)
+        if wants_sse or not wants_json:
+            # SSE carries keep-alives and progress; on 2026-07-28, closing it cancels the call.
+            return sse_response(sse_events(stream), on_close=session.close if modern else None)
+        reply = None
+        for message in stream:
+            if message is not None and "id" in message:
+                reply = message
+        if reply is None:                    # cancelled: no JSON-RPC response exists
+            return Response(status=202, mimetype="text/plain")
         return json_response(reply)
 
-    def stream_reply(payload, session, client_disconnected):
-        """An SSE response for a long request: keep-alive comments (Heroku's router cuts a
-        response silent for 30 s), then the JSON-RPC response, then the end of the stream."""
+    def worker_messages(payload, session, client_disconnected, modern):
+        """Run a long request on a worker; yield its notifications and its reply as they come,
+        and None after every SSE_KEEPALIVE seconds of silence. Ends when the client leaves."""
         import queue
         outbox = queue.Queue()
         done = object()
@@ -1532,27 +1750,35 @@ def create_app(settings=None):
             finally:
                 outbox.put(done)
         server.workers.start(work)
-
-        def events():
-            yield ": stream open\n\n"
-            last_write = time.monotonic()
-            while True:
-                try:
-                    message = outbox.get(timeout=0.25)
-                except queue.Empty:
-                    # On 2025-x a disconnect is not a cancellation (transports.mdx): the
-                    # call runs on, its answer is dropped.
-                    if client_disconnected is not None and client_disconnected():
-                        return
-                    if time.monotonic() - last_write >= settings.keepalive:
-                        last_write = time.monotonic()
-                        yield ": keep-alive\n\n"
-                    continue
-                if message is done:
+        last_write = time.monotonic()
+        while True:
+            try:
+                message = outbox.get(timeout=0.25)
+            except queue.Empty:
+                if client_disconnected is not None and client_disconnected():
+                    # 2026-07-28: a closed response stream cancels the request (cancellation.mdx).
+                    # 2025-x: a disconnect is not a cancellation; the answer is just dropped.
+                    if modern:
+                        session.close()
                     return
-                last_write = time.monotonic()
+                if time.monotonic() - last_write >= settings.keepalive:
+                    last_write = time.monotonic()
+                    yield None
+                continue
+            if message is done:
+                return
+            last_write = time.monotonic()
+            yield message
+
+    def sse_events(messages):
+        # A comment first, so headers reach the client at once (waitress sends them with
+        # the first chunk) and Heroku's router sees bytes within its 30 s window.
+        yield ": stream open\n\n"
+        for message in messages:
+            if message is None:
+                yield ": keep-alive\n\n"
+            else:
                 yield "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
-        return events()
 
     return app
 
