@@ -279,17 +279,29 @@ def _kill_tree(proc, marker):
             pass
 
 
-def run_process(argv, *, env, cwd, timeout, stdin_data=b"", cancel=None, on_output=None,
-                marker=None, output_limit=OUTPUT_LIMIT):
-    """Run argv to completion, timeout or cancellation; never leave a process behind.
-
-    Returns {"returncode", "stdout", "stderr", "timed_out", "truncated", "cancelled"}.
-    stdout/stderr are capped at output_limit bytes each (head and tail kept).
-    """
+def _spawn(argv, env, cwd):
+    """Start a child in a session of its own (so its whole process group can be killed)."""
     popen_args = {"start_new_session": True} if POSIX else {
         "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=cwd, env=env, **popen_args)
+
+
+def run_process(argv, *, env, cwd, timeout, stdin_data=b"", cancel=None, on_output=None,
+                marker=None, output_limit=OUTPUT_LIMIT):
+    """Run argv to completion, timeout or cancellation; see supervise()."""
+    return supervise(_spawn(argv, env, cwd), timeout=timeout, stdin_data=stdin_data, cancel=cancel,
+                     on_output=on_output, marker=marker, output_limit=output_limit)
+
+
+def supervise(proc, *, timeout, stdin_data=b"", cancel=None, on_output=None, marker=None,
+              output_limit=OUTPUT_LIMIT):
+    """Feed a started child its stdin, collect its output, and never leave a process behind.
+
+    Returns {"returncode", "stdout", "stderr", "timed_out", "truncated", "cancelled"}.
+    stdout/stderr are capped at output_limit bytes each (head and tail kept). The
+    timeout starts now, when the child gets its input.
+    """
     out, err = OutputBuffer(output_limit), OutputBuffer(output_limit)
     threads = [threading.Thread(target=_pump, args=(proc.stdout, out, "stdout", on_output), daemon=True),
                threading.Thread(target=_pump, args=(proc.stderr, err, "stderr", on_output), daemon=True),
@@ -447,6 +459,7 @@ class Environments:
         self.key_locks = {}               # one build at a time per package set
         self.in_use = {}                  # venv dir -> number of calls running in it
         self.workspace_lock = threading.Lock()
+        self.generation = 0               # bumped whenever the workspace changes
 
     # -- shared workspace ----------------------------------------------------
     def workspace(self, requirements, deadline, cancel, report=None):
@@ -471,6 +484,7 @@ class Environments:
                     return sys.executable, None
                 with open(os.path.join(venv, ".mcp-exec-ready"), "w") as f:
                     f.write(stamp)
+                self.generation += 1
             try:
                 with open(record) as f:
                     installed = set(f.read().split())
@@ -486,6 +500,7 @@ class Environments:
                     return None, _install_failed(result, "pip install " + " ".join(missing))
                 with open(record, "a") as f:
                     f.write("".join(r + "\n" for r in missing))
+                self.generation += 1
         return _venv_python(venv), None
 
     # -- isolated, cached environments ----------------------------------------
@@ -635,38 +650,116 @@ def run_code(code, packages=(), use_temp_dir=False, timeout=None, cancel=None, o
             python, venv, failure = ENVIRONMENTS.isolated(list(packages), install_deadline, cancel, on_output)
             if venv:
                 release = venv
+            generation = None
         else:
             python, failure = ENVIRONMENTS.workspace(list(packages), install_deadline, cancel, on_output)
+            generation = ENVIRONMENTS.generation
         if failure:
             return failure
-        return _run_python(python, code, timeout, cancel, on_output)
+        return _run_python(python, code, timeout, cancel, on_output, generation)
     finally:
         if release:
             ENVIRONMENTS.release(release)
         EXEC_SLOTS.release()
 
 
-def _run_python(python, code, timeout, cancel, on_output):
-    import shutil
+def _start_python(python):
+    """Start the bootstrap interpreter in a fresh temporary directory; it waits for code.
+
+    -> (process, root directory). The directory holds work/ (the working directory) and
+    tmp/ (TMPDIR); it is removed after the call. Its name marks every descendant.
+    """
     root = tempfile.mkdtemp(prefix="mcp-exec-")
+    work, tmp = os.path.join(root, "work"), os.path.join(root, "tmp")
+    os.mkdir(work)
+    os.mkdir(tmp)
+    extra = {"MCP_EXEC_RUN": os.path.basename(root), "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp}
+    if python != sys.executable:   # a venv: its scripts come first on PATH
+        bin_dir = os.path.dirname(python)
+        extra["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
+        extra["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    cpu = int(EXEC_TIMEOUT_MAX) + 5   # a backstop; the wall clock is the real limit
+    argv = [python, "-u", "-c", BOOTSTRAP, str(EXEC_MEMORY_MB), str(EXEC_FILE_MB),
+            str(EXEC_MAX_FILES), str(cpu)]
     try:
-        work, tmp = os.path.join(root, "work"), os.path.join(root, "tmp")
-        os.mkdir(work)
-        os.mkdir(tmp)
-        marker = os.path.basename(root)
-        extra = {"MCP_EXEC_RUN": marker, "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp}
-        if python != sys.executable:   # a venv: its scripts come first on PATH
-            bin_dir = os.path.dirname(python)
-            extra["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
-            extra["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-        cpu = int(EXEC_TIMEOUT_MAX) + 5   # a backstop; the wall clock is the real limit
-        argv = [python, "-u", "-c", BOOTSTRAP, str(EXEC_MEMORY_MB), str(EXEC_FILE_MB),
-                str(EXEC_MAX_FILES), str(cpu)]
-        result = run_process(argv, env=child_environment(extra), cwd=work, timeout=timeout,
-                             stdin_data=code.encode("utf-8", "surrogatepass"), cancel=cancel,
-                             on_output=on_output, marker=marker)
+        return _spawn(argv, child_environment(extra), work), root
+    except OSError:
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+class WarmInterpreter:
+    """One interpreter of the workspace environment, started ahead of the call that uses it.
+
+    A cold call pays for starting Python; a warm one only hands over the code. Both run
+    the same BOOTSTRAP with the same arguments, environment, limits and kind of fresh
+    directory, so the code cannot tell them apart: only the moment the interpreter
+    started differs. Each warm interpreter serves one call; the next starts at once.
+    A warm interpreter is used only while the workspace is unchanged since it started.
+    """
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+        self.lock = threading.Lock()
+        self.ready = None          # (python, generation, process, root)
+
+    def take(self, python, generation):
+        """-> (process, root) started for this python and generation, or None."""
+        with self.lock:
+            ready, self.ready = self.ready, None
+        if ready is None:
+            return None
+        if ready[:2] == (python, generation) and ready[2].poll() is None:
+            return ready[2:]
+        self._discard(ready)
+        return None
+
+    def refill(self, python, generation):
+        """Start the next warm interpreter in the background."""
+        if self.enabled:
+            threading.Thread(target=self._start, args=(python, generation), daemon=True).start()
+
+    def _start(self, python, generation):
+        try:
+            proc, root = _start_python(python)
+        except OSError:
+            return
+        with self.lock:
+            old, self.ready = self.ready, (python, generation, proc, root)
+        if old is not None:
+            self._discard(old)
+
+    def _discard(self, ready):
+        import shutil
+        _kill_tree(ready[2], None)
+        ready[2].wait()
+        for pipe in (ready[2].stdin, ready[2].stdout, ready[2].stderr):
+            pipe.close()
+        shutil.rmtree(ready[3], ignore_errors=True)
+
+    def close(self):
+        with self.lock:
+            ready, self.ready, self.enabled = self.ready, None, False
+        if ready is not None:
+            self._discard(ready)
+
+
+WARM = WarmInterpreter(_env_bool("WARM_INTERPRETER", True))
+
+
+def _run_python(python, code, timeout, cancel, on_output, generation=None):
+    import shutil
+    warm = generation is not None and WARM.enabled
+    started = WARM.take(python, generation) if warm else None
+    proc, root = started or _start_python(python)
+    try:
+        result = supervise(proc, timeout=timeout, stdin_data=code.encode("utf-8", "surrogatepass"),
+                           cancel=cancel, on_output=on_output, marker=os.path.basename(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        if warm:   # start the next call's interpreter now, not during this call: 2 cores are few
+            WARM.refill(python, generation)
     if result["timed_out"]:
         result["stderr"] += ("\n[mcp-exec] Timed out after %g s: the process and its children were "
                              "killed. Pass a larger \"timeout\" (at most %g s) or make the code faster."
@@ -1308,6 +1401,7 @@ class StdioServer:
             self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
         finally:
             self.session.close()                # then kill what is still running
+            WARM.close()
             self.workers.wait(KILL_GRACE + 1)
 
 
@@ -1573,6 +1667,8 @@ def create_app(settings=None):
     if not settings.api_key:
         raise SystemExit(NO_API_KEY)
     server = HttpServer(settings)
+    import atexit
+    atexit.register(WARM.close)
     app = Flask("mcp_exec")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body
     app.extensions["mcp_exec"] = server
