@@ -385,6 +385,14 @@ def _venv_python(venv):
     return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
 
 
+def _uv():
+    """uv's path when it is on PATH and not switched off (MCP_EXEC_INSTALLER=pip), else None."""
+    import shutil
+    if os.environ.get("MCP_EXEC_INSTALLER", "auto").strip().lower() == "pip":
+        return None
+    return shutil.which("uv")
+
+
 def _installer_argv(python, requirements):
     """pip (or uv, when on PATH) installing requirements into the environment of `python`.
 
@@ -392,12 +400,25 @@ def _installer_argv(python, requirements):
     so the environments we create need no pip of their own. "--" ends the options:
     even a requirement that slipped past validation could not become an option.
     """
-    import shutil
-    uv = shutil.which("uv")
-    if uv and os.environ.get("MCP_EXEC_INSTALLER", "auto") != "pip":
+    uv = _uv()
+    if uv:
         return [uv, "pip", "install", "--python", python, "--"] + list(requirements)
     return [sys.executable, "-m", "pip", "--python", python, "install", "--no-input",
             "--disable-pip-version-check", "--"] + list(requirements)
+
+
+def installer_environment():
+    """The installer's environment: the child's, plus pip/uv settings, proxies, CA bundles.
+
+    uv does not read PIP_*; the operator's pip settings are translated so that a mirror
+    or a local wheel folder works whichever installer runs.
+    """
+    env = child_environment(installer=True)
+    if _uv():
+        for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS", "NO_INDEX"):
+            if "PIP_" + setting in env and "UV_" + setting not in env:
+                env["UV_" + setting] = env["PIP_" + setting]
+    return env
 
 
 def _create_venv(path, layered, deadline, cancel):
@@ -407,13 +428,12 @@ def _create_venv(path, layered, deadline, cancel):
     site-packages *after* its own: code sees what the server has, and what it installs
     lands in the workspace, never in the server's environment.
     """
-    import shutil
-    uv = shutil.which("uv")
-    if uv and os.environ.get("MCP_EXEC_INSTALLER", "auto") != "pip":
+    uv = _uv()
+    if uv:
         argv = [uv, "venv", "--quiet", "--python", sys.executable, path]
     else:
         argv = [sys.executable, "-m", "venv", "--without-pip", path]
-    result = run_process(argv, env=child_environment(installer=True), cwd=STATE_DIR,
+    result = run_process(argv, env=installer_environment(), cwd=STATE_DIR,
                          timeout=max(1.0, deadline - time.monotonic()), cancel=cancel)
     if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
         return result
@@ -424,6 +444,20 @@ def _create_venv(path, layered, deadline, cancel):
         with open(os.path.join(site_dir, "_mcp_exec_server_packages.pth"), "w") as f:
             f.write("import site; list(map(site.addsitedir, %r))\n" % (server_dirs,))
     return result
+
+
+def _satisfied_here(requirement):
+    """True if the server's own environment (which the workspace sees) already satisfies a
+    bare name or an exact ==pin; other specifiers are left to the installer to judge."""
+    m = re.match(r"^([a-z0-9-]+)(?:==([A-Za-z0-9.+!_-]+))?$", requirement)
+    if not m:
+        return False
+    from importlib import metadata
+    try:
+        version = metadata.version(m.group(1))
+    except metadata.PackageNotFoundError:
+        return False
+    return m.group(2) is None or version == m.group(2)
 
 
 def _install_reporter(report):
@@ -490,10 +524,10 @@ class Environments:
                     installed = set(f.read().split())
             except OSError:
                 installed = set()
-            missing = [r for r in requirements if r not in installed]
+            missing = [r for r in requirements if r not in installed and not _satisfied_here(r)]
             if missing:   # pip is not even started when everything asked for is there
                 result = run_process(_installer_argv(_venv_python(venv), missing),
-                                     env=child_environment(installer=True), cwd=self.root,
+                                     env=installer_environment(), cwd=self.root,
                                      timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                                      on_output=_install_reporter(report))
                 if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
@@ -525,7 +559,7 @@ class Environments:
                 result = _create_venv(venv, False, deadline, cancel)
                 if result["returncode"] == 0 and not (result["timed_out"] or result["cancelled"]) and requirements:
                     result = run_process(_installer_argv(_venv_python(venv), requirements),
-                                         env=child_environment(installer=True), cwd=cache,
+                                         env=installer_environment(), cwd=cache,
                                          timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                                          on_output=_install_reporter(report))
                 if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
@@ -533,6 +567,7 @@ class Environments:
                     shutil.rmtree(venv, ignore_errors=True)
                     return None, None, _install_failed(result, "building an isolated environment for %s"
                                                        % (" ".join(requirements) or "no packages"))
+                _set_writable(venv, False)   # code run later cannot change it (unless root)
                 # Publish atomically: a crash before this line leaves no entry that a later
                 # call would trust, only an orphan directory that _evict() removes.
                 tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
@@ -584,7 +619,8 @@ class Environments:
                 busy = os.path.join(cache, venv) in self.in_use
             if not busy:
                 os.unlink(os.path.join(cache, name))
-                shutil.rmtree(os.path.join(cache, venv), ignore_errors=True)
+                WARM.discard(_venv_python(os.path.join(cache, venv)))
+                _remove_tree(os.path.join(cache, venv))
                 excess -= 1
         # Directories no entry names are failed or abandoned builds; one younger than any
         # build could take may still be filling in another server process, so it stays.
@@ -595,7 +631,29 @@ class Environments:
                 busy = path in self.in_use
             if (os.path.isdir(path) and name not in live and not busy
                     and time.time() - os.path.getmtime(path) > INSTALL_TIMEOUT + 60):
-                shutil.rmtree(path, ignore_errors=True)
+                _remove_tree(path)
+
+
+def _set_writable(path, writable):
+    """Add or remove the write bits of a tree (directories too, so nothing can be added)."""
+    import stat
+    bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files + dirs + [None]:
+            target = os.path.join(root, name) if name else root
+            try:
+                if os.path.islink(target):
+                    continue
+                mode = os.stat(target).st_mode
+                os.chmod(target, (mode | stat.S_IWUSR) if writable else (mode & ~bits))
+            except OSError:
+                pass
+
+
+def _remove_tree(path):
+    import shutil
+    _set_writable(path, True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _read(path):
@@ -650,7 +708,7 @@ def run_code(code, packages=(), use_temp_dir=False, timeout=None, cancel=None, o
             python, venv, failure = ENVIRONMENTS.isolated(list(packages), install_deadline, cancel, on_output)
             if venv:
                 release = venv
-            generation = None
+            generation = 0        # a cached environment never changes (it is read-only)
         else:
             python, failure = ENVIRONMENTS.workspace(list(packages), install_deadline, cancel, on_output)
             generation = ENVIRONMENTS.generation
@@ -689,34 +747,34 @@ def _start_python(python):
         raise
 
 
-class WarmInterpreter:
-    """One interpreter of the workspace environment, started ahead of the call that uses it.
+class WarmInterpreters:
+    """Interpreters started ahead of the call that uses them: one per recently used environment.
 
     A cold call pays for starting Python; a warm one only hands over the code. Both run
     the same BOOTSTRAP with the same arguments, environment, limits and kind of fresh
     directory, so the code cannot tell them apart: only the moment the interpreter
-    started differs. Each warm interpreter serves one call; the next starts at once.
-    A warm interpreter is used only while the workspace is unchanged since it started.
+    started differs. Each serves one call; the next starts right after it. One is used
+    only while its environment is unchanged since it started (same generation).
     """
 
-    def __init__(self, enabled):
-        self.enabled = enabled
+    def __init__(self, enabled, size=3):
+        self.enabled, self.size = enabled, size
         self.lock = threading.Lock()
-        self.ready = None          # (python, generation, process, root)
+        self.ready = {}            # python -> (generation, process, root), oldest first
 
     def take(self, python, generation):
         """-> (process, root) started for this python and generation, or None."""
         with self.lock:
-            ready, self.ready = self.ready, None
+            ready = self.ready.pop(python, None)
         if ready is None:
             return None
-        if ready[:2] == (python, generation) and ready[2].poll() is None:
-            return ready[2:]
+        if ready[0] == generation and ready[1].poll() is None:
+            return ready[1:]
         self._discard(ready)
         return None
 
     def refill(self, python, generation):
-        """Start the next warm interpreter in the background."""
+        """Start the next warm interpreter for this environment in the background."""
         if self.enabled:
             threading.Thread(target=self._start, args=(python, generation), daemon=True).start()
 
@@ -726,26 +784,38 @@ class WarmInterpreter:
         except OSError:
             return
         with self.lock:
-            old, self.ready = self.ready, (python, generation, proc, root)
-        if old is not None:
-            self._discard(old)
+            stale = [self.ready.pop(python)] if python in self.ready else []
+            self.ready[python] = (generation, proc, root)
+            while len(self.ready) > self.size:            # least recently refilled goes
+                stale.append(self.ready.pop(next(iter(self.ready))))
+            if not self.enabled:
+                stale.append(self.ready.pop(python))
+        for ready in stale:
+            self._discard(ready)
 
-    def _discard(self, ready):
-        import shutil
-        _kill_tree(ready[2], None)
-        ready[2].wait()
-        for pipe in (ready[2].stdin, ready[2].stdout, ready[2].stderr):
-            pipe.close()
-        shutil.rmtree(ready[3], ignore_errors=True)
-
-    def close(self):
+    def discard(self, python):
+        """Forget the one for this environment (it is being deleted)."""
         with self.lock:
-            ready, self.ready, self.enabled = self.ready, None, False
+            ready = self.ready.pop(python, None)
         if ready is not None:
             self._discard(ready)
 
+    def _discard(self, ready):
+        import shutil
+        _kill_tree(ready[1], None)
+        ready[1].wait()
+        for pipe in (ready[1].stdin, ready[1].stdout, ready[1].stderr):
+            pipe.close()
+        shutil.rmtree(ready[2], ignore_errors=True)
 
-WARM = WarmInterpreter(_env_bool("WARM_INTERPRETER", True))
+    def close(self):
+        with self.lock:
+            ready, self.ready, self.enabled = list(self.ready.values()), {}, False
+        for r in ready:
+            self._discard(r)
+
+
+WARM = WarmInterpreters(_env_bool("WARM_INTERPRETER", True))
 
 
 def _run_python(python, code, timeout, cancel, on_output, generation=None):

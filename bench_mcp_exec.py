@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""bench_mcp_exec.py: how fast is mcp_exec.py, against what this machine can do at all?
+
+    python bench_mcp_exec.py           the full run (a few minutes)
+    python bench_mcp_exec.py --quick   fewer repetitions (a smoke test, about a minute)
+
+Every figure is printed beside a baseline measured in the same run, with their ratio:
+absolute times on a shared machine are noise, ratios much less so. It prints numbers and
+never fails on a threshold. Standard library only; the HTTP figures need Flask and
+waitress (requirements.txt) and are skipped without them. Nothing leaves 127.0.0.1.
+"""
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SERVER = os.path.join(HERE, "mcp_exec.py")
+KEY = "bench-key"
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def p95(xs):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
+
+
+def ms(seconds):
+    return "%.1f ms" % (seconds * 1000)
+
+
+def row(name, value, baseline, ratio, note=""):
+    print("  %-44s %14s   baseline %14s   ratio %6s  %s" % (name, value, baseline, ratio, note))
+
+
+def rss_kb(pid, field="VmRSS"):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+
+
+# --- a raw-wire stdio client -------------------------------------------------------
+
+class Stdio:
+    def __init__(self, env):
+        self.proc = subprocess.Popen([sys.executable, SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env)
+        self.lock = threading.Lock()
+        self.waiting = {}
+        self.next_id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            if "id" in message:
+                with self.lock:
+                    event = self.waiting.pop(message["id"], None)
+                if event:
+                    event[1].append(message)
+                    event[0].set()
+
+    def request(self, method, params=None):
+        with self.lock:
+            self.next_id += 1
+            request_id = self.next_id
+            event = self.waiting[request_id] = (threading.Event(), [])
+            line = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}})
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        event[0].wait(600)
+        return event[1][0]
+
+    def initialize(self):
+        return self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                           "clientInfo": {"name": "bench", "version": "1"}})
+
+    def call(self, code, **arguments):
+        reply = self.request("tools/call", {"name": "code_exec_python", "arguments": dict(code=code, **arguments)})
+        result = reply["result"]["structuredContent"]
+        if result["returncode"] != 0:
+            raise RuntimeError("call failed: %s" % result["stderr"][-500:])
+        return result
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+# --- a raw-wire HTTP client ----------------------------------------------------------
+
+class Http:
+    def __init__(self, env):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = dict(env, API_KEY=KEY, PORT=str(self.port), HOST="127.0.0.1")
+        self.proc = subprocess.Popen([sys.executable, SERVER, "--http"], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                time.sleep(0.05)
+        self.session = None
+        self.lock = threading.Lock()
+        self.next_id = 100
+        reply, headers = self.post({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                    "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                               "clientInfo": {"name": "bench", "version": "1"}}})
+        self.session = headers["mcp-session-id"]
+
+    def post(self, message, conn=None):
+        own = conn is None
+        conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        headers = {"Authorization": "Bearer " + KEY, "Accept": "application/json",
+                   "Content-Type": "application/json"}
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        conn.request("POST", "/mcp", json.dumps(message), headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        if own:
+            conn.close()
+        return (json.loads(body) if body else None), {k.lower(): v for k, v in resp.getheaders()}
+
+    def call(self, code, conn=None):
+        with self.lock:                       # ids must differ among requests in flight
+            self.next_id += 1
+            request_id = self.next_id
+        reply, _ = self.post({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                              "params": {"name": "code_exec_python", "arguments": {"code": code}}}, conn)
+        return reply["result"]["structuredContent"]
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def have_http():
+    try:
+        import flask  # noqa: F401
+        import waitress  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def make_wheel(folder, name="mcpexec_benchpkg", version="1.0"):
+    """A tiny pure-Python wheel, so that installs need no network."""
+    dist = "%s-%s.dist-info" % (name, version)
+    path = os.path.join(folder, "%s-%s-py3-none-any.whl" % (name, version))
+    files = {name + ".py": "VALUE = 42\n",
+             dist + "/METADATA": "Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (name, version),
+             dist + "/WHEEL": "Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[dist + "/RECORD"] = "".join("%s,,\n" % f for f in list(files) + [dist + "/RECORD"])
+    with zipfile.ZipFile(path, "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+    return path
+
+
+# --- the measurements ------------------------------------------------------------------
+
+def bench_startup(env, n):
+    base, ours = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"])
+        base.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        server = Stdio(env)
+        server.initialize()
+        ours.append(time.perf_counter() - t)
+        server.close()
+    print("1. stdio spawn -> initialize answer (median of %d)" % n)
+    row("spawn -> initialize", ms(median(ours)), ms(median(base)), "%.2fx" % (median(ours) / median(base)),
+        "(baseline: python -c pass)")
+
+
+def bench_round_trip(env, n):
+    base = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "print(2+2)"], capture_output=True)
+        base.append(time.perf_counter() - t)
+    print("2. tools/call print(2+2) round trip, %d calls (baseline: spawning python -c \"print(2+2)\")" % n)
+    runs = [("stdio, warm interpreter", dict(env), Stdio), ("stdio, cold (WARM_INTERPRETER=0)",
+                                                            dict(env, WARM_INTERPRETER="0"), Stdio)]
+    if have_http():
+        runs.append(("Streamable HTTP (JSON), warm", dict(env), Http))
+    for name, run_env, kind in runs:
+        server = kind(run_env)
+        if kind is Stdio:
+            server.initialize()
+        for _ in range(3):
+            server.call("print(2+2)")       # the workspace exists, a warm interpreter waits
+        times = []
+        for _ in range(n):
+            time.sleep(0.05)                # a client thinks between calls
+            t = time.perf_counter()
+            assert server.call("print(2+2)")["stdout"] == "4\n"
+            times.append(time.perf_counter() - t)
+        server.close()
+        row(name + " median", ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)))
+        row(name + " p95", ms(p95(times)), ms(p95(base)), "%.2fx" % (p95(times) / p95(base)))
+
+
+def bench_parallel(env):
+    server = Stdio(env)
+    server.initialize()
+    server.call("pass")
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(server.call("import time; time.sleep(1)")))
+               for _ in range(4)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t
+    server.close()
+    print("3. four 1-second calls started together (stdio)")
+    row("wall time", "%.2f s" % wall, "1.00 s", "%.2fx" % wall, "(1.00x = fully parallel)")
+    if have_http():
+        server = Http(env)
+        server.call("pass")
+        threads = [threading.Thread(target=lambda: server.call("import time; time.sleep(1)")) for _ in range(8)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.perf_counter() - t
+        server.close()
+        row("eight 1-second calls over Streamable HTTP", "%.2f s" % wall, "1.00 s", "%.2fx" % wall)
+
+
+def bench_packages(env, wheels):
+    env = dict(env, PIP_FIND_LINKS=wheels, PIP_NO_INDEX="1")
+    print("4. packages + use_temp_dir")
+    installers = [("pip", dict(env, MCP_EXEC_INSTALLER="pip"))]
+    if shutil.which("uv", path=env.get("PATH")):
+        installers.append(("uv", dict(env, MCP_EXEC_INSTALLER="auto")))
+    else:
+        print("  (uv is not on PATH: the uv figures are skipped; `pip install uv` to see them)")
+    for name, run_env in installers:
+        run_env = dict(run_env, MCP_EXEC_DIR=tempfile.mkdtemp(prefix="bench-state-"))
+        server = Stdio(run_env)
+        server.initialize()
+        server.call("pass")
+        code = "import mcpexec_benchpkg; print(mcpexec_benchpkg.VALUE)"
+        t = time.perf_counter()
+        server.call(code, packages=["mcpexec_benchpkg"], use_temp_dir=True)
+        first = time.perf_counter() - t
+        plain, cached = [], []
+        for _ in range(10):
+            time.sleep(0.05)                # as in 2.: a client thinks between calls
+            t = time.perf_counter()
+            server.call("print(1)")
+            plain.append(time.perf_counter() - t)
+            time.sleep(0.05)
+            t = time.perf_counter()
+            server.call(code, packages=["mcpexec_benchpkg"], use_temp_dir=True)
+            cached.append(time.perf_counter() - t)
+        server.close()
+        shutil.rmtree(run_env["MCP_EXEC_DIR"], ignore_errors=True)
+        row("first build (%s)" % name, ms(first), ms(median(plain)), "%.1fx" % (first / median(plain)),
+            "(baseline: a call without packages)")
+        row("cached environment (%s), median" % name, ms(median(cached)), ms(median(plain)),
+            "%.2fx" % (median(cached) / median(plain)))
+
+
+def bench_http_throughput(env, seconds):
+    if not have_http():
+        print("5. skipped: Flask/waitress not installed")
+        return
+    server = Http(env)
+    counts = {"/health": 0, "tools/list": 0}
+    print("5. requests per second over HTTP, 16 concurrent keep-alive clients, %g s each" % seconds)
+
+    def client(kind, stop):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        while not stop.is_set():
+            if kind == "/health":
+                conn.request("GET", "/health")
+                conn.getresponse().read()
+            else:
+                server.post({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, conn)
+            counts[kind] += 1      # a race between threads only makes the figure lower
+    rates = {}
+    for kind in ("/health", "tools/list"):
+        stop = threading.Event()
+        threads = [threading.Thread(target=client, args=(kind, stop)) for _ in range(16)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        time.sleep(seconds)
+        stop.set()
+        for th in threads:
+            th.join()
+        rates[kind] = counts[kind] / (time.perf_counter() - t)
+    server.close()
+    row("tools/list", "%.0f req/s" % rates["tools/list"], "%.0f req/s" % rates["/health"],
+        "%.2fx" % (rates["tools/list"] / rates["/health"]), "(baseline: GET /health, same server)")
+
+
+def bench_memory(env):
+    if not os.path.exists("/proc/self/status"):
+        print("6. skipped: no /proc")
+        return
+    print("6. server memory (RSS) idle, and its peak while a call prints 200 MB")
+    kinds = [("stdio", Stdio)] + ([("HTTP", Http)] if have_http() else [])
+    for name, kind in kinds:
+        server = kind(env)
+        if kind is Stdio:
+            server.initialize()
+        server.call("pass")
+        time.sleep(0.3)
+        idle = rss_kb(server.proc.pid)
+        result = server.call("import sys\nline = 'x' * 999 + '\\n'\nfor _ in range(200 * 1024):\n"
+                             "    sys.stdout.write(line)\n")
+        peak = rss_kb(server.proc.pid, "VmHWM")
+        server.close()
+        assert result["truncated"]
+        row("%s peak while printing 200 MB" % name, "%.1f MB" % (peak / 1024), "%.1f MB" % (idle / 1024),
+            "+%.1f MB" % ((peak - idle) / 1024), "(baseline: the same server idle)")
+
+
+def main(argv):
+    quick = "--quick" in argv
+    state = tempfile.mkdtemp(prefix="bench-mcp-exec-")
+    wheels = tempfile.mkdtemp(prefix="bench-wheels-")
+    make_wheel(wheels)
+    env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "WARM_INTERPRETER")}
+    env["MCP_EXEC_DIR"] = state
+    print("mcp_exec benchmark: Python %s, %d cores, %s%s" % (
+        sys.version.split()[0], os.cpu_count(), sys.platform, ", --quick" if quick else ""))
+    warmup = Stdio(env)
+    warmup.initialize()
+    warmup.call("pass")      # builds the workspace environment once
+    warmup.close()
+    try:
+        bench_startup(env, 5 if quick else 20)
+        bench_round_trip(env, 10 if quick else 60)
+        bench_parallel(env)
+        bench_packages(env, wheels)
+        bench_http_throughput(env, 1.0 if quick else 5.0)
+        bench_memory(env)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(wheels, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
