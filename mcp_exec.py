@@ -1987,11 +1987,379 @@ def serve_http(args):
 
 
 # =============================================================================
-# 6. Command line
+# 6. Client
+# =============================================================================
+# The other side of the wire, for checking a server you just started or deployed:
+#     python mcp_exec.py client [--url URL] [options] (list | call CODE) [-- COMMAND...]
+# One small transport class per transport, each with request() and notify(); the
+# conversation on top (initialize or not, list, call) is the same for all three.
+
+
+class ClientError(Exception):
+    """The server could not be reached or refused us; the message says what to do."""
+
+
+class ClientTransport:
+    """What every client transport shares: ids, tracing, and waiting for a reply."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        self.next_id = 0
+        self.on_notification = None      # called with progress and other notifications
+
+    def new_id(self):
+        self.next_id += 1
+        return self.next_id
+
+    def show(self, direction, message):
+        if self.trace:
+            text = message if isinstance(message, str) else encode_message(message).decode("utf-8")
+            self.trace.write("%s %s\n" % (direction, text))
+            self.trace.flush()
+
+    def received(self, message):
+        """Trace a message from the server; pass notifications on. -> message"""
+        self.show("<--", message)
+        if "id" not in message and self.on_notification:
+            self.on_notification(message)
+        return message
+
+
+class StdioClient(ClientTransport):
+    """Launch a server command and speak newline-delimited JSON-RPC to it."""
+
+    def __init__(self, command, trace=None, env=None):
+        super().__init__(trace)
+        try:
+            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        except OSError as exc:
+            raise ClientError("cannot start %s: %s" % (command[0], exc))
+
+    def send(self, message):
+        self.show("-->", message)
+        try:
+            self.proc.stdin.write(encode_message(message) + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            raise ClientError("the server exited (status %s)" % self.proc.poll())
+
+    def notify(self, message, headers=None):
+        self.send(message)
+
+    def request(self, message, headers=None):
+        self.send(message)
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise ClientError("the server closed stdout (status %s)" % self.proc.wait())
+            reply, error = parse_frame(line)
+            if error or not isinstance(reply, dict):
+                raise ClientError("the server wrote a line that is not a JSON-RPC message: %r" % line[:200])
+            self.received(reply)
+            if reply.get("id") == message["id"]:
+                return reply
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(EOF_GRACE + 2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
+    """One HTTP request -> (status, lower-case headers, response) with the body unread."""
+    import http.client
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=timeout)
+    path = parts.path + ("?" + parts.query if parts.query else "")
+    try:
+        conn.request(method, path or "/", body=body, headers=headers)
+        resp = conn.getresponse()
+    except OSError as exc:
+        raise ClientError("cannot reach %s: %s" % (url, exc))
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp
+
+
+def _http_refusal(url, status, body):
+    try:
+        detail = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        detail = body[:200].decode("utf-8", "replace").strip()
+    hint = " (check the API key: --api-key or API_KEY)" if status == 401 else ""
+    return ClientError("HTTP %d from %s: %s%s" % (status, url, detail, hint))
+
+
+def _sse_events(resp):
+    """Parse a text/event-stream body into (event, data) pairs, comments skipped."""
+    event, data = "message", []
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        line = line.decode("utf-8").rstrip("\r\n")
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+
+
+class StreamableHttpClient(ClientTransport):
+    """Streamable HTTP: every message is a POST to the MCP endpoint."""
+
+    def __init__(self, url, api_key, trace=None):
+        super().__init__(trace)
+        self.url, self.api_key = url, api_key
+        self.session_id = None
+        self.protocol_version = None
+
+    def post(self, message, headers=None):
+        all_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if self.api_key:
+            all_headers["Authorization"] = "Bearer " + self.api_key
+        if self.session_id:
+            all_headers["Mcp-Session-Id"] = self.session_id
+        if self.protocol_version:
+            all_headers["MCP-Protocol-Version"] = self.protocol_version
+        all_headers.update(headers or {})
+        self.show("-->", message)
+        status, got, resp = _http_open(self.url, "POST", encode_message(message), all_headers)
+        if status >= 400:
+            raise _http_refusal(self.url, status, resp.read())
+        if got.get("mcp-session-id"):
+            self.session_id = got["mcp-session-id"]
+        return got, resp
+
+    def notify(self, message, headers=None):
+        got, resp = self.post(message, headers)
+        resp.read()
+
+    def request(self, message, headers=None):
+        got, resp = self.post(message, headers)
+        if got.get("content-type", "").startswith("text/event-stream"):
+            for event, data in _sse_events(resp):
+                reply = self.received(json.loads(data))
+                if reply.get("id") == message["id"]:
+                    return reply
+            raise ClientError("the response stream ended without an answer")
+        return self.received(json.loads(resp.read()))
+
+    def close(self):
+        if self.session_id:   # end the session politely (DELETE, 2025-11-25 transports.mdx)
+            headers = {"Mcp-Session-Id": self.session_id}
+            if self.api_key:
+                headers["Authorization"] = "Bearer " + self.api_key
+            try:
+                _http_open(self.url, "DELETE", None, headers, timeout=10)[2].read()
+            except ClientError:
+                pass
+
+
+class SseClient(ClientTransport):
+    """HTTP+SSE (2024-11-05): one GET stream for replies, POSTs to the endpoint it names."""
+
+    def __init__(self, url, api_key, trace=None):
+        import queue
+        from urllib.parse import urljoin, urlsplit
+        super().__init__(trace)
+        self.api_key = api_key
+        headers = {"Accept": "text/event-stream"}
+        if api_key:
+            headers["Authorization"] = "Bearer " + api_key
+        status, _, self.resp = _http_open(url, "GET", None, headers)
+        if status != 200:
+            raise _http_refusal(url, status, self.resp.read())
+        self.events = _sse_events(self.resp)
+        event, data = next(self.events, (None, None))
+        if event != "endpoint":
+            raise ClientError("%s did not announce an endpoint (got %r)" % (url, event))
+        self.endpoint = urljoin(url, data)
+        if urlsplit(self.endpoint)[:2] != urlsplit(url)[:2]:
+            raise ClientError("the endpoint %s is on another origin; refusing it" % self.endpoint)
+        self.replies = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        try:
+            for event, data in self.events:
+                if event == "message":
+                    message = self.received(json.loads(data))
+                    if "id" in message:
+                        self.replies.put(message)
+        except Exception:      # the stream broke, or close() shut it under us
+            pass
+        self.replies.put(None)
+
+    def notify(self, message, headers=None):
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = "Bearer " + self.api_key
+        self.show("-->", message)
+        status, _, resp = _http_open(self.endpoint, "POST", encode_message(message), headers)
+        body = resp.read()
+        if status != 202:
+            raise _http_refusal(self.endpoint, status, body)
+
+    def request(self, message, headers=None):
+        self.notify(message)
+        while True:
+            reply = self.replies.get()
+            if reply is None:
+                raise ClientError("the event stream ended")
+            if reply.get("id") == message["id"]:
+                return reply
+
+    def close(self):
+        self.closed = True
+        try:
+            self.resp.close()
+        except Exception:
+            pass
+
+
+class McpClient:
+    """The conversation: initialize (handshake era) or per-request _meta (2026-07-28)."""
+
+    def __init__(self, transport, version=LATEST_HANDSHAKE_VERSION):
+        self.transport, self.version = transport, version
+        self.modern = version in MODERN_VERSIONS
+        self.client_info = {"name": "mcp-exec-client", "version": SERVER_VERSION}
+
+    def request(self, method, params=None, headers=None):
+        params = dict(params or {})
+        if self.modern:
+            params["_meta"] = dict(params.get("_meta", {}), **{
+                META_VERSION: self.version, META_CAPABILITIES: {}, META_CLIENT: self.client_info})
+            headers = dict(headers or {}, **{"Mcp-Method": method})
+        message = {"jsonrpc": "2.0", "id": self.transport.new_id(), "method": method, "params": params}
+        reply = self.transport.request(message, headers)
+        if "error" in reply:
+            raise ClientError("%s failed: %s (%s)" % (method, reply["error"].get("message"), reply["error"].get("code")))
+        return reply["result"]
+
+    def start(self):
+        if isinstance(self.transport, StreamableHttpClient) and self.modern:
+            self.transport.protocol_version = self.version
+        if self.modern:
+            return self.request("server/discover")
+        result = self.request("initialize", {"protocolVersion": self.version, "capabilities": {},
+                                             "clientInfo": self.client_info})
+        if isinstance(self.transport, StreamableHttpClient):
+            self.transport.protocol_version = result["protocolVersion"]
+        self.transport.notify({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return result
+
+    def list_tools(self):
+        return self.request("tools/list")["tools"]
+
+    def call(self, arguments, progress=False):
+        params = {"name": TOOL_NAME, "arguments": arguments}
+        if progress:
+            params["_meta"] = {"progressToken": "progress-1"}
+        return self.request("tools/call", params, {"Mcp-Name": TOOL_NAME})
+
+
+CLIENT_HELP = """\
+usage: python mcp_exec.py client [options] list
+       python mcp_exec.py client [options] call (CODE | --file FILE | -) [--packages P ...]
+                                 [--use-temp-dir] [--timeout S]
+options: [--url URL] [--api-key KEY] [--protocol VERSION] [--trace] [-- COMMAND ...]
+
+The server is, in this order: --url ending in /sse (HTTP+SSE), any other --url
+(Streamable HTTP), the COMMAND after "--" (stdio), or else `python mcp_exec.py`
+started here (stdio). The API key comes from --api-key or API_KEY.
+call prints the tool's JSON result and exits 0, or 1 when the call failed (isError).
+--trace writes every frame to stderr: --> sent, <-- received.
+--protocol picks the version to speak [%s]; 2026-07-28 speaks the stateless era.
+--progress asks for progress notifications (shown on stderr).
+Errors reaching or talking to the server exit 2.
+""" % LATEST_HANDSHAKE_VERSION
+
+
+def client_main(args):
+    """`python mcp_exec.py client ...`: list the tools or run code on any MCP server."""
+    import argparse
+    command = []
+    if "--" in args:
+        args, command = args[:args.index("--")], args[args.index("--") + 1:]
+    parser = argparse.ArgumentParser(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
+    parser.add_argument("-h", "--help", action="store_true")
+    parser.add_argument("action", nargs="?", choices=("list", "call"))
+    parser.add_argument("code", nargs="?")
+    parser.add_argument("--url")
+    parser.add_argument("--api-key", default=os.environ.get("API_KEY"))
+    parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION, choices=SUPPORTED_VERSIONS)
+    parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--file")
+    parser.add_argument("--packages", nargs="+", default=[])
+    parser.add_argument("--use-temp-dir", action="store_true")
+    parser.add_argument("--timeout", type=float)
+    options = parser.parse_args(args)
+    if options.help or not options.action:
+        sys.stdout.write(CLIENT_HELP)
+        return 0 if options.help else 2
+    trace = sys.stderr if options.trace else None
+    try:
+        if options.url and options.url.rstrip("/").endswith("/sse"):
+            transport = SseClient(options.url, options.api_key, trace)
+        elif options.url:
+            transport = StreamableHttpClient(options.url, options.api_key, trace)
+        else:
+            transport = StdioClient(command or [sys.executable, os.path.abspath(__file__)], trace)
+        if options.progress:
+            transport.on_notification = lambda m: sys.stderr.write(
+                "progress: %s\n" % m.get("params", {}).get("message", m.get("params", {}).get("progress")))
+        client = McpClient(transport, options.protocol)
+        try:
+            client.start()
+            if options.action == "list":
+                print(json.dumps(client.list_tools(), indent=2, ensure_ascii=False))
+                return 0
+            if options.file:
+                with open(options.file, encoding="utf-8") as f:
+                    code = f.read()
+            elif options.code in (None, "-"):
+                code = sys.stdin.read()
+            else:
+                code = options.code
+            arguments = {"code": code}
+            if options.packages:
+                arguments["packages"] = options.packages
+            if options.use_temp_dir:
+                arguments["use_temp_dir"] = True
+            if options.timeout:
+                arguments["timeout"] = options.timeout
+            result = client.call(arguments, options.progress)
+        finally:
+            transport.close()
+    except ClientError as exc:
+        sys.stderr.write("mcp-exec client: %s\n" % exc)
+        return 2
+    text = result["content"][0]["text"] if result.get("content") else ""
+    try:
+        shown = json.dumps(result.get("structuredContent") or json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        shown = text                       # an argument error: plain text for the model
+    print(shown)
+    return 1 if result.get("isError") else 0
+
+
+# =============================================================================
+# 7. Command line
 # =============================================================================
 
 HELP = """\
-usage: python mcp_exec.py [--http [--host HOST] [--port PORT] | demo | --help]
+usage: python mcp_exec.py [--http [--host H] [--port P] [--threads N] | client ... | demo | --help]
 
 Modes
   (no arguments)   stdio MCP server: JSON-RPC lines on stdin/stdout, logs on stderr.
@@ -2032,41 +2400,27 @@ def main(argv=None):
         return serve_http(args[1:])
     if args[0] == "demo":
         return demo()
+    if args[0] == "client":
+        return client_main(args[1:])
     sys.stderr.write("mcp-exec: unknown arguments %s\n\n%s" % (" ".join(args), HELP))
     return 2
 
 
 def demo():
     """Start `python mcp_exec.py` as a child and show a session with it, frame by frame."""
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
-    script = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-         "params": {"protocolVersion": LATEST_HANDSHAKE_VERSION, "capabilities": {},
-                    "clientInfo": {"name": "mcp-exec-demo", "version": SERVER_VERSION}}},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
-        {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-         "params": {"name": TOOL_NAME, "arguments": {"code": "import sys\nprint(sum(range(101)), sys.version.split()[0])"}}},
-        {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
-         "params": {"name": TOOL_NAME, "arguments": {"code": "1/0"}}},
-    ]
+    transport = StdioClient([sys.executable, os.path.abspath(__file__)], trace=sys.stdout)
+    client = McpClient(transport)
     try:
-        for message in script:
-            line = encode_message(message)
-            print("--> " + line.decode())
-            proc.stdin.write(line + b"\n")
-            proc.stdin.flush()
-            if "id" in message:
-                reply = proc.stdout.readline()
-                if not reply:
-                    print("server closed the connection", file=sys.stderr)
-                    return 1
-                print("<-- " + reply.decode().rstrip())
-                print()
+        for step in (client.start, client.list_tools,
+                     lambda: client.call({"code": "import sys\nprint(sum(range(101)), sys.version.split()[0])"}),
+                     lambda: client.call({"code": "1/0"})):
+            step()
+            print()
+    except ClientError as exc:
+        sys.stderr.write("mcp-exec demo: %s\n" % exc)
+        return 1
     finally:
-        proc.stdin.close()
-        proc.wait(10)
+        transport.close()
     return 0
 
 
