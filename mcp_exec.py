@@ -75,7 +75,8 @@ META_CLIENT = "io.modelcontextprotocol/clientInfo"
 META_SERVER = "io.modelcontextprotocol/serverInfo"
 
 EXEC_TIMEOUT = _env_float("EXEC_TIMEOUT", 30.0)              # seconds a call may run by default
-EXEC_TIMEOUT_MAX = max(EXEC_TIMEOUT, _env_float("EXEC_TIMEOUT_MAX", 300.0))  # per-call cap
+EXEC_TIMEOUT_MAX = _env_float("EXEC_TIMEOUT_MAX", max(300.0, EXEC_TIMEOUT))  # per-call cap
+EXEC_TIMEOUT = min(EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)           # the cap holds for the default too
 INSTALL_TIMEOUT = _env_float("INSTALL_TIMEOUT", 300.0)       # seconds for creating an env + pip
 OUTPUT_LIMIT = max(256, _env_int("OUTPUT_LIMIT", 64 * 1024))  # bytes kept per stream
 EXEC_MEMORY_MB = _env_int("EXEC_MEMORY_MB", 2048)            # address space of the child (0 = off)
@@ -600,8 +601,6 @@ class Environments:
 
     def _evict(self, cache):
         """Keep VENV_CACHE_SIZE entries, dropping the least recently used that no call is using."""
-        import shutil
-
         def target(pointer_name):
             try:
                 with open(os.path.join(cache, pointer_name)) as f:
@@ -761,6 +760,7 @@ class WarmInterpreters:
         self.enabled, self.size = enabled, size
         self.lock = threading.Lock()
         self.ready = {}            # python -> (generation, process, root), oldest first
+        self.starting = set()      # refill threads under way
 
     def take(self, python, generation):
         """-> (process, root) started for this python and generation, or None."""
@@ -775,14 +775,21 @@ class WarmInterpreters:
 
     def refill(self, python, generation):
         """Start the next warm interpreter for this environment in the background."""
-        if self.enabled:
-            threading.Thread(target=self._start, args=(python, generation), daemon=True).start()
+        with self.lock:
+            if not self.enabled:
+                return
+            thread = threading.Thread(target=self._start, args=(python, generation), daemon=True)
+            self.starting.add(thread)
+        thread.start()
 
     def _start(self, python, generation):
         try:
             proc, root = _start_python(python)
         except OSError:
             return
+        finally:
+            with self.lock:
+                self.starting.discard(threading.current_thread())
         with self.lock:
             stale = [self.ready.pop(python)] if python in self.ready else []
             self.ready[python] = (generation, proc, root)
@@ -809,9 +816,15 @@ class WarmInterpreters:
         shutil.rmtree(ready[2], ignore_errors=True)
 
     def close(self):
+        """Stop every warm interpreter, including those still starting."""
         with self.lock:
-            ready, self.ready, self.enabled = list(self.ready.values()), {}, False
-        for r in ready:
+            self.enabled = False
+            starting = list(self.starting)
+        for thread in starting:           # once they finish, they see enabled=False ...
+            thread.join(10)
+        with self.lock:
+            ready, self.ready = list(self.ready.values()), {}
+        for r in ready:                    # ... and everything ready is discarded here
             self._discard(r)
 
 
@@ -872,6 +885,8 @@ def _reject_constant(name):
 def parse_frame(data):
     """bytes/str -> (payload, None) or (None, -32700 error response with id null)."""
     try:
+        if isinstance(data, bytes):   # MCP is UTF-8; json.loads would guess UTF-16/32 from bytes
+            data = data.decode("utf-8")
         return json.loads(data, parse_constant=_reject_constant), None
     except (ValueError, RecursionError) as exc:   # UnicodeDecodeError is a ValueError
         return None, error_response(None, PARSE_ERROR, "Parse error: %s" % str(exc)[:200])
@@ -1041,6 +1056,8 @@ def handle_message(message, session, notify=None):
                 log("error in notification %s:\n%s" % (method, _traceback()))
         return None
     if not isinstance(params, dict):
+        if method not in REQUEST_HANDLERS and method not in MODERN_HANDLERS:
+            return error_response(request_id, METHOD_NOT_FOUND, "Method not found: %s" % method)
         return error_response(request_id, INVALID_PARAMS, 'Invalid params: "params" must be an object')
     try:
         if session.modern and is_modern_request(method, params):
@@ -1229,8 +1246,9 @@ def validate_arguments(arguments):
         timeout = EXEC_TIMEOUT
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         return None, '"timeout" must be a positive number of seconds (at most %g)' % EXEC_TIMEOUT_MAX
+    timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)   # no float() of 10**400
     return {"code": code, "packages": sorted(set(clean)), "use_temp_dir": use_temp_dir,
-            "timeout": min(float(timeout), EXEC_TIMEOUT_MAX)}, None
+            "timeout": timeout}, None
 
 
 def tool_result(obj, version, is_error):

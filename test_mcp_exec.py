@@ -1,0 +1,2011 @@
+"""Wire-level tests for mcp_exec.py.
+
+Every test starts a real `python mcp_exec.py` process and talks to it over pipes:
+JSON lines in on stdin, JSON lines out on stdout. No MCP SDK, no imports of the server
+module. Each test has its own MCP_EXEC_DIR (and TMPDIR) under pytest's tmp_path, so the
+suite is safe to run in parallel. Timeouts in this file are hang guards only; nothing
+asserts how fast the server is.
+
+The sections follow the server's own: helpers, then 3. Protocol (framing, lifecycle,
+tools), 2. Executor, 4. stdio transport, 6. Command line, and 5. HTTP at the end.
+"""
+
+import base64
+import hashlib
+import http.client
+import importlib.util
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+
+import pytest
+
+# ===== Helpers =====
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+SERVER = os.path.join(REPO, "mcp_exec.py")
+TOOL = "code_exec_python"
+LATEST = "2025-11-25"
+ALL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+HANG = 20.0   # seconds: a read that takes longer fails the test instead of hanging it
+POSIX = os.name == "posix"
+HAS_PROC = os.path.isdir("/proc/self")
+
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
+
+
+def make_env(tmp_path, **overrides):
+    """os.environ minus API_KEY, with this test's state and temp dirs, plus overrides.
+
+    An override of None removes the variable.
+    """
+    env = dict(os.environ)
+    env.pop("API_KEY", None)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env["MCP_EXEC_DIR"] = str(tmp_path / "state")
+    env["TMPDIR"] = str(tmp)
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = str(value)
+    return env
+
+
+class StdioServer:
+    """A raw-wire client of one `python mcp_exec.py` process."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.proc = None
+        self.lines = []              # every raw line the server wrote to stdout, in order
+        self._queue = queue.Queue()  # the same lines, for recv(); None marks EOF
+        self._stash = []             # parsed messages read past by request()
+        self._stderr = []
+        self._threads = []
+        self._next_id = 1000
+
+    # -- process ---------------------------------------------------------------
+    def start(self, **env):
+        self.proc = subprocess.Popen([sys.executable, SERVER], cwd=REPO, env=make_env(self.tmp_path, **env),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._threads = [threading.Thread(target=self._read_stdout, daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _read_stdout(self):
+        for line in iter(self.proc.stdout.readline, b""):
+            self.lines.append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def _read_stderr(self):
+        for line in iter(self.proc.stderr.readline, b""):
+            self._stderr.append(line)
+
+    @property
+    def stderr(self):
+        return b"".join(self._stderr).decode("utf-8", "replace")
+
+    def close(self, guard=10.0):
+        """Close stdin (EOF), wait for the exit, kill on the guard; return the exit status."""
+        if self.proc is None:
+            return None
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            self.proc.wait(guard)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for t in self._threads:
+            t.join(5)
+        return self.proc.returncode
+
+    # -- frames ------------------------------------------------------------------
+    def send(self, message):
+        """Write one frame: a JSON-able object, or raw bytes (a newline is added if missing)."""
+        if isinstance(message, (bytes, bytearray)):
+            data = bytes(message)
+            if not data.endswith(b"\n"):
+                data += b"\n"
+        else:
+            data = json.dumps(message).encode("utf-8") + b"\n"
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def recv_line(self, timeout=HANG):
+        try:
+            line = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail("no message from the server within %g s; its stderr:\n%s" % (timeout, self.stderr[-3000:]))
+        if line is None:
+            self._queue.put(None)
+            pytest.fail("the server closed stdout (exit status %s); its stderr:\n%s"
+                        % (self.proc.poll(), self.stderr[-3000:]))
+        return line
+
+    def recv(self, timeout=HANG):
+        """The next message (parsed), first from those request() read past."""
+        if self._stash:
+            return self._stash.pop(0)
+        return json.loads(self.recv_line(timeout))
+
+    def expect_silence(self, seconds):
+        """Fail if the server writes anything within `seconds`."""
+        assert not self._stash, "unexpected messages: %r" % self._stash
+        try:
+            line = self._queue.get(timeout=seconds)
+        except queue.Empty:
+            return
+        pytest.fail("expected no message, got %r" % (line,))
+
+    def new_id(self):
+        self._next_id += 1
+        return self._next_id
+
+    def wait_for(self, request_id, timeout=HANG):
+        """The response with this id; other messages are kept for recv()."""
+        for i, message in enumerate(self._stash):
+            if isinstance(message, dict) and message.get("id") == request_id:
+                return self._stash.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            message = json.loads(self.recv_line(max(0.01, deadline - time.monotonic())))
+            if isinstance(message, dict) and message.get("id") == request_id:
+                return message
+            self._stash.append(message)
+
+    def request(self, method, params=None, request_id=None, timeout=HANG):
+        request_id = self.new_id() if request_id is None else request_id
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        return self.wait_for(request_id, timeout)
+
+    def notify(self, method, params=None):
+        message = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+
+    # -- MCP -----------------------------------------------------------------------
+    def initialize(self, version=LATEST):
+        response = self.request("initialize", {"protocolVersion": version, "capabilities": {},
+                                               "clientInfo": {"name": "test_mcp_exec", "version": "0"}})
+        assert "result" in response, response
+        self.notify("notifications/initialized")
+        return response["result"]
+
+    def call(self, code, guard=HANG, **arguments):
+        """tools/call of the tool; returns the CallToolResult (fails on a JSON-RPC error)."""
+        arguments = dict(arguments, code=code)
+        response = self.request("tools/call", {"name": TOOL, "arguments": arguments}, timeout=guard)
+        assert "result" in response, response
+        return response["result"]
+
+    def run(self, code, guard=HANG, **arguments):
+        """call() and decode its JSON text: (CallToolResult, {returncode, stdout, ...})."""
+        result = self.call(code, guard=guard, **arguments)
+        return result, tool_output(result)
+
+
+def tool_output(result):
+    assert result["content"][0]["type"] == "text"
+    return json.loads(result["content"][0]["text"])
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """start_server(**env) -> a running StdioServer; every one is closed after the test."""
+    servers = []
+
+    def start(**env):
+        server = StdioServer(tmp_path).start(**env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close(guard=10)
+
+
+@pytest.fixture
+def server(start_server):
+    """A server with default settings, initialized at the latest version."""
+    s = start_server()
+    s.initialize()
+    return s
+
+
+def assert_error(response, code, request_id):
+    assert "result" not in response, response
+    assert response.get("jsonrpc") == "2.0", response
+    assert response["id"] == request_id, response
+    assert response["error"]["code"] == code, response
+    assert isinstance(response["error"]["message"], str) and response["error"]["message"], response
+
+
+def assert_all_json(lines):
+    assert lines, "the server wrote nothing"
+    for line in lines:
+        assert line.endswith(b"\n"), line
+        message = json.loads(line)   # raises on anything that is not one JSON value
+        for m in (message if isinstance(message, list) else [message]):
+            assert isinstance(m, dict) and m.get("jsonrpc") == "2.0", line
+
+
+def process_gone(pid):
+    """True if pid no longer runs (a zombie waiting for a reaper that is not ours counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def wait_gone(pid, guard=10.0):
+    deadline = time.monotonic() + guard
+    while time.monotonic() < deadline:
+        if process_gone(pid):
+            return True
+        time.sleep(0.05)
+    return process_gone(pid)
+
+
+def wait_for_file(path, guard=HANG):
+    deadline = time.monotonic() + guard
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                return f.read()
+        time.sleep(0.05)
+    pytest.fail("%s did not appear within %g s" % (path, guard))
+
+
+def pid_file_code(path, then="import time\ntime.sleep(30)\n"):
+    """Code that publishes its own pid in `path` (atomically), then does `then`."""
+    return ("import os\n"
+            "with open(%r, 'w') as f:\n"
+            "    f.write(str(os.getpid()))\n"
+            "os.replace(%r, %r)\n" % (str(path) + ".tmp", str(path) + ".tmp", str(path))) + then
+
+
+def build_wheel(directory, name="mcpexec_testpkg", version="1.0", source="VALUE = 42\n"):
+    """A minimal pure-Python wheel: one module, METADATA, WHEEL and RECORD."""
+    dist_info = "%s-%s.dist-info" % (name, version)
+    files = {
+        "%s.py" % name: source,
+        dist_info + "/METADATA": "Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: mcp_exec test package\n"
+                                 % (name, version),
+        dist_info + "/WHEEL": "Wheel-Version: 1.0\nGenerator: test_mcp_exec\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        data = text.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append("%s,sha256=%s,%d" % (path, digest, len(data)))
+    record.append(dist_info + "/RECORD,,")
+    files[dist_info + "/RECORD"] = "\n".join(record) + "\n"
+    wheel = os.path.join(str(directory), "%s-%s-py3-none-any.whl" % (name, version))
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("wheelhouse")
+    build_wheel(directory)
+    return directory
+
+
+def install_env(wheelhouse, tmp_path):
+    """pip with no index: only the wheels in `wheelhouse`; PIP_LOG records every pip run."""
+    return {"PIP_FIND_LINKS": str(wheelhouse), "PIP_NO_INDEX": "1", "MCP_EXEC_INSTALLER": "pip",
+            "PIP_LOG": str(tmp_path / "pip.log")}
+
+
+IMPORT_PROBE = (
+    "import json\n"
+    "found = {}\n"
+    "for name in ('mcpexec_testpkg', 'flask', 'json'):\n"
+    "    try:\n"
+    "        __import__(name)\n"
+    "        found[name] = True\n"
+    "    except ImportError:\n"
+    "        found[name] = False\n"
+    "print(json.dumps(found))\n"
+)
+
+
+# ===== 3. Protocol: JSON-RPC framing =====
+
+
+def test_unparsable_line_is_parse_error_with_null_id(start_server):
+    s = start_server()
+    s.send(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"')
+    assert_error(s.recv(), PARSE_ERROR, None)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_json_number_literal_is_parse_error(start_server, literal):
+    s = start_server()
+    s.send(('{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": %s}}' % literal).encode())
+    assert_error(s.recv(), PARSE_ERROR, None)
+
+
+def test_deeply_nested_json_is_parse_error(start_server):
+    s = start_server()
+    s.send(b"[" * 100000 + b"]" * 100000)
+    assert_error(s.recv(), PARSE_ERROR, None)
+    assert s.request("ping", request_id=2) == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+@pytest.mark.parametrize("frame", [b"3", b'"x"', b"null", b"true"])
+def test_frame_that_is_not_an_object_is_invalid_request_with_null_id(start_server, frame):
+    s = start_server()
+    s.send(frame)
+    assert_error(s.recv(), INVALID_REQUEST, None)
+
+
+@pytest.mark.parametrize("jsonrpc", [None, "1.0", 2.0, "2"])
+def test_missing_or_wrong_jsonrpc_is_invalid_request_with_request_id(start_server, jsonrpc):
+    s = start_server()
+    message = {"id": 7, "method": "ping"}
+    if jsonrpc is not None:
+        message["jsonrpc"] = jsonrpc
+    s.send(message)
+    assert_error(s.recv(), INVALID_REQUEST, 7)
+
+
+@pytest.mark.parametrize("method", [5, None, ["ping"], {"name": "ping"}])
+def test_non_string_method_is_invalid_request(start_server, method):
+    s = start_server()
+    s.send({"jsonrpc": "2.0", "id": "m", "method": method})
+    assert_error(s.recv(), INVALID_REQUEST, "m")
+
+
+@pytest.mark.parametrize("bad_id", [None, 1.5, True, False, {"a": 1}, [1]])
+def test_invalid_id_type_is_invalid_request_with_null_id(start_server, bad_id):
+    s = start_server()
+    s.send({"jsonrpc": "2.0", "id": bad_id, "method": "ping"})
+    assert_error(s.recv(), INVALID_REQUEST, None)
+
+
+def test_string_and_integer_ids_are_echoed(start_server):
+    s = start_server()
+    assert s.request("ping", request_id="abc") == {"jsonrpc": "2.0", "id": "abc", "result": {}}
+    assert s.request("ping", request_id=0) == {"jsonrpc": "2.0", "id": 0, "result": {}}
+    assert s.request("ping", request_id=-5) == {"jsonrpc": "2.0", "id": -5, "result": {}}
+
+
+def test_unknown_method_is_method_not_found(server):
+    response = server.request("resources/list", request_id=3)
+    assert_error(response, METHOD_NOT_FOUND, 3)
+    assert "resources/list" in response["error"]["message"]
+
+
+@pytest.mark.parametrize("params", [[], "x", 3, True])
+def test_params_not_an_object_is_invalid_params(start_server, params):
+    s = start_server()
+    s.send({"jsonrpc": "2.0", "id": 4, "method": "ping", "params": params})
+    assert_error(s.recv(), INVALID_PARAMS, 4)
+
+
+def test_notification_with_unknown_method_gets_no_response(start_server):
+    s = start_server()
+    s.send({"jsonrpc": "2.0", "method": "notifications/unknown_thing", "params": {}})
+    s.send({"jsonrpc": "2.0", "method": "no/such/method"})
+    s.send({"jsonrpc": "2.0", "id": 9, "method": "ping"})
+    assert s.recv() == {"jsonrpc": "2.0", "id": 9, "result": {}}
+
+
+def test_client_response_object_gets_no_reply(start_server):
+    s = start_server()
+    s.send({"jsonrpc": "2.0", "id": 5, "result": {}})
+    s.send({"jsonrpc": "2.0", "id": 6, "error": {"code": -32000, "message": "client error"}})
+    s.send({"jsonrpc": "2.0", "id": 10, "method": "ping"})
+    assert s.recv() == {"jsonrpc": "2.0", "id": 10, "result": {}}
+
+
+def test_batch_answers_requests_and_skips_notifications(server):
+    server.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                 {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                 {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}])
+    replies = server.recv()
+    assert isinstance(replies, list) and len(replies) == 2, replies
+    by_id = {r["id"]: r for r in replies}
+    assert set(by_id) == {1, 2}
+    assert by_id[1]["result"] == {}
+    assert [t["name"] for t in by_id[2]["result"]["tools"]] == [TOOL]
+
+
+def test_empty_batch_is_a_single_invalid_request_object(start_server):
+    s = start_server()
+    s.send(b"[]")
+    reply = s.recv()
+    assert isinstance(reply, dict), reply
+    assert_error(reply, INVALID_REQUEST, None)
+
+
+def test_batch_of_only_notifications_gets_no_response(server):
+    server.send([{"jsonrpc": "2.0", "method": "notifications/initialized"},
+                 {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}}])
+    server.send({"jsonrpc": "2.0", "id": 11, "method": "ping"})
+    assert server.recv() == {"jsonrpc": "2.0", "id": 11, "result": {}}
+
+
+def test_initialize_inside_batch_is_rejected_and_does_not_initialize(start_server):
+    s = start_server()
+    s.send([{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": LATEST}},
+            {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
+    replies = s.recv()
+    assert isinstance(replies, list) and len(replies) == 2, replies
+    by_id = {r["id"]: r for r in replies}
+    assert_error(by_id[1], INVALID_REQUEST, 1)
+    assert by_id[2]["result"] == {}
+    assert_error(s.request("tools/list", request_id=3), INVALID_REQUEST, 3)   # still not initialized
+    s.initialize()
+    assert "tools" in s.request("tools/list")["result"]
+
+
+def test_oversized_line_is_rejected_and_server_keeps_working(start_server):
+    s = start_server(MAX_MESSAGE_BYTES=1000)
+    big = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "x" * 5000}}
+    s.send(big)
+    reply = s.recv()
+    assert_error(reply, INVALID_REQUEST, None)
+    assert "1000" in reply["error"]["message"]
+    small = {"jsonrpc": "2.0", "id": 2, "method": "ping", "params": {"pad": "y" * 800}}
+    s.send(small)
+    assert s.recv() == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+def test_invalid_utf8_line_is_parse_error(start_server):
+    s = start_server()
+    s.send(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "\xff\xfe\xc3"}}')
+    assert_error(s.recv(), PARSE_ERROR, None)
+    assert s.request("ping", request_id=2)["result"] == {}
+
+
+def test_utf16_encoded_line_is_parse_error(start_server):
+    # MCP messages MUST be UTF-8 (transports.mdx); FE FF can never occur in UTF-8.
+    s = start_server()
+    frame = b"\xfe\xff" + '{"jsonrpc":"2.0","id":1,"method":"ping"}\n'.encode("utf-16-be")
+    assert frame.count(b"\n") == 1 and frame.endswith(b"\n")   # one stdio line
+    s.send(frame)
+    assert_error(s.recv(), PARSE_ERROR, None)
+
+
+def test_lone_surrogate_in_request_is_answered_with_valid_json(start_server):
+    s = start_server()
+    s.send(b'{"jsonrpc": "2.0", "id": 14, "method": "x\\ud800y"}')
+    line = s.recv_line()
+    line.decode("utf-8")   # strictly UTF-8 on the wire
+    reply = json.loads(line)
+    assert_error(reply, METHOD_NOT_FOUND, 14)
+    assert "x\ud800y" in reply["error"]["message"]
+
+
+def test_blank_lines_are_ignored(start_server):
+    s = start_server()
+    s.send(b"\n")
+    s.send(b"   \t \n")
+    s.send(b"\r\n")
+    s.send({"jsonrpc": "2.0", "id": 12, "method": "ping"})
+    assert s.recv() == {"jsonrpc": "2.0", "id": 12, "result": {}}
+
+
+def test_crlf_terminated_line_is_accepted(start_server):
+    s = start_server()
+    s.send(b'{"jsonrpc": "2.0", "id": 13, "method": "ping"}\r\n')
+    assert s.recv() == {"jsonrpc": "2.0", "id": 13, "result": {}}
+
+
+def test_stdout_carries_only_json_lines(start_server):
+    s = start_server()
+    s.initialize()
+    s.send(b"not json at all")
+    s.send(b"3")
+    s.send({"jsonrpc": "2.0", "id": 20, "method": "nope"})
+    code = ("import os, sys\nprint('plain text from the code')\nprint('to stderr', file=sys.stderr)\n"
+            "os.write(1, b'raw fd 1 write\\n')\nos.write(2, b'raw fd 2 write\\n')\n")
+    result, out = s.run(code)
+    assert "plain text from the code" in out["stdout"] and "raw fd 1 write" in out["stdout"]
+    s.notify("no/such/notification")
+    s.request("ping")
+    assert s.close() == 0
+    assert_all_json(s.lines)
+    assert len(s.lines) >= 6
+
+
+# ===== 3. Protocol: lifecycle and versions =====
+
+
+def test_ping_before_initialize_is_answered(start_server):
+    s = start_server()
+    assert s.request("ping", request_id=1) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+
+
+def test_tools_list_before_initialize_is_rejected_with_clear_message(start_server):
+    s = start_server()
+    response = s.request("tools/list", request_id=1)
+    assert_error(response, INVALID_REQUEST, 1)
+    assert "initialize" in response["error"]["message"].lower()
+
+
+def test_tools_call_before_initialize_is_rejected(start_server):
+    s = start_server()
+    response = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(1)"}}, request_id=1)
+    assert_error(response, INVALID_REQUEST, 1)
+    assert "initialize" in response["error"]["message"].lower()
+
+
+@pytest.mark.parametrize("version", ALL_VERSIONS)
+def test_initialize_echoes_each_supported_version(start_server, version):
+    s = start_server()
+    assert s.initialize(version)["protocolVersion"] == version
+
+
+@pytest.mark.parametrize("version", ["1999-01-01", "2026-07-28", "not-a-date"])
+def test_initialize_with_unknown_version_offers_latest(start_server, version):
+    s = start_server()
+    assert s.initialize(version)["protocolVersion"] == LATEST
+
+
+@pytest.mark.parametrize("params", [{}, {"protocolVersion": 20250618}, {"protocolVersion": None}])
+def test_initialize_without_string_protocol_version_is_invalid_params(start_server, params):
+    s = start_server()
+    assert_error(s.request("initialize", params, request_id=1), INVALID_PARAMS, 1)
+    assert s.initialize("2025-06-18")["protocolVersion"] == "2025-06-18"   # the failed attempt left no state
+
+
+def test_second_initialize_is_rejected(start_server):
+    s = start_server()
+    s.initialize("2025-03-26")
+    response = s.request("initialize", {"protocolVersion": "2025-06-18"}, request_id=2)
+    assert_error(response, INVALID_REQUEST, 2)
+    tools = s.request("tools/list")["result"]["tools"]
+    assert "title" not in tools[0]   # still speaking 2025-03-26
+
+
+def test_initialize_result_describes_server_and_tool(start_server):
+    s = start_server(EXEC_TIMEOUT=17)
+    result = s.initialize()
+    assert result["serverInfo"]["name"] == "mcp-exec"
+    assert isinstance(result["serverInfo"]["version"], str)
+    assert "tools" in result["capabilities"]
+    instructions = result["instructions"]
+    assert TOOL in instructions
+    assert "timeout" in instructions and "17 s" in instructions
+
+
+def test_server_info_title_only_from_2025_06_18(start_server):
+    old = start_server().initialize("2025-03-26")
+    new = start_server().initialize("2025-06-18")
+    assert "title" not in old["serverInfo"]
+    assert isinstance(new["serverInfo"]["title"], str)
+
+
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+               "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def test_modern_era_request_is_served_without_initialize(start_server):
+    s = start_server()
+    listed = s.request("tools/list", {"_meta": MODERN_META})["result"]
+    assert [t["name"] for t in listed["tools"]] == [TOOL]
+    assert "outputSchema" in listed["tools"][0]
+    assert listed["resultType"] == "complete"
+    called = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(6*7)"}, "_meta": MODERN_META})
+    assert called["result"]["structuredContent"]["stdout"] == "42\n"
+    # a stateless request does not initialize the handshake-era session
+    assert_error(s.request("tools/list", request_id=5), INVALID_REQUEST, 5)
+
+
+def test_modern_era_request_without_client_capabilities_is_invalid_params(start_server):
+    s = start_server()
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    response = s.request("tools/list", {"_meta": meta}, request_id=6)
+    assert_error(response, INVALID_PARAMS, 6)
+    assert "clientCapabilities" in response["error"]["message"]
+
+
+def test_modern_era_request_with_unsupported_version_lists_supported_ones(start_server):
+    s = start_server()
+    meta = dict(MODERN_META, **{"io.modelcontextprotocol/protocolVersion": "2099-01-01"})
+    response = s.request("tools/list", {"_meta": meta}, request_id=7)
+    assert_error(response, -32022, 7)
+    assert set(response["error"]["data"]["supported"]) >= set(ALL_VERSIONS) | {"2026-07-28"}
+
+
+def test_server_discover_lists_every_supported_version(start_server):
+    s = start_server()
+    result = s.request("server/discover", {"_meta": MODERN_META})["result"]
+    assert set(result["supportedVersions"]) == set(ALL_VERSIONS) | {"2026-07-28"}
+    assert "tools" in result["capabilities"]
+
+
+# ===== 3. Protocol: tools =====
+
+
+def list_tool(s, version):
+    s.initialize(version)
+    tools = s.request("tools/list")["result"]["tools"]
+    assert len(tools) == 1 and tools[0]["name"] == TOOL
+    return tools[0]
+
+
+def test_tools_list_2024_11_05_has_no_annotations_title_or_output_schema(start_server):
+    tool = list_tool(start_server(), "2024-11-05")
+    assert set(tool) == {"name", "description", "inputSchema"}
+
+
+def test_tools_list_2025_03_26_has_annotations_but_no_title_or_output_schema(start_server):
+    tool = list_tool(start_server(), "2025-03-26")
+    assert "annotations" in tool
+    assert "title" not in tool and "outputSchema" not in tool
+
+
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
+def test_tools_list_from_2025_06_18_has_title_and_output_schema(start_server, version):
+    tool = list_tool(start_server(), version)
+    assert isinstance(tool["title"], str) and tool["title"]
+    schema = tool["outputSchema"]
+    assert schema["type"] == "object"
+    assert set(schema["required"]) == {"returncode", "stdout", "stderr", "timed_out", "truncated"}
+
+
+def test_tool_annotations_declare_a_destructive_open_world_tool(start_server):
+    annotations = list_tool(start_server(), LATEST)["annotations"]
+    assert annotations["readOnlyHint"] is False
+    assert annotations["destructiveHint"] is True
+    assert annotations["openWorldHint"] is True
+
+
+def test_input_schema_requires_code_and_allows_only_known_arguments(start_server):
+    schema = list_tool(start_server(), LATEST)["inputSchema"]
+    assert schema["type"] == "object"
+    assert schema["required"] == ["code"]
+    assert schema["additionalProperties"] is False
+    assert set(schema["properties"]) == {"code", "packages", "use_temp_dir", "timeout"}
+    assert schema["properties"]["code"]["type"] == "string"
+    assert schema["properties"]["packages"]["type"] == "array"
+    assert schema["properties"]["use_temp_dir"]["type"] == "boolean"
+    assert schema["properties"]["timeout"]["type"] == "number"
+
+
+def test_tools_list_with_unknown_cursor_is_invalid_params(server):
+    assert_error(server.request("tools/list", {"cursor": "abc"}, request_id=5), INVALID_PARAMS, 5)
+
+
+def test_tools_call_2025_03_26_has_no_structured_content(start_server):
+    s = start_server()
+    s.initialize("2025-03-26")
+    result = s.call("print('hi')")
+    assert "structuredContent" not in result
+    assert tool_output(result)["stdout"] == "hi\n"
+
+
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
+def test_tools_call_structured_content_equals_text_content(start_server, version):
+    s = start_server()
+    s.initialize(version)
+    result = s.call("print('hi')")
+    assert result["structuredContent"] == json.loads(result["content"][0]["text"])
+    assert result["structuredContent"]["stdout"] == "hi\n"
+
+
+def test_tools_call_unknown_tool_is_invalid_params(server):
+    response = server.request("tools/call", {"name": "run_shell", "arguments": {"code": "1"}}, request_id=6)
+    assert_error(response, INVALID_PARAMS, 6)
+    assert "run_shell" in response["error"]["message"]
+
+
+def test_tools_call_without_tool_name_is_invalid_params(server):
+    assert_error(server.request("tools/call", {"arguments": {"code": "1"}}, request_id=6), INVALID_PARAMS, 6)
+
+
+@pytest.mark.parametrize("arguments", [[], "print(1)", 3])
+def test_tools_call_arguments_not_an_object_is_invalid_params(server, arguments):
+    response = server.request("tools/call", {"name": TOOL, "arguments": arguments}, request_id=8)
+    assert_error(response, INVALID_PARAMS, 8)
+
+
+@pytest.mark.parametrize("arguments, hint", [
+    ({}, 'e.g. {"code"'),
+    ({"code": 42}, 'e.g. {"code"'),
+    ({"code": None}, 'e.g. {"code"'),
+    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir and timeout"),
+    ({"code": "print(1)", "timeout": -1}, "positive number"),
+    ({"code": "print(1)", "timeout": 0}, "positive number"),
+    ({"code": "print(1)", "timeout": True}, "positive number"),
+    ({"code": "print(1)", "timeout": "10"}, "positive number"),
+    ({"code": "print(1)", "packages": "numpy"}, "must be a list"),
+    ({"code": "print(1)", "packages": [1]}, "not a plain requirement"),
+    ({"code": "print(1)", "use_temp_dir": "yes"}, "true or false"),
+])
+def test_schema_invalid_arguments_are_tool_errors_not_protocol_errors(server, arguments, hint):
+    response = server.request("tools/call", {"name": TOOL, "arguments": arguments}, request_id=21)
+    assert "error" not in response, response
+    result = response["result"]
+    assert result["isError"] is True
+    text = result["content"][0]["text"]
+    assert text.startswith("Invalid arguments for %s" % TOOL), text
+    assert hint in text, text
+
+
+def test_huge_integer_timeout_is_clamped_not_an_internal_error(server):
+    # JSON allows any integer; the schema says "number", larger than the cap is clamped.
+    server.send(b'{"jsonrpc":"2.0","id":22,"method":"tools/call","params":{"name":"%s",'
+                b'"arguments":{"code":"print(5)","timeout":1%s}}}' % (TOOL.encode(), b"0" * 400))
+    response = server.wait_for(22)
+    assert "error" not in response, response
+    assert tool_output(response["result"])["stdout"] == "5\n"
+
+
+def call_with_progress(s, request_id, code, token):
+    """Send a tools/call with a progress token; return (its response, the progress params before it)."""
+    s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": TOOL, "arguments": {"code": code}, "_meta": {"progressToken": token}}})
+    notes = []
+    while True:
+        message = s.recv()
+        if message.get("id") == request_id:
+            return message, notes
+        assert message.get("method") == "notifications/progress", message
+        notes.append(message["params"])
+
+
+PROGRESS_CODE = "import time\nfor i in range(4):\n    print('step', i, flush=True)\n    time.sleep(0.5)\n"
+
+
+def test_progress_notifications_report_output_until_the_response(start_server):
+    s = start_server(PROGRESS_INTERVAL=0.3)
+    s.initialize("2025-06-18")
+    reply, notes = call_with_progress(s, 71, PROGRESS_CODE, "tok-1")
+    assert tool_output(reply["result"])["stdout"] == "step 0\nstep 1\nstep 2\nstep 3\n"
+    assert notes, "no notifications/progress during a 2 s call"
+    assert all(n["progressToken"] == "tok-1" for n in notes)
+    values = [n["progress"] for n in notes]
+    assert all(a < b for a, b in zip(values, values[1:])), values   # strictly increasing
+    assert any("step" in n["message"] for n in notes), notes
+    s.expect_silence(1.0)   # nothing about a request after its response
+
+
+def test_progress_has_no_message_under_2024_11_05(start_server):
+    s = start_server(PROGRESS_INTERVAL=0.3)
+    s.initialize("2024-11-05")
+    reply, notes = call_with_progress(s, 72, PROGRESS_CODE, 99)
+    assert notes and all(n["progressToken"] == 99 and "message" not in n for n in notes), notes
+
+
+def test_print_returns_stdout_and_returncode_zero(server):
+    result, out = server.run("print(6*7)")
+    assert result["isError"] is False
+    assert out == {"returncode": 0, "stdout": "42\n", "stderr": "", "timed_out": False, "truncated": False}
+
+
+def test_exception_is_tool_error_with_clean_traceback(server):
+    code = "def inner():\n    raise ValueError('boom from inner')\n\ninner()\n"
+    result, out = server.run(code)
+    assert result["isError"] is True
+    assert out["returncode"] == 1
+    stderr = out["stderr"]
+    assert stderr.startswith("Traceback (most recent call last):"), stderr
+    assert "raise ValueError('boom from inner')" in stderr   # the source line is shown
+    assert 'File "<code>", line 2, in inner' in stderr
+    assert "ValueError: boom from inner" in stderr
+    assert "_mcp_exec_bootstrap" not in stderr and "<string>" not in stderr
+
+
+def test_sys_exit_status_is_returned(server):
+    result, out = server.run("import sys\nsys.exit(3)")
+    assert result["isError"] is True
+    assert out["returncode"] == 3
+    result, out = server.run("import sys\nprint('ok')\nsys.exit(0)")
+    assert result["isError"] is False and out["returncode"] == 0 and out["stdout"] == "ok\n"
+
+
+def test_syntax_error_is_reported(server):
+    result, out = server.run("print('fine')\ndef broken(:\n    pass\n")
+    assert result["isError"] is True
+    assert out["returncode"] == 1
+    assert "SyntaxError" in out["stderr"]
+    assert "line 2" in out["stderr"]
+    assert "fine" not in out["stdout"]
+
+
+def test_non_ascii_output_round_trips(server):
+    result, out = server.run("print('h\\u00e9llo \\u2603 \\U0001f600')")
+    assert out["stdout"] == "h\u00e9llo \u2603 \U0001f600\n"
+
+
+# ===== 2. Executor =====
+
+GRANDCHILD_CODE = """\
+import os, subprocess, sys, time
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]{kwargs})
+time.sleep(0.2)
+assert p.poll() is None
+print("before", p.pid, os.getsid(p.pid) != os.getsid(0), flush=True)
+time.sleep(60)
+"""
+
+
+def run_grandchild_timeout(server, new_session):
+    code = GRANDCHILD_CODE.format(kwargs=", start_new_session=True" if new_session else "")
+    result, out = server.run(code, timeout=1)
+    assert out["timed_out"] is True
+    assert result["isError"] is True
+    assert "timed out" in out["stderr"].lower()
+    words = out["stdout"].split()
+    assert words[0] == "before", out
+    assert words[2] == str(new_session), out   # the grandchild did (or did not) leave the session
+    pid = int(words[1])
+    assert wait_gone(pid), "grandchild %d survived the timeout" % pid
+
+
+def test_timeout_kills_grandchild_holding_the_pipe(server):
+    run_grandchild_timeout(server, new_session=False)
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="escaped sessions are found through /proc")
+def test_timeout_kills_grandchild_in_a_new_session(server):
+    run_grandchild_timeout(server, new_session=True)
+
+
+def test_timeout_argument_is_clamped_to_exec_timeout_max(start_server):
+    s = start_server(EXEC_TIMEOUT=1, EXEC_TIMEOUT_MAX=2)
+    s.initialize()
+    result, out = s.run("while True: pass", guard=30, timeout=100)
+    assert out["timed_out"] is True and result["isError"] is True
+    assert "Timed out after 2 s" in out["stderr"]
+
+
+def test_exec_timeout_max_alone_caps_the_timeout(start_server):
+    # Only EXEC_TIMEOUT_MAX is set (EXEC_TIMEOUT keeps its default): a call asking for
+    # 100 s must still be stopped at the operator's 2 s cap. The code stops by itself
+    # after 8 s so that a missing cap shows up as a failure, not as a long wait.
+    s = start_server(EXEC_TIMEOUT_MAX=2)
+    s.initialize()
+    code = "import time\nend = time.monotonic() + 8\nwhile time.monotonic() < end: pass\nprint('ran past the cap')\n"
+    result, out = s.run(code, guard=30, timeout=100)
+    assert out["timed_out"] is True, out
+    assert "ran past the cap" not in out["stdout"]
+
+
+def test_output_truncation_keeps_head_and_tail(start_server):
+    s = start_server(OUTPUT_LIMIT=1000)
+    s.initialize()
+    code = ("import sys\nsys.stdout.write('HEAD-MARKER\\n')\nline = 'x' * 99 + '\\n'\n"
+            "for _ in range(50000):\n    sys.stdout.write(line)\nsys.stdout.write('TAIL-MARKER\\n')\n")
+    result, out = s.run(code)
+    assert out["returncode"] == 0
+    assert out["truncated"] is True
+    stdout = out["stdout"]
+    assert len(stdout) < 1500
+    assert stdout.startswith("HEAD-MARKER\nxxx")
+    assert stdout.endswith("xxx\nTAIL-MARKER\n")
+    assert "bytes truncated" in stdout
+    assert "of %d bytes" % (12 + 50000 * 100 + 12) in stdout
+
+
+def test_output_within_limit_is_not_truncated(start_server):
+    s = start_server(OUTPUT_LIMIT=1000)
+    s.initialize()
+    result, out = s.run("print('z' * 900)")
+    assert out["truncated"] is False and out["stdout"] == "z" * 900 + "\n"
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="needs /proc/<pid>/status")
+def test_server_memory_stays_flat_with_huge_output(server):
+    code = "import sys\nchunk = 'y' * (1 << 20)\nfor _ in range(200):\n    sys.stdout.write(chunk)\n"
+    result, out = server.run(code, guard=60)
+    assert out["returncode"] == 0 and out["truncated"] is True
+    assert "of %d bytes" % (200 << 20) in out["stdout"]
+    with open("/proc/%d/status" % server.proc.pid) as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    peak_kb = int(status["VmHWM"].split()[0])
+    assert peak_kb < 100 * 1024, "server peak RSS %d kB after printing 200 MB" % peak_kb
+
+
+ENV_DUMP = "import json, os\nprint(json.dumps(dict(os.environ)))\n"
+
+
+def test_code_sees_no_server_secrets(start_server):
+    s = start_server(API_KEY="topsecret", SOME_TOKEN="x")
+    s.initialize()
+    result, out = s.run(ENV_DUMP)
+    env = json.loads(out["stdout"])
+    assert "PATH" in env   # the allow-list works at all
+    assert "API_KEY" not in env and "SOME_TOKEN" not in env
+    assert "topsecret" not in out["stdout"]
+
+
+def test_env_passthrough_exposes_only_the_named_variables(start_server):
+    s = start_server(API_KEY="topsecret", SOME_TOKEN="x", EXEC_ENV_PASSTHROUGH="SOME_TOKEN")
+    s.initialize()
+    env = json.loads(s.run(ENV_DUMP)[1]["stdout"])
+    assert env.get("SOME_TOKEN") == "x"
+    assert "API_KEY" not in env
+    assert "topsecret" not in json.dumps(env)
+
+
+def test_big_code_runs(server):
+    code = ("# " + "c" * 97 + "\n") * 50000 + "print('big code ran')\n"
+    assert len(code.encode()) > 5_000_000
+    result, out = server.run(code, guard=60)
+    assert out["returncode"] == 0, out
+    assert out["stdout"].startswith("big code ran")
+
+
+def test_each_call_gets_a_fresh_empty_working_dir_removed_afterwards(server, tmp_path):
+    code = "import json, os\nprint(json.dumps([os.getcwd(), sorted(os.listdir())]))\nopen('left.txt', 'w').write('x')\n"
+    first = json.loads(server.run(code)[1]["stdout"])
+    second = json.loads(server.run(code)[1]["stdout"])
+    for cwd, listing in (first, second):
+        assert listing == []
+        assert not os.path.exists(cwd)
+        assert os.path.realpath(cwd).startswith(os.path.realpath(str(tmp_path / "tmp")))
+    assert first[0] != second[0]
+
+
+def marked_processes(markers):
+    """Pids of live processes whose environment carries MCP_EXEC_RUN=<one of markers>."""
+    needles = [("MCP_EXEC_RUN=%s\0" % m).encode() for m in markers]
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/environ" % entry, "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if any(n in env for n in needles) and not process_gone(int(entry)):
+                pids.append(int(entry))
+    return pids
+
+
+def test_idle_server_exit_leaves_no_temp_dir(start_server, tmp_path):
+    s = start_server()
+    s.initialize()
+    s.run("print(1)")
+    s.request("ping")
+    time.sleep(0.5)   # let a pre-started interpreter (if any) come up before EOF
+    assert s.close() == 0
+    assert os.listdir(str(tmp_path / "tmp")) == []
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="finds processes through /proc")
+def test_exit_during_a_call_leaves_no_temp_dir_or_process(start_server, tmp_path):
+    # stdin closes while a call runs: the call finishes within EOF_GRACE, then the server
+    # exits. Nothing it created for running code may outlive it.
+    s = start_server()
+    s.initialize()
+    s.send({"jsonrpc": "2.0", "id": 81, "method": "tools/call",
+            "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(0.5)\nprint('done')"}}})
+    s.proc.stdin.close()
+    assert tool_output(s.recv()["result"])["stdout"] == "done\n"
+    assert s.close() == 0
+    left = os.listdir(str(tmp_path / "tmp"))
+    deadline = time.monotonic() + 5
+    while marked_processes(left) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_processes(left) == []
+    assert left == [], "temporary directories left behind: %s" % left
+
+
+def test_code_runs_as_main(server):
+    result, out = server.run("print(__name__)\nimport sys\nprint(sys.modules['__main__'].__dict__ is globals())")
+    assert out["stdout"] == "__main__\nTrue\n"
+
+
+def test_code_has_empty_stdin(server):
+    result, out = server.run("import sys\nprint(repr(sys.stdin.read()))")
+    assert out["returncode"] == 0 and out["stdout"] == "''\n"
+
+
+@pytest.mark.parametrize("packages", [
+    ["--index-url=http://x"],
+    ["http://x/y.whl"],
+    ["./local"],
+    ["foo @ http://x"],
+    ["a; rm -rf /"],
+    ["-r", "x"],
+])
+def test_package_injection_is_rejected_before_pip_runs(start_server, tmp_path, packages):
+    empty = tmp_path / "empty-wheelhouse"
+    empty.mkdir()
+    s = start_server(PIP_FIND_LINKS=empty, PIP_NO_INDEX=1, MCP_EXEC_INSTALLER="pip",
+                     PIP_LOG=tmp_path / "pip.log")
+    s.initialize()
+    response = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(1)", "packages": packages}})
+    assert "error" not in response, response
+    result = response["result"]
+    assert result["isError"] is True
+    text = result["content"][0]["text"]
+    assert "not a plain requirement" in text, text
+    assert "Dependency install failed" not in text
+    assert not (tmp_path / "pip.log").exists(), "pip ran"
+    assert not (tmp_path / "state" / "workspace.installed").exists()
+
+
+def test_hermetic_install_into_the_workspace(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    code = "import mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE)\n"
+    result, out = s.run(code, guard=120, packages=["mcpexec_testpkg"])
+    assert out["returncode"] == 0, out
+    assert out["stdout"] == "42\n"
+    assert (tmp_path / "pip.log").exists()   # pip really ran, with our environment
+    with open(str(tmp_path / "state" / "workspace.installed")) as f:
+        assert "mcpexec-testpkg" in f.read().split()
+    result, out = s.run(code)   # no packages: the workspace keeps what was installed
+    assert out["returncode"] == 0 and out["stdout"] == "42\n", out
+    probe = subprocess.run([sys.executable, "-c", "import mcpexec_testpkg"], cwd=str(tmp_path),
+                           env=make_env(tmp_path, PYTHONPATH=None), capture_output=True, timeout=HANG)
+    assert probe.returncode != 0, "the package leaked into the server's interpreter"
+
+
+def test_install_failure_is_reported_as_tool_error(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    result, out = s.run("print('never')", guard=120, packages=["mcpexec-does-not-exist"])
+    assert result["isError"] is True
+    assert out["returncode"] != 0
+    assert out["stderr"].startswith("Dependency install failed"), out["stderr"]
+    assert "mcpexec-does-not-exist" in out["stderr"]
+    assert out["stdout"] == ""
+
+
+def test_use_temp_dir_with_packages_imports_them(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    result, out = s.run(IMPORT_PROBE, guard=120, packages=["mcpexec_testpkg"], use_temp_dir=True)
+    assert out["returncode"] == 0, out
+    found = json.loads(out["stdout"])
+    assert found["mcpexec_testpkg"] is True
+    assert found["flask"] is False   # an isolated environment holds only the packages asked for
+    assert not (tmp_path / "state" / "workspace.installed").exists()   # the workspace was not touched
+
+
+def test_use_temp_dir_hides_workspace_and_server_packages(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    result, out = s.run(IMPORT_PROBE, guard=120, packages=["mcpexec_testpkg"])
+    assert json.loads(out["stdout"])["mcpexec_testpkg"] is True, out   # now in the workspace
+    result, out = s.run(IMPORT_PROBE, guard=120, use_temp_dir=True)
+    assert out["returncode"] == 0, out
+    found = json.loads(out["stdout"])
+    assert found == {"mcpexec_testpkg": False, "flask": False, "json": True}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flask") is None, reason="flask is not importable by the server's interpreter")
+def test_default_mode_sees_the_server_packages(server):
+    result, out = server.run("import flask\nprint('flask ok')")
+    assert out["returncode"] == 0, out
+    assert out["stdout"] == "flask ok\n"
+
+
+@pytest.mark.skipif(not POSIX, reason="memory limits are POSIX only")
+def test_memory_limit_raises_memory_error(start_server):
+    s = start_server(EXEC_MEMORY_MB=200)
+    s.initialize()
+    result, out = s.run("b = bytearray(500 * 2**20)\nprint('allocated')")
+    assert result["isError"] is True
+    assert "MemoryError" in out["stderr"], out
+    assert "allocated" not in out["stdout"]
+    result, out = s.run("b = bytearray(50 * 2**20)\nprint('allocated')")   # below the cap works
+    assert out["stdout"] == "allocated\n", out
+
+
+@pytest.mark.skipif(not POSIX, reason="file size limits are POSIX only")
+def test_file_size_limit_stops_big_writes(start_server):
+    s = start_server(EXEC_FILE_MB=1)
+    s.initialize()
+    result, out = s.run("with open('big.bin', 'wb') as f:\n    f.write(b'0' * (2 << 20))\nprint('wrote')")
+    assert result["isError"] is True
+    assert "File too large" in out["stderr"], out
+    assert "wrote" not in out["stdout"]
+
+
+@pytest.mark.skipif(not POSIX, reason="descriptor limits are POSIX only")
+def test_open_file_limit_applies_to_code(start_server):
+    s = start_server(EXEC_MAX_FILES=40)
+    s.initialize()
+    code = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))\nfiles = [open('f%d' % i, 'w') for i in range(100)]\n"
+    result, out = s.run(code)
+    assert out["stdout"] == "(40, 40)\n", out
+    assert result["isError"] is True and "Too many open files" in out["stderr"]
+
+
+def test_concurrent_calls_overlap(server):
+    code = "import json, time\nstart = time.time()\ntime.sleep(1.5)\nprint(json.dumps([start, time.time()]))\n"
+    for request_id in (31, 32):
+        server.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                     "params": {"name": TOOL, "arguments": {"code": code}}})
+    spans = [json.loads(tool_output(server.wait_for(i)["result"])["stdout"]) for i in (31, 32)]
+    (start1, end1), (start2, end2) = spans
+    assert start1 < end2 and start2 < end1, spans   # the two runs overlapped in time
+
+
+def test_exec_concurrency_one_runs_calls_one_after_another(start_server):
+    s = start_server(EXEC_CONCURRENCY=1)
+    s.initialize()
+    code = "import json, time\nstart = time.time()\ntime.sleep(0.5)\nprint(json.dumps([start, time.time()]))\n"
+    for request_id in (33, 34):
+        s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": TOOL, "arguments": {"code": code}}})
+    spans = sorted(json.loads(tool_output(s.wait_for(i)["result"])["stdout"]) for i in (33, 34))
+    assert spans[0][1] <= spans[1][0], spans   # the second started after the first ended
+
+
+def test_request_id_of_a_running_call_cannot_be_reused(server):
+    call = {"jsonrpc": "2.0", "id": 90, "method": "tools/call",
+            "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(1)\nprint('first')"}}}
+    server.send(call)
+    time.sleep(0.3)   # let the first call register its id
+    server.send(dict(call, params={"name": TOOL, "arguments": {"code": "print('second')"}}))
+    first = server.recv()
+    assert_error(first, INVALID_REQUEST, 90)
+    second = server.recv()
+    assert second["id"] == 90 and tool_output(second["result"])["stdout"] == "first\n"
+
+
+# ===== 4. stdio transport =====
+
+
+def test_ping_is_answered_while_a_call_runs(server):
+    server.send({"jsonrpc": "2.0", "id": 41, "method": "tools/call",
+                 "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(3)\nprint('slept')"}}})
+    server.send({"jsonrpc": "2.0", "id": 42, "method": "ping"})
+    first = server.recv()
+    assert first == {"jsonrpc": "2.0", "id": 42, "result": {}}
+    second = server.recv()
+    assert second["id"] == 41 and tool_output(second["result"])["stdout"] == "slept\n"
+
+
+def test_cancelled_call_gets_no_response_and_its_process_is_killed(server, tmp_path):
+    pid_path = tmp_path / "child.pid"
+    server.send({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                 "params": {"name": TOOL, "arguments": {"code": pid_file_code(pid_path)}}})
+    pid = int(wait_for_file(str(pid_path)))
+    assert not process_gone(pid)
+    server.notify("notifications/cancelled", {"requestId": 7, "reason": "test"})
+    server.send({"jsonrpc": "2.0", "id": 8, "method": "ping"})
+    assert server.recv() == {"jsonrpc": "2.0", "id": 8, "result": {}}
+    server.expect_silence(3)   # no response for id 7
+    assert wait_gone(pid), "the cancelled call's process %d survived" % pid
+    result, out = server.run("print('still serving')")
+    assert out["stdout"] == "still serving\n"
+
+
+def test_cancelling_an_unknown_request_is_ignored(server):
+    server.notify("notifications/cancelled", {"requestId": 12345})
+    server.notify("notifications/cancelled", {})
+    assert server.request("ping", request_id=1)["result"] == {}
+
+
+def test_eof_exits_with_status_zero(start_server):
+    s = start_server()
+    s.initialize()
+    s.proc.stdin.close()
+    assert s.proc.wait(5) == 0   # hang guard only
+
+
+def test_eof_lets_a_running_call_finish_and_answer(start_server):
+    s = start_server()
+    s.initialize()
+    s.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call",
+            "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(1)\nprint('done')"}}})
+    s.proc.stdin.close()
+    reply = s.recv()
+    assert reply["id"] == 51 and tool_output(reply["result"])["stdout"] == "done\n"
+    assert s.proc.wait(10) == 0
+
+
+@pytest.mark.skipif(not POSIX, reason="SIGTERM")
+def test_sigterm_during_a_call_exits_and_kills_the_child(server, tmp_path):
+    pid_path = tmp_path / "child.pid"
+    server.send({"jsonrpc": "2.0", "id": 61, "method": "tools/call",
+                 "params": {"name": TOOL, "arguments": {"code": pid_file_code(pid_path)}}})
+    pid = int(wait_for_file(str(pid_path)))
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        status = server.proc.wait(10)   # hang guard
+    except subprocess.TimeoutExpired:
+        pytest.fail("the server did not exit after SIGTERM")
+    assert status == 0
+    assert wait_gone(pid), "the running call's process %d survived SIGTERM" % pid
+
+
+def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_server):
+    s = start_server(MCP_TRACE=1)
+    s.initialize()
+    s.request("ping", request_id="traced-ping")
+    assert s.close() == 0
+    assert_all_json(s.lines)
+    stderr = s.stderr
+    assert '--> {"jsonrpc": "2.0", "id": "traced-ping"' in stderr
+    assert '<-- {"jsonrpc":"2.0","id":"traced-ping","result":{}}' in stderr
+
+
+# ===== 6. Command line =====
+
+
+def test_help_exits_zero_and_documents_the_settings(tmp_path):
+    done = subprocess.run([sys.executable, SERVER, "--help"], cwd=REPO, env=make_env(tmp_path),
+                          capture_output=True, timeout=HANG)
+    assert done.returncode == 0
+    text = done.stdout.decode()
+    assert "EXEC_TIMEOUT" in text and "OUTPUT_LIMIT" in text
+
+
+def test_unknown_argument_exits_two(tmp_path):
+    done = subprocess.run([sys.executable, SERVER, "--bogus"], cwd=REPO, env=make_env(tmp_path),
+                          capture_output=True, timeout=HANG)
+    assert done.returncode == 2
+    assert b"--bogus" in done.stderr and done.stdout == b""
+
+
+def test_demo_shows_a_session_on_the_wire(tmp_path):
+    done = subprocess.run([sys.executable, SERVER, "demo"], cwd=REPO, env=make_env(tmp_path),
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    text = done.stdout.decode()
+    assert "-->" in text and "<--" in text
+    assert "5050" in text
+
+
+# =============================================================================
+# 5. HTTP transports
+# =============================================================================
+# A real waitress (python mcp_exec.py --http) on a free loopback port, spoken to with
+# http.client: the bytes on the wire are what we assert.
+
+HERE = REPO
+KEY = "test-key-0123456789"
+AUTH = {"Authorization": "Bearer " + KEY}
+ACCEPT_BOTH = "application/json, text/event-stream"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HttpServer:
+    """`python mcp_exec.py --http` on a free loopback port, stopped by stop()."""
+
+    def __init__(self, tmp_path, argv=None, **env):
+        self.port = free_port()
+        full_env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "MCP_STATELESS", "STDIO_MODE_ONLY")}
+        full_env.update({"API_KEY": KEY, "MCP_EXEC_DIR": str(tmp_path / "state"), "HOST": "127.0.0.1",
+                         "PORT": str(self.port)})
+        full_env.update({k: str(v) for k, v in env.items()})
+        argv = argv or [sys.executable, os.path.join(HERE, "mcp_exec.py"), "--http"]
+        self.log = open(tmp_path / ("http-%d.log" % self.port), "w+b")
+        self.proc = subprocess.Popen(argv, cwd=HERE, env=full_env, stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if self.request("GET", "/health", headers={})[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.log.seek(0)
+                raise RuntimeError("server did not start:\n" + self.log.read().decode())
+            time.sleep(0.05)
+
+    def connect(self, timeout=20):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, headers=None, timeout=20):
+        """-> (status, {lower-case header: value}, body bytes)."""
+        conn = self.connect(timeout)
+        try:
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body)
+            conn.request(method, path, body=body, headers=AUTH if headers is None else headers)
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def mcp(self, message, session_id=None, accept="application/json", extra=None):
+        headers = dict(AUTH, Accept=accept)
+        headers["Content-Type"] = "application/json"
+        if session_id:
+            headers["Mcp-Session-Id"] = session_id
+        headers.update(extra or {})
+        return self.request("POST", "/mcp", message, headers)
+
+    def initialize(self, version="2025-06-18"):
+        status, headers, body = self.mcp(init_message(version))
+        assert status == 200, body
+        sid = headers.get("mcp-session-id")
+        self.mcp({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+        return sid, json.loads(body)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def init_message(version="2025-06-18", request_id=1):
+    return {"jsonrpc": "2.0", "id": request_id, "method": "initialize",
+            "params": {"protocolVersion": version, "capabilities": {},
+                       "clientInfo": {"name": "test", "version": "1"}}}
+
+
+def call_message(code, request_id=2, **arguments):
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": "code_exec_python", "arguments": dict(code=code, **arguments)}}
+
+
+def read_events(resp, until_id=None, limit=50):
+    """Read SSE events (and comments) from a streaming response.
+
+    -> list of ("comment", text) / (event name, data) in arrival order; stops after the
+    message whose JSON id is until_id, or at the end of the stream.
+    """
+    events, event, data = [], "message", []
+    while len(events) < limit:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.decode().rstrip("\r\n")
+        if line.startswith(":"):
+            events.append(("comment", line[1:].strip()))
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+        elif line == "" and data:
+            events.append((event, "\n".join(data)))
+            if until_id is not None and event == "message" and json.loads(events[-1][1]).get("id") == until_id:
+                break
+            event, data = "message", []
+    return events
+
+
+class SseClient:
+    """A legacy HTTP+SSE client: GET /sse, then POST to the announced endpoint."""
+
+    def __init__(self, server, timeout=20):
+        self.server = server
+        self.conn = server.connect(timeout)
+        self.conn.request("GET", "/sse", headers=dict(AUTH, Accept="text/event-stream"))
+        self.sock = self.conn.sock        # the response takes it over; keep it for kill()
+        self.resp = self.conn.getresponse()
+        self.endpoint = None
+        if self.resp.status == 200:
+            kind, data = read_events(self.resp, limit=1)[0]
+            assert kind == "endpoint"
+            self.endpoint = data
+
+    def post(self, message, path=None):
+        return self.server.request("POST", path or self.endpoint, message,
+                                   dict(AUTH, **{"Content-Type": "application/json"}))
+
+    def next_message(self):
+        """The next `message` event's JSON, skipping keep-alive comments."""
+        while True:
+            events = read_events(self.resp, limit=1)
+            assert events, "stream ended"
+            if events[0][0] == "message":
+                return json.loads(events[0][1])
+
+    def kill(self):
+        """Vanish like a crashed client: no goodbye, the socket just closes."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.resp.close()
+
+
+@pytest.fixture
+def start_http(tmp_path):
+    servers = []
+
+    def start(**env):
+        server = HttpServer(tmp_path, **env)
+        servers.append(server)
+        return server
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory):
+    """One shared server for the tests that need no special configuration."""
+    server = HttpServer(tmp_path_factory.mktemp("web"), SSE_KEEPALIVE="0.5")
+    yield server
+    server.stop()
+
+
+def wait_until(predicate, seconds=10.0, step=0.05):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:   # a zombie is dead for our purpose
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+SLEEPER = ("import os, time\nopen(%r, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+
+
+# --- start-up, health, auth, Origin, Host, body cap ------------------------------
+
+def test_http_refuses_to_start_without_api_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "API_KEY"}
+    proc = subprocess.run([sys.executable, "mcp_exec.py", "--http", "--port", str(free_port())], cwd=HERE,
+                          env=env, capture_output=True, timeout=30)
+    assert proc.returncode != 0
+    assert b"API_KEY" in proc.stderr and b"secrets.token_urlsafe" in proc.stderr
+
+
+def test_health_needs_no_key_and_reveals_nothing(web):
+    status, headers, body = web.request("GET", "/health", headers={})
+    assert status == 200
+    assert json.loads(body) == {"status": "ok"}
+
+
+@pytest.mark.parametrize("headers, expected", [
+    ({}, 401),
+    ({"Authorization": "Bearer wrong"}, 401),
+    ({"X-API-Key": "wrong"}, 401),
+    ({"Authorization": "Basic " + KEY}, 401),
+    ({"Authorization": "Bearer " + KEY}, 200),
+    ({"Authorization": "bearer " + KEY}, 200),
+    ({"X-API-Key": KEY}, 200),
+])
+def test_auth_matrix_on_streamable_http(web, headers, expected):
+    status, got, body = web.request("POST", "/mcp", init_message(), dict(headers, Accept="application/json"))
+    assert status == expected, body
+    if expected == 401:
+        assert got["www-authenticate"].startswith("Bearer")
+        assert json.loads(body)["error"]["code"] == -32600
+
+
+def test_auth_is_required_on_sse_and_messages(web):
+    assert web.request("GET", "/sse", headers={})[0] == 401
+    assert web.request("POST", "/messages/?session_id=x", {"jsonrpc": "2.0"}, headers={})[0] == 401
+
+
+def test_well_known_probes_get_404_without_auth(web):
+    status, headers, body = web.request("GET", "/.well-known/oauth-protected-resource/mcp", headers={})
+    assert status == 404
+    assert headers["content-type"].startswith("application/json")
+
+
+def test_foreign_origin_is_403_and_local_origin_is_allowed(web):
+    status, _, body = web.mcp(init_message(), extra={"Origin": "https://evil.example"})
+    assert status == 403 and b"Origin" in body
+    assert web.mcp(init_message(), extra={"Origin": "http://localhost:6274"})[0] == 200
+
+
+def test_allowed_origins_setting_admits_a_configured_origin(start_http):
+    server = start_http(ALLOWED_ORIGINS="https://app.example")
+    assert server.mcp(init_message(), extra={"Origin": "https://app.example"})[0] == 200
+    assert server.mcp(init_message(), extra={"Origin": "https://other.example"})[0] == 403
+
+
+def test_foreign_host_is_refused_on_loopback(web):
+    status, _, body = web.mcp(init_message(), extra={"Host": "evil.example:%d" % web.port})
+    assert status == 421 and b"Host" in body
+    assert web.mcp(init_message(), extra={"Host": "localhost:%d" % web.port})[0] == 200
+
+
+def test_body_cap_answers_413_with_a_json_rpc_error(start_http):
+    server = start_http(MAX_BODY_BYTES="2000")
+    status, headers, body = server.mcp(call_message("x = '%s'" % ("a" * 5000)))
+    assert status == 413
+    assert headers["content-type"].startswith("application/json")
+    assert json.loads(body)["error"]["code"] == -32600
+
+
+def test_unknown_route_is_a_json_404(web):
+    status, headers, body = web.request("GET", "/nope")
+    assert status == 404 and json.loads(body)["error"]["message"].startswith("Not found")
+
+
+# --- HTTP+SSE (2024-11-05) --------------------------------------------------------
+
+def test_sse_endpoint_event_comes_first_with_a_relative_uri(web):
+    client = SseClient(web)
+    assert client.resp.status == 200
+    assert client.resp.getheader("Content-Type").startswith("text/event-stream")
+    assert client.endpoint.startswith("/messages/?session_id=")
+    assert len(client.endpoint.split("=", 1)[1]) == 32
+    client.kill()
+
+
+def test_sse_post_is_202_and_the_answer_arrives_on_the_stream(web):
+    client = SseClient(web)
+    status, _, body = client.post(init_message("2024-11-05"))
+    assert status == 202 and body == b"Accepted"
+    reply = client.next_message()
+    assert reply["id"] == 1 and reply["result"]["protocolVersion"] == "2024-11-05"
+    assert client.post({"jsonrpc": "2.0", "method": "notifications/initialized"})[0] == 202
+    assert client.post(call_message("print(6*7)"))[0] == 202
+    reply = client.next_message()
+    assert reply["id"] == 2
+    assert json.loads(reply["result"]["content"][0]["text"])["stdout"] == "42\n"
+    assert "structuredContent" not in reply["result"]          # 2024-11-05 has none
+    client.kill()
+
+
+def test_sse_post_errors(web):
+    client = SseClient(web)
+    status, _, body = web.request("POST", "/messages/", {"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert status == 400 and b"session_id" in body
+    status, _, _ = web.request("POST", "/messages/?session_id=" + "0" * 32, {"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert status == 404
+    status, _, body = client.post(b"{not json")
+    assert status == 400 and json.loads(body)["error"]["code"] == -32700
+    client.kill()
+
+
+def test_sse_stream_sends_keep_alive_comments(web):
+    client = SseClient(web)   # SSE_KEEPALIVE=0.5 on this server
+    events = read_events(client.resp, limit=1)
+    assert events == [("comment", "keep-alive")]
+    client.kill()
+
+
+def test_sse_tool_call_does_not_block_the_post(web):
+    client = SseClient(web)
+    client.post(init_message())
+    client.next_message()
+    started = time.monotonic()
+    assert client.post(call_message("import time; time.sleep(2); print('late')"))[0] == 202
+    assert time.monotonic() - started < 1.5, "the POST waited for the call"   # generous: 2 s call
+    assert client.post({"jsonrpc": "2.0", "id": 3, "method": "ping"})[0] == 202
+    first, second = client.next_message(), client.next_message()
+    assert first["id"] == 3 and second["id"] == 2          # ping overtook the running call
+    client.kill()
+
+
+def test_full_house_of_streams_still_serves_posts_and_a_killed_client_frees_its_slot(start_http):
+    server = start_http(WEB_CONCURRENCY="4")        # 4 threads -> at most 3 streams
+    clients = [SseClient(server) for _ in range(3)]
+    assert all(c.resp.status == 200 for c in clients)
+    extra = SseClient(server)
+    assert extra.resp.status == 503 and extra.resp.getheader("Retry-After")
+    extra.conn.close()
+    for n, client in enumerate(clients):             # every POST and tools/call goes through
+        assert client.post(init_message())[0] == 202
+        assert client.next_message()["id"] == 1
+        assert client.post(call_message("print(%d)" % n))[0] == 202
+        assert json.loads(client.next_message()["result"]["content"][0]["text"])["stdout"] == "%d\n" % n
+    assert server.request("GET", "/health", headers={})[0] == 200
+    clients[0].kill()
+
+    def slot_free():
+        c = SseClient(server, timeout=5)
+        ok = c.resp.status == 200
+        c.conn.close()
+        return ok
+    assert wait_until(slot_free, seconds=10, step=0.2), "the killed client's slot was not freed"
+    for c in clients[1:]:
+        c.kill()
+
+
+def test_disconnect_kills_the_sessions_running_execution(web, tmp_path):
+    client = SseClient(web)
+    client.post(init_message())
+    client.next_message()
+    pid_file = tmp_path / "pid"
+    client.post(call_message(SLEEPER % str(pid_file)))
+    assert wait_until(pid_file.exists, seconds=15)
+    pid = int(pid_file.read_text())
+    assert pid_alive(pid)
+    client.kill()
+    assert wait_until(lambda: not pid_alive(pid), seconds=10), "execution survived its session"
+
+
+# --- Streamable HTTP (2025-03-26 .. 2025-11-25) -------------------------------------
+
+def test_streamable_http_full_flow(web):
+    status, headers, body = web.mcp(init_message("2025-11-25"))
+    assert status == 200 and headers["content-type"].startswith("application/json")
+    sid = headers["mcp-session-id"]
+    assert len(sid) >= 20 and all(0x21 <= ord(c) <= 0x7E for c in sid)
+    assert json.loads(body)["result"]["protocolVersion"] == "2025-11-25"
+    status, _, body = web.mcp({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+    assert status == 202 and body == b""
+    status, _, body = web.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid)
+    assert status == 200 and json.loads(body)["result"]["tools"][0]["name"] == "code_exec_python"
+    status, headers, body = web.mcp(call_message("print(6*7)", 3), sid)
+    assert status == 200 and headers["content-type"].startswith("application/json")
+    assert json.loads(body)["result"]["structuredContent"]["stdout"] == "42\n"
+    status, _, _ = web.request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": sid}))
+    assert status == 204
+    status, _, body = web.mcp({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, sid)
+    assert status == 404
+
+
+def test_streamable_tool_call_answers_with_sse_when_the_client_accepts_it(web):
+    sid, _ = web.initialize()
+    conn = web.connect()
+    conn.request("POST", "/mcp", json.dumps(call_message("import time; time.sleep(1.2); print('done')")),
+                 dict(AUTH, Accept=ACCEPT_BOTH, **{"Mcp-Session-Id": sid, "Content-Type": "application/json"}))
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+    events = read_events(resp, until_id=2)
+    assert ("comment", "keep-alive") in events           # SSE_KEEPALIVE=0.5, 1.2 s call
+    kind, data = events[-1]
+    assert kind == "message" and json.loads(data)["result"]["structuredContent"]["stdout"] == "done\n"
+    assert resp.readline() == b""                        # the stream ends after the response
+    conn.close()
+
+
+def test_streamable_http_status_codes(web):
+    status, _, body = web.mcp({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert status == 400 and b"Mcp-Session-Id" in body
+    status, _, _ = web.mcp({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, "no-such-session")
+    assert status == 404
+    status, headers, _ = web.request("GET", "/mcp", headers=dict(AUTH, Accept="text/event-stream"))
+    assert status == 405 and "POST" in headers["allow"]
+    sid, _ = web.initialize()
+    status, _, body = web.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid,
+                              extra={"MCP-Protocol-Version": "1999-01-01"})
+    assert status == 400
+    assert json.loads(body)["error"]["code"] == -32022
+    assert json.loads(body)["error"]["data"]["requested"] == "1999-01-01"
+    status, _, body = web.request("POST", "/mcp", b"{oops", dict(AUTH, **{"Mcp-Session-Id": sid}))
+    assert status == 400 and json.loads(body)["error"]["code"] == -32700
+    assert web.request("DELETE", "/mcp")[0] == 400
+    assert web.request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": "nope"}))[0] == 404
+
+
+def test_streamable_http_is_lenient_with_accept(web):
+    sid, _ = web.initialize()
+    status, headers, body = web.mcp({"jsonrpc": "2.0", "id": 2, "method": "ping"}, sid, accept="text/event-stream")
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    assert b'"id":2' in body
+    status, headers, body = web.request("POST", "/mcp", {"jsonrpc": "2.0", "id": 3, "method": "ping"},
+                                        dict(AUTH, **{"Mcp-Session-Id": sid}))     # no Accept at all
+    assert status == 200 and json.loads(body)["result"] == {}
+
+
+def test_stateless_mode_needs_no_session(start_http):
+    server = start_http(MCP_STATELESS="true")
+    status, headers, body = server.mcp(init_message())
+    assert status == 200 and "mcp-session-id" not in headers
+    status, _, body = server.mcp(call_message("print(1+1)"), extra={"MCP-Protocol-Version": "2025-06-18"})
+    assert status == 200
+    assert json.loads(body)["result"]["structuredContent"]["stdout"] == "2\n"
+    status, _, body = server.mcp(call_message("print(1+1)"))       # no header: 2025-03-26 rules
+    assert "structuredContent" not in json.loads(body)["result"]
+
+
+def test_stdio_mode_only_keeps_code_off_the_web(start_http):
+    server = start_http(STDIO_MODE_ONLY="true")
+    sid, _ = server.initialize()
+    status, _, body = server.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid)
+    assert json.loads(body)["result"]["tools"] == []
+    status, _, body = server.mcp(call_message("print(1)", 3), sid)
+    error = json.loads(body)["error"]
+    assert error["code"] == -32602 and "stdio" in error["message"]
+    client = SseClient(server)
+    client.post(init_message())
+    client.next_message()
+    client.post(call_message("print(1)", 5))
+    assert "stdio" in client.next_message()["error"]["message"]
+    client.kill()
+
+
+def test_waitress_serve_runs_the_procfile_app(tmp_path):
+    port = free_port()
+    argv = [sys.executable, "-m", "waitress", "--host=127.0.0.1", "--port=%d" % port, "--threads=4",
+            "--channel-request-lookahead=1", "mcp_exec:app"]
+    server = HttpServer.__new__(HttpServer)
+    server.port = port
+    env = dict(os.environ, API_KEY=KEY, MCP_EXEC_DIR=str(tmp_path / "s"))
+    server.proc = subprocess.Popen(argv, cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server.log = open(os.devnull, "wb")
+    try:
+        assert wait_until(lambda: _health(server), seconds=20)
+        sid, reply = server.initialize()
+        assert reply["result"]["serverInfo"]["name"] == "mcp-exec"
+        status, _, body = server.mcp(call_message("print(6*7)"), sid)
+        assert json.loads(body)["result"]["structuredContent"]["stdout"] == "42\n"
+    finally:
+        server.stop()
+
+
+def _health(server):
+    try:
+        return server.request("GET", "/health", headers={})[0] == 200
+    except OSError:
+        return False
+
+
+# --- The 2026-07-28 era on Streamable HTTP -----------------------------------------
+
+MODERN = "2026-07-28"
+
+
+def modern_message(method, request_id=1, version=MODERN, capabilities=True, **params):
+    meta = {"io.modelcontextprotocol/protocolVersion": version,
+            "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"}}
+    if capabilities:
+        meta["io.modelcontextprotocol/clientCapabilities"] = {}
+    params["_meta"] = dict(meta, **params.pop("_meta", {}))
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+
+def modern_headers(message, **overrides):
+    headers = {"MCP-Protocol-Version": MODERN, "Mcp-Method": message["method"]}
+    if message["method"] == "tools/call":
+        headers["Mcp-Name"] = message["params"]["name"]
+    headers.update(overrides)
+    return {k: v for k, v in headers.items() if v is not None}
+
+
+def modern_post(server, message, accept="application/json", **overrides):
+    return server.mcp(message, accept=accept, extra=modern_headers(message, **overrides))
+
+
+def test_modern_discover_needs_no_session_and_mints_none(web):
+    status, headers, body = modern_post(web, modern_message("server/discover"))
+    assert status == 200 and "mcp-session-id" not in headers
+    result = json.loads(body)["result"]
+    assert result["resultType"] == "complete"
+    assert result["supportedVersions"][0] == MODERN and "2025-11-25" in result["supportedVersions"]
+    assert "tools" in result["capabilities"] and result["instructions"]
+    assert result["ttlMs"] >= 0 and result["cacheScope"] in ("public", "private")
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-exec"
+
+
+def test_modern_tools_list_and_call_without_initialize(web):
+    status, _, body = modern_post(web, modern_message("tools/list"), **{"Mcp-Session-Id": None})
+    result = json.loads(body)["result"]
+    assert status == 200 and result["resultType"] == "complete"
+    assert result["ttlMs"] >= 0 and result["cacheScope"] == "public"
+    assert result["tools"][0]["outputSchema"]["type"] == "object"
+    message = modern_message("tools/call", 2, name="code_exec_python", arguments={"code": "print(6*7)"})
+    status, headers, body = modern_post(web, message)
+    result = json.loads(body)["result"]
+    assert status == 200 and "mcp-session-id" not in headers
+    assert result["resultType"] == "complete" and result["structuredContent"]["stdout"] == "42\n"
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["version"]
+
+
+def test_modern_ignores_a_session_id(web):
+    message = modern_message("tools/list")
+    status, headers, _ = web.mcp(message, "no-such-session", extra=modern_headers(message))
+    assert status == 200 and "mcp-session-id" not in headers
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    ({"Mcp-Method": "tools/list"}, "Mcp-Method"),
+    ({"Mcp-Method": None}, "Mcp-Method"),
+    ({"Mcp-Name": "other_tool"}, "Mcp-Name"),
+    ({"Mcp-Name": None}, "Mcp-Name"),
+    ({"MCP-Protocol-Version": None}, "MCP-Protocol-Version"),
+])
+def test_modern_header_mismatch_is_400_and_32020(web, overrides, problem):
+    message = modern_message("tools/call", 5, name="code_exec_python", arguments={"code": "print(1)"})
+    status, _, body = modern_post(web, message, **overrides)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == -32020 and problem in error["message"]
+    assert json.loads(body)["id"] == 5
+
+
+def test_modern_version_header_must_match_meta(web):
+    message = modern_message("tools/list", version="2025-11-25")
+    status, _, body = modern_post(web, message)
+    assert status == 400 and json.loads(body)["error"]["code"] == -32020
+
+
+def test_modern_base64_mcp_name_is_decoded(web):
+    import base64
+    message = modern_message("tools/call", 6, name="code_exec_python", arguments={"code": "print(2)"})
+    encoded = "=?base64?%s?=" % base64.b64encode(b"code_exec_python").decode()
+    status, _, body = modern_post(web, message, **{"Mcp-Name": encoded})
+    assert status == 200 and json.loads(body)["result"]["structuredContent"]["stdout"] == "2\n"
+
+
+def test_modern_unsupported_version_is_400_with_the_supported_list(web):
+    message = modern_message("tools/list", version="2099-01-01")
+    status, _, body = modern_post(web, message, **{"MCP-Protocol-Version": "2099-01-01"})
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == -32022
+    assert error["data"]["requested"] == "2099-01-01" and MODERN in error["data"]["supported"]
+
+
+def test_modern_missing_meta_is_400_and_32602(web):
+    message = modern_message("tools/list", capabilities=False)
+    status, _, body = modern_post(web, message)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == -32602
+    assert "clientCapabilities" in error["message"]
+
+
+def test_modern_unknown_method_is_404_and_32601(web):
+    status, _, body = modern_post(web, modern_message("subscriptions/listen"))
+    assert status == 404 and json.loads(body)["error"]["code"] == -32601
+
+
+def test_initialize_is_never_answered_with_the_modern_version(web):
+    status, _, body = web.mcp(init_message(MODERN))
+    assert json.loads(body)["result"]["protocolVersion"] == "2025-11-25"
+
+
+def test_old_and_new_clients_share_one_running_server(web):
+    sid, reply = web.initialize("2025-03-26")
+    assert reply["result"]["protocolVersion"] == "2025-03-26"
+    message = modern_message("tools/call", 9, name="code_exec_python", arguments={"code": "print('new')"})
+    status, _, body = modern_post(web, message)
+    assert json.loads(body)["result"]["structuredContent"]["stdout"] == "new\n"
+    status, _, body = web.mcp(call_message("print('old')", 10), sid)
+    result = json.loads(body)["result"]
+    assert "structuredContent" not in result and "resultType" not in result      # still 2025-03-26
+    assert json.loads(result["content"][0]["text"])["stdout"] == "old\n"
+
+
+def test_legacy_sse_stays_handshake_only(web):
+    client = SseClient(web)
+    client.post(modern_message("server/discover", 1))
+    reply = client.next_message()
+    assert reply["error"]["code"] == -32601
+    client.kill()
+
+
+def test_closing_a_modern_response_stream_cancels_the_call(web, tmp_path):
+    pid_file = tmp_path / "pid"
+    message = modern_message("tools/call", 11, name="code_exec_python",
+                             arguments={"code": SLEEPER % str(pid_file)})
+    conn = web.connect()
+    conn.request("POST", "/mcp", json.dumps(message),
+                 dict(AUTH, Accept=ACCEPT_BOTH, **modern_headers(message)))
+    sock = conn.sock
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+    assert wait_until(pid_file.exists, seconds=15)
+    pid = int(pid_file.read_text())
+    assert pid_alive(pid)
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+    assert wait_until(lambda: not pid_alive(pid), seconds=10), "closing the stream did not cancel the call"
+
+
+def test_a_2025_disconnect_is_not_a_cancellation(web, tmp_path):
+    sid, _ = web.initialize("2025-11-25")
+    pid_file, done_file = tmp_path / "pid", tmp_path / "done"
+    code = ("import os, time\nopen(%r, 'w').write(str(os.getpid()))\ntime.sleep(1.5)\nopen(%r, 'w').write('x')\n"
+            % (str(pid_file), str(done_file)))
+    conn = web.connect()
+    conn.request("POST", "/mcp", json.dumps(call_message(code, 12)),
+                 dict(AUTH, Accept=ACCEPT_BOTH, **{"Mcp-Session-Id": sid}))
+    sock = conn.sock
+    resp = conn.getresponse()          # keep it: dropping it would close the socket politely
+    assert resp.status == 200
+    assert wait_until(pid_file.exists, seconds=15)
+    sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+    assert wait_until(done_file.exists, seconds=15), "the call was killed by a 2025-era disconnect"
+
+
+# --- Progress over HTTP --------------------------------------------------------------
+
+HTTP_PROGRESS_CODE = "import time\nfor i in range(5):\n    print('line', i, flush=True)\n    time.sleep(0.4)\n"
+
+
+def check_progress(events, request_id, token):
+    """Progress notifications first, strictly increasing, then the reply, then nothing."""
+    messages = [json.loads(data) for kind, data in events if kind == "message"]
+    reply_at = [n for n, m in enumerate(messages) if m.get("id") == request_id]
+    assert reply_at, "no reply"
+    notes = messages[:reply_at[0]]
+    assert len(notes) >= 2, "expected progress during a 2 s call, got %r" % notes
+    values = [n["params"]["progress"] for n in notes]
+    assert all(n["method"] == "notifications/progress" and n["params"]["progressToken"] == token for n in notes)
+    assert values == sorted(set(values)), "progress must strictly increase"
+    assert any("line" in n["params"].get("message", "") for n in notes)
+    assert messages[reply_at[0] + 1:] == [], "nothing may follow the response"
+
+
+def test_progress_flows_on_a_streamable_sse_response(start_http):
+    server = start_http(PROGRESS_INTERVAL="0.3")
+    sid, _ = server.initialize("2025-06-18")
+    message = call_message(HTTP_PROGRESS_CODE, 7)
+    message["params"]["_meta"] = {"progressToken": "p7"}
+    conn = server.connect()
+    conn.request("POST", "/mcp", json.dumps(message), dict(AUTH, Accept=ACCEPT_BOTH, **{"Mcp-Session-Id": sid}))
+    resp = conn.getresponse()
+    events = read_events(resp)          # to the end of the stream
+    check_progress(events, 7, "p7")
+
+
+def test_progress_flows_on_the_legacy_sse_stream(start_http):
+    server = start_http(PROGRESS_INTERVAL="0.3")
+    client = SseClient(server)
+    client.post(init_message("2025-03-26"))
+    client.next_message()
+    message = call_message(HTTP_PROGRESS_CODE, 8)
+    message["params"]["_meta"] = {"progressToken": 8}
+    client.post(message)
+    events = []
+    while True:
+        event = read_events(client.resp, limit=1)[0]
+        events.append(event)
+        if event[0] == "message" and json.loads(event[1]).get("id") == 8:
+            break
+    client.post({"jsonrpc": "2.0", "id": 9, "method": "ping"})   # the next thing on the stream
+    events.append(("message", json.dumps(client.next_message())))
+    events = [e for e in events if not (e[0] == "message" and json.loads(e[1]).get("id") == 9)]
+    check_progress(events, 8, 8)
+    client.kill()
+
+
+def test_modern_call_with_progress_token(start_http):
+    server = start_http(PROGRESS_INTERVAL="0.3")
+    message = modern_message("tools/call", 13, name="code_exec_python", arguments={"code": HTTP_PROGRESS_CODE},
+                             _meta={"progressToken": "m13"})
+    conn = server.connect()
+    conn.request("POST", "/mcp", json.dumps(message), dict(AUTH, Accept=ACCEPT_BOTH, **modern_headers(message)))
+    events = read_events(conn.getresponse())
+    check_progress(events, 13, "m13")
+
+
+def test_no_progress_without_a_token(start_http):
+    server = start_http(PROGRESS_INTERVAL="0.3")
+    sid, _ = server.initialize()
+    conn = server.connect()
+    conn.request("POST", "/mcp", json.dumps(call_message(HTTP_PROGRESS_CODE, 14)),
+                 dict(AUTH, Accept=ACCEPT_BOTH, **{"Mcp-Session-Id": sid}))
+    events = read_events(conn.getresponse())
+    messages = [json.loads(d) for k, d in events if k == "message"]
+    assert [m.get("id") for m in messages] == [14]
