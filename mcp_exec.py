@@ -2382,13 +2382,18 @@ usage: python mcp_exec.py [--http [--host H] [--port P] [--threads N] | client .
 Modes
   (no arguments)   stdio MCP server: JSON-RPC lines on stdin/stdout, logs on stderr.
                    This is what Claude Desktop, Cursor and other MCP clients launch.
+  --http           HTTP server (waitress): Streamable HTTP at /mcp, HTTP+SSE at /sse
+                   (POSTs to /messages/), GET /health. Needs API_KEY.
+                   Also: waitress-serve ... mcp_exec:app
+  client           talk to any MCP server from the command line (stdio, SSE or
+                   Streamable HTTP); `python mcp_exec.py client --help`.
   demo             start a stdio server and play initialize, tools/list and two
                    tools/call requests against it, printing every frame on the wire.
   --help           this text.
 
-Environment (defaults in brackets)
+Execution (all modes; defaults in brackets)
   EXEC_TIMEOUT          seconds a call may run unless it asks otherwise [30]
-  EXEC_TIMEOUT_MAX      largest per-call "timeout" accepted; larger is clamped [300]
+  EXEC_TIMEOUT_MAX      largest per-call "timeout"; larger is clamped [300]
   INSTALL_TIMEOUT       seconds for creating an environment and installing packages [300]
   OUTPUT_LIMIT          bytes of stdout and of stderr kept per call, head and tail [65536]
   EXEC_MEMORY_MB        address-space limit of the code, MB; 0 = none (POSIX only) [2048]
@@ -2396,14 +2401,33 @@ Environment (defaults in brackets)
   EXEC_MAX_FILES        open file descriptors of the code; 0 = none (POSIX only) [1024]
   EXEC_CONCURRENCY      calls that run at once; further calls wait for a slot [8]
   EXEC_ENV_PASSTHROUGH  comma-separated names of extra variables the code may see []
+  WARM_INTERPRETER      start each environment's next interpreter ahead of time [1]
+  PROGRESS_INTERVAL     seconds between progress notifications, when asked for [3]
   MCP_EXEC_DIR          state: workspace environment and isolated-env cache
                         [$XDG_CACHE_HOME/mcp-exec or ~/.cache/mcp-exec]
-  VENV_CACHE_SIZE       isolated environments (use_temp_dir) kept, least recently used
-                        evicted [8]
+  VENV_CACHE_SIZE       isolated environments (use_temp_dir) kept, least recently
+                        used evicted [8]
   MCP_EXEC_INSTALLER    auto (uv when on PATH, else pip) or pip [auto]
+  PIP_*, UV_*           passed to the installer (mirrors, find-links, ...)
   MAX_MESSAGE_BYTES     largest stdio message [16777216]
-  MCP_TRACE             1 = write every frame in (-->) and out (<--) to stderr [off]
-  PIP_*, UV_*           passed to the installer (mirrors, --find-links, ...)
+  MCP_TRACE             1 = log every frame in (-->) and out (<--) on stderr [off]
+
+HTTP (--http and mcp_exec:app)
+  API_KEY               required; clients send "Authorization: Bearer KEY" or
+                        "X-API-Key: KEY"
+  HOST, PORT            where to listen [127.0.0.1, or 0.0.0.0 when DYNO is set; 8000]
+  WEB_CONCURRENCY       waitress threads [16]
+  SSE_MAX_STREAMS       open /sse streams allowed; more get 503 [3/4 of the threads]
+  SSE_KEEPALIVE         seconds between keep-alive comments on event streams [15]
+  MCP_STATELESS         true = Streamable HTTP without sessions (several instances
+                        behind a load balancer) [false]
+  STDIO_MODE_ONLY       true = HTTP lists no tools and runs no code [false]
+  ALLOWED_ORIGINS       comma-separated browser origins allowed besides localhost []
+  ALLOWED_HOSTS         comma-separated Host names allowed (* = any) when bound to
+                        loopback, or the only ones allowed otherwise []
+  MAX_BODY_BYTES        largest request body [4194304]
+  SESSION_IDLE_TIMEOUT  seconds before an idle Streamable HTTP session is dropped [3600]
+  MAX_SESSIONS          Streamable HTTP sessions kept; the oldest idle go first [1000]
 """
 
 
