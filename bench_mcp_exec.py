@@ -226,34 +226,31 @@ def bench_round_trip(env, n):
         row(name + " p95", ms(p95(times)), ms(p95(base)), "%.2fx" % (p95(times) / p95(base)))
 
 
-def bench_parallel(env):
-    server = Stdio(env)
-    server.initialize()
-    server.call("pass")
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(server.call("import time; time.sleep(1)")))
-               for _ in range(4)]
+def wall_time_of_calls_together(server, n, code="import time; time.sleep(1)"):
+    """Start n calls at the same moment; -> seconds until the last one answered."""
+    threads = [threading.Thread(target=server.call, args=(code,)) for _ in range(n)]
     t = time.perf_counter()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    wall = time.perf_counter() - t
+    return time.perf_counter() - t
+
+
+def bench_parallel(env):
+    print("3. 1-second calls started together (1.00x = fully parallel)")
+    server = Stdio(env)
+    server.initialize()
+    server.call("pass")
+    wall = wall_time_of_calls_together(server, 4)
     server.close()
-    print("3. four 1-second calls started together (stdio)")
-    row("wall time", "%.2f s" % wall, "1.00 s", "%.2fx" % wall, "(1.00x = fully parallel)")
+    row("four calls over stdio, wall time", "%.2f s" % wall, "1.00 s", "%.2fx" % wall)
     if have_http():
         server = Http(env)
         server.call("pass")
-        threads = [threading.Thread(target=lambda: server.call("import time; time.sleep(1)")) for _ in range(8)]
-        t = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        wall = time.perf_counter() - t
+        wall = wall_time_of_calls_together(server, 8)
         server.close()
-        row("eight 1-second calls over Streamable HTTP", "%.2f s" % wall, "1.00 s", "%.2fx" % wall)
+        row("eight calls over Streamable HTTP, wall time", "%.2f s" % wall, "1.00 s", "%.2fx" % wall)
 
 
 def bench_packages(env, wheels):
