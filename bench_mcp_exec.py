@@ -158,12 +158,8 @@ class Http:
 
 
 def have_http():
-    try:
-        import flask  # noqa: F401
-        import waitress  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    import importlib.util
+    return all(importlib.util.find_spec(name) for name in ("flask", "waitress"))
 
 
 def make_wheel(folder, name="mcpexec_benchpkg", version="1.0"):

@@ -35,20 +35,20 @@ import time
 # Everything is read once, from the environment, when the module is imported.
 
 
-def _env_float(name, default):
-    value = os.environ.get(name, "").strip()
+def _env_float(name, default, env=os.environ):
+    value = env.get(name, "").strip()
     try:
         return float(value) if value else default
     except ValueError:
         sys.exit("mcp-exec: %s must be a number, got %r" % (name, value))
 
 
-def _env_int(name, default):
-    return int(_env_float(name, default))
+def _env_int(name, default, env=os.environ):
+    return int(_env_float(name, default, env))
 
 
-def _env_bool(name, default=False):
-    value = os.environ.get(name, "").strip().lower()
+def _env_bool(name, default=False, env=os.environ):
+    value = env.get(name, "").strip().lower()
     return default if not value else value in ("1", "true", "yes", "on")
 
 
@@ -83,6 +83,7 @@ EXEC_MEMORY_MB = _env_int("EXEC_MEMORY_MB", 2048)            # address space of 
 EXEC_FILE_MB = _env_int("EXEC_FILE_MB", 1024)                # largest file it may write (0 = off)
 EXEC_MAX_FILES = _env_int("EXEC_MAX_FILES", 1024)            # open file descriptors (0 = off)
 EXEC_CONCURRENCY = max(1, _env_int("EXEC_CONCURRENCY", 8))   # calls running at once; more wait
+EXEC_QUEUE = max(0, _env_int("EXEC_QUEUE", 4 * EXEC_CONCURRENCY))  # calls waiting; more are refused
 EXEC_ENV_PASSTHROUGH = [n for n in re.split(r"[,\s]+", os.environ.get("EXEC_ENV_PASSTHROUGH", "")) if n]
 STATE_DIR = os.path.abspath(os.environ.get("MCP_EXEC_DIR") or _default_state_dir())
 VENV_CACHE_SIZE = max(1, _env_int("VENV_CACHE_SIZE", 8))    # isolated environments kept
@@ -90,6 +91,7 @@ MAX_MESSAGE_BYTES = _env_int("MAX_MESSAGE_BYTES", 16 * 1024 * 1024)  # one stdio
 TRACE = _env_bool("MCP_TRACE")
 EOF_GRACE = 5.0           # seconds running calls get to finish after stdin closes
 KILL_GRACE = 1.0          # seconds to wait for pipes to close after a kill
+EXIT_GRACE = 0.5          # seconds a background child may hold the pipes after the code exits
 MAX_PACKAGES = 50
 PROGRESS_INTERVAL = _env_float("PROGRESS_INTERVAL", 3.0)   # seconds between progress notifications
 PROGRESS_MIN_GAP = min(1.0, PROGRESS_INTERVAL)             # new output is reported at most this often
@@ -220,7 +222,11 @@ class OutputBuffer:
 
 
 def _pump(pipe, buffer, name, on_output):
-    """Reader thread: copy one pipe into its OutputBuffer in chunks until EOF."""
+    """Reader thread: copy one pipe into its OutputBuffer in chunks until EOF, then close it.
+
+    Only this thread touches the pipe: closing it from elsewhere would block while a
+    read is under way (if a runaway process still holds the other end).
+    """
     try:
         while True:
             chunk = pipe.read1(65536)
@@ -231,6 +237,8 @@ def _pump(pipe, buffer, name, on_output):
                 on_output(name, buffer.last_line)
     except (OSError, ValueError):
         pass
+    finally:
+        pipe.close()
 
 
 def _feed(pipe, data):
@@ -280,8 +288,31 @@ def _kill_tree(proc, marker):
             pass
 
 
+_ENVIRONMENT_HIDDEN = []
+
+
+def hide_server_environment():
+    """Make /proc/<server>/environ unreadable to the server's children (Linux).
+
+    The child's environment is an allow-list, but on Linux a process can read its
+    parent's environment through /proc: API_KEY and every config var. A process that is
+    not "dumpable" has its /proc files owned by root, so code running as another user
+    (or as the same non-root user) cannot read them. Root can; see the README.
+    """
+    if _ENVIRONMENT_HIDDEN or not sys.platform.startswith("linux"):
+        return
+    _ENVIRONMENT_HIDDEN.append(True)
+    try:
+        import ctypes
+        PR_SET_DUMPABLE = 4
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        log("could not make the server non-dumpable; code may read its environment via /proc")
+
+
 def _spawn(argv, env, cwd):
     """Start a child in a session of its own (so its whole process group can be killed)."""
+    hide_server_environment()    # before the first child exists (cheap after that)
     popen_args = {"start_new_session": True} if POSIX else {
         "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -311,37 +342,34 @@ def supervise(proc, *, timeout, stdin_data=b"", cancel=None, on_output=None, mar
         t.start()
     deadline = time.monotonic() + timeout
     timed_out = cancelled = False
-    # Wait for both output pipes to close and the process to exit; poll the cancel flag.
-    for t in threads[:2]:
-        while t.is_alive():
-            t.join(min(0.05, max(0.0, deadline - time.monotonic())))
-            if cancel is not None and cancel.is_set():
-                cancelled = True
-            elif time.monotonic() >= deadline:
-                timed_out = True
-            if cancelled or timed_out:
+    exited_at = None
+    # Wait until the process has exited and its pipes are closed. A background child that
+    # keeps the pipes open gets EXIT_GRACE after the process itself exits, no more.
+    while True:
+        pumping = [t for t in threads[:2] if t.is_alive()]
+        step = min(0.05, max(0.001, deadline - time.monotonic()))
+        if pumping:
+            pumping[0].join(step)           # wakes at once when the pipe closes
+        elif proc.poll() is None:
+            try:
+                proc.wait(step)
+            except subprocess.TimeoutExpired:
+                pass
+        if proc.poll() is not None:
+            exited_at = exited_at or time.monotonic()
+            if not any(t.is_alive() for t in threads[:2]) or time.monotonic() - exited_at > EXIT_GRACE:
                 break
-        if cancelled or timed_out:
+        if cancel is not None and cancel.is_set():
+            cancelled = True
             break
-    while not (cancelled or timed_out):
-        try:
-            proc.wait(min(0.05, max(0.001, deadline - time.monotonic())))
+        if time.monotonic() >= deadline:
+            timed_out = True
             break
-        except subprocess.TimeoutExpired:
-            if cancel is not None and cancel.is_set():
-                cancelled = True
-            elif time.monotonic() >= deadline:
-                timed_out = True
     # Whatever happened, nothing of this call may survive it.
     _kill_tree(proc, marker)
     proc.wait()
     for t in threads[:2]:
         t.join(KILL_GRACE)   # a pipe held by an escaped process is abandoned, not waited for
-    for pipe in (proc.stdout, proc.stderr):
-        try:
-            pipe.close()
-        except OSError:
-            pass
     return {"returncode": proc.returncode, "stdout": out.text(), "stderr": err.text(),
             "timed_out": timed_out, "truncated": out.truncated or err.truncated,
             "cancelled": cancelled}
@@ -439,8 +467,13 @@ def _create_venv(path, layered, deadline, cancel):
     if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
         return result
     if layered:
-        import sysconfig
-        site_dir = sysconfig.get_path("purelib", vars={"base": path, "platbase": path})
+        # Ask the venv's own interpreter where its packages go: distributions patch
+        # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages here).
+        site_dir = subprocess.run([_venv_python(path), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                  capture_output=True, text=True, env=child_environment()).stdout.strip()
+        if not os.path.isdir(site_dir):
+            return {"returncode": 1, "stdout": "", "stderr": "no site-packages in %s" % path,
+                    "timed_out": False, "cancelled": False}
         server_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
         with open(os.path.join(site_dir, "_mcp_exec_server_packages.pth"), "w") as f:
             f.write("import site; list(map(site.addsitedir, %r))\n" % (server_dirs,))
@@ -481,20 +514,22 @@ def _install_failed(result, what):
 class Environments:
     """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
 
-    Layout under STATE_DIR:
+    Layout under STATE_DIR, which several server processes may share:
         workspace/              layered venv; installs accumulate (the default mode)
         workspace.installed     requirements already installed there, one per line
-        venvs/<key>-<random>/   isolated venvs (use_temp_dir), built in place
+        workspace.lock          held (flock) while the workspace is built or installed into
+        venvs/<key>-<random>/   isolated venvs (use_temp_dir), built in place, then read-only
         venvs/<key>.ready       published only once its venv is complete: the cache entry
+    A call running in an isolated venv holds a shared flock on its lease file; eviction
+    takes it exclusively without waiting, so no server removes a venv in use anywhere.
     """
 
     def __init__(self, root):
         self.root = root
-        self.lock = threading.Lock()      # guards the dicts below
+        self.lock = threading.Lock()      # guards key_locks and the cache's pointer files
         self.key_locks = {}               # one build at a time per package set
-        self.in_use = {}                  # venv dir -> number of calls running in it
         self.workspace_lock = threading.Lock()
-        self.generation = 0               # bumped whenever the workspace changes
+        self.generation = 0               # bumped whenever this process changes the workspace
 
     # -- shared workspace ----------------------------------------------------
     def workspace(self, requirements, deadline, cancel, report=None):
@@ -504,7 +539,18 @@ class Environments:
         # The marker names the interpreter the workspace was built for: a server started
         # with another Python (or an older layout) rebuilds it instead of breaking in it.
         stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
-        with self.workspace_lock, _FileLock(venv + ".lock"):
+
+        def missing():
+            installed = set((_read(record) or "").split())
+            return [r for r in requirements if r not in installed and not _satisfied_here(r)]
+        # The common case takes no lock: nothing to build, nothing to install. A call
+        # without packages never waits behind another call's install.
+        if _read(os.path.join(venv, ".mcp-exec-ready")) == stamp and not missing():
+            return _venv_python(venv), None
+        with _Locked(self.workspace_lock, cancel, deadline) as got, \
+                _FileLock(venv + ".lock", cancel, deadline) as flocked:
+            if not (got and flocked):
+                return None, _install_failed(_waited(cancel), "waiting for another install into the workspace")
             if _read(os.path.join(venv, ".mcp-exec-ready")) != stamp:
                 import shutil
                 shutil.rmtree(venv, ignore_errors=True)
@@ -520,41 +566,34 @@ class Environments:
                 with open(os.path.join(venv, ".mcp-exec-ready"), "w") as f:
                     f.write(stamp)
                 self.generation += 1
-            try:
-                with open(record) as f:
-                    installed = set(f.read().split())
-            except OSError:
-                installed = set()
-            missing = [r for r in requirements if r not in installed and not _satisfied_here(r)]
-            if missing:   # pip is not even started when everything asked for is there
-                result = run_process(_installer_argv(_venv_python(venv), missing),
+            todo = missing()
+            if todo:   # pip is not even started when everything asked for is there
+                result = run_process(_installer_argv(_venv_python(venv), todo),
                                      env=installer_environment(), cwd=self.root,
                                      timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                                      on_output=_install_reporter(report))
                 if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
-                    return None, _install_failed(result, "pip install " + " ".join(missing))
+                    return None, _install_failed(result, "pip install " + " ".join(todo))
                 with open(record, "a") as f:
-                    f.write("".join(r + "\n" for r in missing))
+                    f.write("".join(r + "\n" for r in todo))
                 self.generation += 1
         return _venv_python(venv), None
 
     # -- isolated, cached environments ----------------------------------------
     def isolated(self, requirements, deadline, cancel, report=None):
-        """Return (python, venv_dir, error_result) for use_temp_dir; release(venv_dir) after."""
+        """Return (python, lease, error_result) for use_temp_dir; lease.release() after the run."""
         import hashlib
-        key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:20]
+        # The key covers the interpreter too: a server on another Python builds its own.
+        key = hashlib.sha256("\n".join([sys.executable, sys.version] + sorted(requirements)).encode()).hexdigest()[:20]
         cache = os.path.join(self.root, "venvs")
         pointer = os.path.join(cache, key + ".ready")
         with self.lock:
             key_lock = self.key_locks.setdefault(key, threading.Lock())
-        while not key_lock.acquire(timeout=0.1):        # same set, same moment: built once
-            if cancel.is_set() or time.monotonic() > deadline:
-                return None, None, _install_failed(
-                    {"returncode": 1, "stdout": "", "stderr": "waited for another build",
-                     "timed_out": not cancel.is_set(), "cancelled": cancel.is_set()}, "waiting")
-        try:
-            venv = self._lookup(cache, pointer)
-            if venv is None:
+        with _Locked(key_lock, cancel, deadline) as got:   # same set, same moment: built once
+            if not got:
+                return None, None, _install_failed(_waited(cancel), "waiting for the same environment to be built")
+            lease = self._lease(cache, pointer)
+            if lease is None:
                 os.makedirs(cache, exist_ok=True)
                 venv = tempfile.mkdtemp(prefix=key + "-", dir=cache)
                 result = _create_venv(venv, False, deadline, cancel)
@@ -564,73 +603,80 @@ class Environments:
                                          timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                                          on_output=_install_reporter(report))
                 if result["returncode"] != 0 or result["timed_out"] or result["cancelled"]:
-                    import shutil
-                    shutil.rmtree(venv, ignore_errors=True)
+                    _remove_tree(venv)
                     return None, None, _install_failed(result, "building an isolated environment for %s"
                                                        % (" ".join(requirements) or "no packages"))
-                _set_writable(venv, False)   # code run later cannot change it (unless root)
+                open(os.path.join(venv, LEASE_FILE), "w").close()
+                _set_writable(venv, False)   # later code cannot change it by accident (the owner could chmod it back)
                 # Publish atomically: a crash before this line leaves no entry that a later
                 # call would trust, only an orphan directory that _evict() removes.
                 tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
                 with open(tmp, "w") as f:
                     f.write(os.path.basename(venv))
-                os.replace(tmp, pointer)
-            with self.lock:
-                self.in_use[venv] = self.in_use.get(venv, 0) + 1
-        finally:
-            key_lock.release()
+                with self.lock:
+                    os.replace(tmp, pointer)
+                lease = self._lease(cache, pointer)
+        if lease is None:
+            return None, None, _install_failed(_waited(cancel), "the environment vanished")
         self._evict(cache)
-        return _venv_python(venv), venv, None
+        return _venv_python(lease.venv), lease, None
 
-    def release(self, venv):
-        with self.lock:
-            self.in_use[venv] -= 1
-            if not self.in_use[venv]:
-                del self.in_use[venv]
-
-    def _lookup(self, cache, pointer):
-        try:
-            with open(pointer) as f:
-                venv = os.path.join(cache, f.read().strip())
-        except OSError:
-            return None
-        if not os.path.exists(_venv_python(venv)):
-            return None
-        os.utime(pointer)            # least-recently-used order is the pointers' mtime
-        return venv
-
-    def _evict(self, cache):
-        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that no call is using."""
-        def target(pointer_name):
+    def _lease(self, cache, pointer):
+        """The cached venv a pointer names, leased (so it cannot be evicted), or None."""
+        with self.lock:      # eviction unlinks pointers under this lock: no lookup sees half
+            venv = _read(pointer)
+            venv = venv and os.path.join(cache, venv)
+            if not venv or not os.path.exists(_venv_python(venv)):
+                return None
             try:
-                with open(os.path.join(cache, pointer_name)) as f:
-                    return f.read().strip()
+                lease = _Lease(venv)
             except OSError:
                 return None
-        pointers = sorted((os.path.getmtime(os.path.join(cache, n)), n)
-                          for n in os.listdir(cache) if n.endswith(".ready"))
-        excess = len(pointers) - VENV_CACHE_SIZE
-        for _, name in pointers:
-            venv = target(name)
-            if excess <= 0 or venv is None:
-                continue
-            with self.lock:
-                busy = os.path.join(cache, venv) in self.in_use
-            if not busy:
-                os.unlink(os.path.join(cache, name))
-                WARM.discard(_venv_python(os.path.join(cache, venv)))
-                _remove_tree(os.path.join(cache, venv))
-                excess -= 1
+        # Another server may have evicted it between our read and our lease: look again.
+        if _read(pointer) != os.path.basename(venv):
+            lease.release()
+            return None
+        os.utime(pointer)                # least-recently-used order is the pointers' mtime
+        return lease
+
+    def _evict(self, cache):
+        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that nobody uses."""
+        with self.lock:
+            pointers = []
+            for name in os.listdir(cache):
+                if name.endswith(".ready"):
+                    try:
+                        pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
+                    except OSError:
+                        pass
+            pointers.sort()
+            doomed = {}                  # venv name -> its lease file, held exclusively
+            for _, name in pointers[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
+                venv = _read(os.path.join(cache, name))
+                held = venv and _Lease.exclusive(os.path.join(cache, venv))
+                if held:
+                    try:
+                        os.unlink(os.path.join(cache, name))
+                        doomed[venv] = held
+                    except OSError:
+                        held.close()
+            live = {_read(os.path.join(cache, n)) for _, n in pointers}
+        for venv, held in doomed.items():
+            WARM.discard(_venv_python(os.path.join(cache, venv)))
+            _remove_tree(os.path.join(cache, venv))
+            held.close()
         # Directories no entry names are failed or abandoned builds; one younger than any
         # build could take may still be filling in another server process, so it stays.
-        live = {target(n) for n in os.listdir(cache) if n.endswith(".ready")}
         for name in os.listdir(cache):
             path = os.path.join(cache, name)
-            with self.lock:
-                busy = path in self.in_use
-            if (os.path.isdir(path) and name not in live and not busy
-                    and time.time() - os.path.getmtime(path) > INSTALL_TIMEOUT + 60):
+            try:
+                old = time.time() - os.path.getmtime(path) > INSTALL_TIMEOUT + 60
+            except OSError:
+                continue
+            held = os.path.isdir(path) and name not in live and name not in doomed and old and _Lease.exclusive(path)
+            if held:
                 _remove_tree(path)
+                held.close()
 
 
 def _set_writable(path, writable):
@@ -663,29 +709,129 @@ def _read(path):
         return None
 
 
-class _FileLock:
-    """An advisory lock between server processes sharing STATE_DIR (POSIX flock)."""
+LEASE_FILE = ".mcp-exec-lease"
 
-    def __init__(self, path):
-        self.path = path
-        self.file = None
+
+class _Lease:
+    """A call's claim on a cached venv: a shared flock on its lease file (POSIX).
+
+    flock locks belong to open files, so leases from threads of this process and from
+    other server processes all count, and they end with their process.
+    """
+
+    def __init__(self, venv):
+        self.venv = venv
+        self.file = open(os.path.join(venv, LEASE_FILE))
+        _flock(self.file, shared=True)
+
+    def release(self):
+        self.file.close()
+
+    @staticmethod
+    def exclusive(venv):
+        """-> the lease file locked exclusively (nobody runs there; close it when done), or
+        None while some call holds a lease."""
+        try:
+            f = open(os.path.join(venv, LEASE_FILE))
+        except OSError:
+            return open(os.devnull)   # no lease file: a failed build, nobody runs there
+        if _flock(f, shared=False, wait=False):
+            return f
+        f.close()
+        return None
+
+
+def _flock(file, shared, wait=True):
+    """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if locked."""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(file, flags)
+        return True
+    except BlockingIOError:
+        return False
+
+
+class _Locked:
+    """`with _Locked(lock, cancel, deadline) as got:` waits for a threading lock while the
+    call is neither cancelled nor past its deadline; got says whether it was taken."""
+
+    def __init__(self, lock, cancel, deadline):
+        self.lock, self.cancel, self.deadline, self.got = lock, cancel, deadline, False
+
+    def __enter__(self):
+        while not (self.cancel.is_set() or time.monotonic() > self.deadline):
+            if self.lock.acquire(timeout=0.1):
+                self.got = True
+                break
+        return self.got
+
+    def __exit__(self, *exc):
+        if self.got:
+            self.lock.release()
+
+
+class _FileLock:
+    """An exclusive flock between server processes sharing STATE_DIR, waited for like _Locked."""
+
+    def __init__(self, path, cancel, deadline):
+        self.path, self.cancel, self.deadline, self.file = path, cancel, deadline, None
 
     def __enter__(self):
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self.file = open(self.path, "a")
-        try:
-            import fcntl
-            fcntl.flock(self.file, fcntl.LOCK_EX)
-        except ImportError:
-            pass
-        return self
+        while not (self.cancel.is_set() or time.monotonic() > self.deadline):
+            if _flock(self.file, shared=False, wait=False):
+                return True
+            time.sleep(0.1)
+        return False
 
     def __exit__(self, *exc):
         self.file.close()
 
 
+def _waited(cancel):
+    """The result of a wait that ended without the lock: cancelled, or out of time."""
+    return {"returncode": 1, "stdout": "", "stderr": "", "timed_out": not cancel.is_set(),
+            "cancelled": cancel.is_set()}
+
+
+class CallSlots:
+    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are refused at
+    once, so that no client can pile up unbounded work (tools.mdx: rate limit invocations)."""
+
+    def __init__(self, running, waiting):
+        self.max_running, self.max_waiting = running, waiting
+        self.running = self.waiting = 0
+        self.cond = threading.Condition()
+
+    def acquire(self, cancel):
+        """-> "ok" (a slot is ours), "busy" (refused) or "cancelled" (while waiting)."""
+        with self.cond:
+            if self.running >= self.max_running and self.waiting >= self.max_waiting:
+                return "busy"
+            self.waiting += 1
+            try:
+                while self.running >= self.max_running:
+                    if cancel.is_set():
+                        return "cancelled"
+                    self.cond.wait(0.1)          # notify() wakes us; 0.1 s to see a cancel
+                self.running += 1
+                return "ok"
+            finally:
+                self.waiting -= 1
+
+    def release(self):
+        with self.cond:
+            self.running -= 1
+            self.cond.notify()
+
+
 ENVIRONMENTS = Environments(STATE_DIR)
-EXEC_SLOTS = threading.BoundedSemaphore(EXEC_CONCURRENCY)
+EXEC_SLOTS = CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE)
 
 
 def run_code(code, packages=(), use_temp_dir=False, timeout=None, cancel=None, on_output=None):
@@ -696,17 +842,17 @@ def run_code(code, packages=(), use_temp_dir=False, timeout=None, cancel=None, o
     """
     cancel = cancel or threading.Event()
     timeout = min(float(timeout or EXEC_TIMEOUT), EXEC_TIMEOUT_MAX)
-    while not EXEC_SLOTS.acquire(timeout=0.1):
-        if cancel.is_set():
-            return {"returncode": -1, "stdout": "", "stderr": "cancelled", "timed_out": False,
-                    "truncated": False, "cancelled": True}
-    release = None
+    slot = EXEC_SLOTS.acquire(cancel)
+    if slot != "ok":
+        busy = "Server busy: %d calls are running and %d waiting; try again shortly." % (
+            EXEC_CONCURRENCY, EXEC_QUEUE)
+        return {"returncode": -1, "stdout": "", "stderr": busy if slot == "busy" else "cancelled",
+                "timed_out": False, "truncated": False, "cancelled": slot == "cancelled"}
+    lease = None
     try:
         install_deadline = time.monotonic() + INSTALL_TIMEOUT
         if use_temp_dir:
-            python, venv, failure = ENVIRONMENTS.isolated(list(packages), install_deadline, cancel, on_output)
-            if venv:
-                release = venv
+            python, lease, failure = ENVIRONMENTS.isolated(list(packages), install_deadline, cancel, on_output)
             generation = 0        # a cached environment never changes (it is read-only)
         else:
             python, failure = ENVIRONMENTS.workspace(list(packages), install_deadline, cancel, on_output)
@@ -715,8 +861,8 @@ def run_code(code, packages=(), use_temp_dir=False, timeout=None, cancel=None, o
             return failure
         return _run_python(python, code, timeout, cancel, on_output, generation)
     finally:
-        if release:
-            ENVIRONMENTS.release(release)
+        if lease:
+            lease.release()
         EXEC_SLOTS.release()
 
 
@@ -859,7 +1005,8 @@ def _run_python(python, code, timeout, cancel, on_output, generation=None):
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700, -32600, -32601, -32602, -32603)
 # MCP's own codes, 2026-07-28 (basic/index.mdx, Error Codes).
-HEADER_MISMATCH, MISSING_CLIENT_CAPABILITY, UNSUPPORTED_VERSION = -32020, -32021, -32022
+# (-32021, a missing client capability, never applies: no method here needs one.)
+HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022
 CANCELLED = object()   # a handler's answer for a request that must get no response
 
 
@@ -913,8 +1060,6 @@ class Session:
         self.allow_exec = allow_exec
         self.modern = modern           # may it serve 2026-07-28 requests? (not on HTTP+SSE)
         self.protocol_version = None
-        self.client_info = None
-        self.initialized = False
         self.closed = False
         self.calls = {}            # request id -> cancel Event
         self.lock = threading.Lock()
@@ -1153,11 +1298,11 @@ def server_info(version):
 
 
 def limits_text():
-    return ("Each call runs in a fresh Python %d.%d interpreter in an empty temporary working directory "
-            "that is deleted afterwards; nothing but installed packages survives between calls. "
+    return ("Each call runs in a fresh Python %d.%d interpreter in a new, empty working directory "
+            "that is deleted afterwards; nothing in Python's memory survives between calls. "
             "Limits: %g s per call by default (argument \"timeout\", at most %g s), %d KiB of stdout and of "
             "stderr each (the middle of longer output is cut), %s of memory, no stdin. "
-            "Code sees no secrets of the server's environment."
+            "Code gets a minimal environment, without the server's secrets."
             % (sys.version_info[0], sys.version_info[1], EXEC_TIMEOUT, EXEC_TIMEOUT_MAX,
                OUTPUT_LIMIT // 1024, "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"))
 
@@ -1271,7 +1416,6 @@ def handle_initialize(request):
     # (lifecycle.mdx, Version Negotiation); never 2026-07-28, which has no handshake.
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
-    session.client_info = params.get("clientInfo")
     return {"protocolVersion": version,
             "capabilities": {"tools": {"listChanged": False}},
             "serverInfo": server_info(version),
@@ -1396,12 +1540,13 @@ class Progress:
 
 
 def notify_initialized(params, session):
-    session.initialized = True
+    pass   # nothing to do: this server sends no requests that would have to wait for it
 
 
 def notify_cancelled(params, session):
     # cancellation.mdx: stop the request and send no response; unknown ids are ignored.
-    session.cancel(params.get("requestId"))
+    if _valid_id(params.get("requestId")):
+        session.cancel(params["requestId"])
 
 
 REQUEST_HANDLERS = {            # handshake era
@@ -1527,26 +1672,23 @@ class HttpSettings:
 
     def __init__(self, env=None):
         env = os.environ if env is None else env
-
-        def get(name, default=""):
-            return env.get(name, default).strip()
-        self.api_key = get("API_KEY")
+        self.api_key = env.get("API_KEY", "").strip()
         # On a Heroku dyno (DYNO is set) the router must reach us, so bind to all interfaces.
-        self.host = get("HOST") or ("0.0.0.0" if get("DYNO") else "127.0.0.1")
-        self.port = int(get("PORT") or 8000)
-        self.threads = max(1, int(get("WEB_CONCURRENCY") or 16))
+        self.host = env.get("HOST", "").strip() or ("0.0.0.0" if env.get("DYNO") else "127.0.0.1")
+        self.port = _env_int("PORT", 8000, env)
+        self.threads = max(1, _env_int("WEB_CONCURRENCY", 16, env))
         # Every open SSE stream holds a waitress thread for its whole life; keep a quarter
         # of the threads (at least one) for POSTs, so a full house never deadlocks.
-        self.max_streams = int(get("SSE_MAX_STREAMS") or max(1, self.threads - max(1, self.threads // 4)))
-        self.stdio_only = get("STDIO_MODE_ONLY").lower() in ("1", "true", "yes", "on")
-        self.stateless = get("MCP_STATELESS").lower() in ("1", "true", "yes", "on")
-        self.max_body = int(get("MAX_BODY_BYTES") or 4 * 1024 * 1024)
-        self.keepalive = float(get("SSE_KEEPALIVE") or 15)
-        self.session_idle = float(get("SESSION_IDLE_TIMEOUT") or 3600)
-        self.max_sessions = int(get("MAX_SESSIONS") or 1000)
+        self.max_streams = _env_int("SSE_MAX_STREAMS", max(1, self.threads - max(1, self.threads // 4)), env)
+        self.stdio_only = _env_bool("STDIO_MODE_ONLY", False, env)
+        self.stateless = _env_bool("MCP_STATELESS", False, env)
+        self.max_body = _env_int("MAX_BODY_BYTES", 4 * 1024 * 1024, env)
+        self.keepalive = _env_float("SSE_KEEPALIVE", 15.0, env)
+        self.session_idle = _env_float("SESSION_IDLE_TIMEOUT", 3600.0, env)
+        self.max_sessions = max(1, _env_int("MAX_SESSIONS", 1000, env))
         self.loopback = self.host in ("127.0.0.1", "localhost", "::1", "[::1]")
-        self.allowed_origins = [o.rstrip("/") for o in re.split(r"[,\s]+", get("ALLOWED_ORIGINS")) if o]
-        self.allowed_hosts = [h.lower() for h in re.split(r"[,\s]+", get("ALLOWED_HOSTS")) if h]
+        self.allowed_origins = [o.rstrip("/") for o in re.split(r"[,\s]+", env.get("ALLOWED_ORIGINS", "")) if o]
+        self.allowed_hosts = [h.lower() for h in re.split(r"[,\s]+", env.get("ALLOWED_HOSTS", "")) if h]
 
 
 NO_API_KEY = """mcp-exec: refusing to serve HTTP without API_KEY.
@@ -1564,6 +1706,36 @@ def _host_name(value):
     if value.startswith("["):
         return value[:value.find("]") + 1]
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def drain(outbox, client_disconnected, keepalive, done=None):
+    """Yield what arrives in `outbox` until `done` arrives or the client leaves; None after
+    every `keepalive` seconds of silence (the caller writes a keep-alive comment for it).
+
+    Never blocks for long: a client that vanished is noticed within 0.25 s through
+    waitress's client_disconnected (needs channel_request_lookahead), or at the latest
+    when a keep-alive write fails.
+    """
+    import queue
+    last_write = time.monotonic()
+    while True:
+        try:
+            message = outbox.get(timeout=0.25)
+        except queue.Empty:
+            if client_disconnected is not None and client_disconnected():
+                return
+            if time.monotonic() - last_write >= keepalive:
+                last_write = time.monotonic()
+                yield None
+            continue
+        if message is done:
+            return
+        last_write = time.monotonic()
+        yield message
+
+
+def sse_event(message):
+    return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
 
 
 class SseSession(Session):
@@ -1651,23 +1823,11 @@ class HttpServer:
                 self.stream_slots.release()
 
         def events():
-            import queue
             # The first event tells the client where to POST (a relative URI; clients
             # resolve it against the stream's URL and refuse other origins).
             yield "event: endpoint\ndata: %s/messages/?session_id=%s\n\n" % (script_root, session.session_id)
-            last_write = time.monotonic()
-            while not session.closed:
-                try:
-                    message = session.outbox.get(timeout=0.25)
-                except queue.Empty:
-                    if client_disconnected is not None and client_disconnected():
-                        return
-                    if time.monotonic() - last_write >= self.settings.keepalive:
-                        last_write = time.monotonic()
-                        yield ": keep-alive\n\n"   # Heroku drops connections idle for 55 s
-                    continue
-                last_write = time.monotonic()
-                yield "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
+            for message in drain(session.outbox, client_disconnected, self.settings.keepalive):
+                yield ": keep-alive\n\n" if message is None else sse_event(message)
         return session, events(), on_close
 
     def post_message(self, session_id, body):
@@ -1694,7 +1854,10 @@ class HttpServer:
                     del self.http_sessions[sid]
                     old.close()
             if len(self.http_sessions) >= self.settings.max_sessions:
-                oldest = min(self.http_sessions.values(), key=lambda x: x.last_used)
+                idle = [x for x in self.http_sessions.values() if not x.running()]
+                if not idle:
+                    return None              # every session is running code: refuse, kill nothing
+                oldest = min(idle, key=lambda x: x.last_used)
                 del self.http_sessions[oldest.session_id]
                 oldest.close()
             session = HttpSession(not self.settings.stdio_only, secrets.token_urlsafe(24))
@@ -1707,6 +1870,15 @@ class HttpServer:
             if session is not None:
                 session.last_used = time.monotonic()
         return session
+
+    def close(self):
+        """End every session of both transports: their running executions are killed."""
+        with self.lock:
+            sessions = list(self.sse_sessions.values()) + list(self.http_sessions.values())
+        for session in sessions:
+            session.close()
+        self.workers.wait(KILL_GRACE + 1)
+        WARM.close()
 
     def end_http_session(self, session_id):
         with self.lock:
@@ -1743,6 +1915,21 @@ def header_mismatch(message, params, headers):
     return None
 
 
+def _stop_on_sigterm(cleanup):
+    """On SIGTERM (Heroku's restart, `kill`), kill running code and remove warm interpreters
+    before exiting; waitress has no shutdown hook of its own. Also on normal exit."""
+    import atexit
+    import signal
+    atexit.register(cleanup)
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        return
+
+    def on_sigterm(signum, frame):
+        cleanup()
+        raise SystemExit(0)
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def _is_request(message):
     return isinstance(message, dict) and "method" in message and "id" in message
 
@@ -1755,8 +1942,7 @@ def create_app(settings=None):
     if not settings.api_key:
         raise SystemExit(NO_API_KEY)
     server = HttpServer(settings)
-    import atexit
-    atexit.register(WARM.close)
+    _stop_on_sigterm(server.close)
     app = Flask("mcp_exec")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body
     app.extensions["mcp_exec"] = server
@@ -1829,7 +2015,7 @@ def create_app(settings=None):
 
     @app.route("/mcp", methods=["GET", "POST", "DELETE"])
     def mcp():
-        if request.method == "GET":
+        if request.method not in ("POST", "DELETE"):     # GET, and the HEAD Flask adds to it
             # We offer no standalone server-to-client stream (transports.mdx: 405 is the answer).
             return http_error(405, "This server sends no unsolicited messages: GET is not offered",
                               headers={"Allow": "POST, DELETE"})
@@ -1860,6 +2046,9 @@ def create_app(settings=None):
                 session = HttpSession(not settings.stdio_only)
             else:
                 session = server.new_http_session()
+                if session is None:
+                    return http_error(503, "Too many sessions running code (MAX_SESSIONS); retry shortly",
+                                      headers={"Retry-After": "5"})
                 headers["Mcp-Session-Id"] = session.session_id
             reply = handle_payload(payload, session)
             if "error" in reply and session.session_id:
@@ -1881,6 +2070,8 @@ def create_app(settings=None):
 
     def modern_post(payload, first, first_id, params):
         """A 2026-07-28 request: headers must mirror the body, and no session exists."""
+        if not isinstance(first.get("method"), str):
+            return json_response(error_response(first_id, INVALID_REQUEST, 'Invalid Request: "method" must be a string'), 400)
         if "id" in first:
             problem = header_mismatch(first, params, request.headers)
             if problem:
@@ -1905,7 +2096,7 @@ def create_app(settings=None):
             reply = handle_payload(payload, session)
             if wants_json:
                 return json_response(reply)
-            return sse_response(iter(["event: message\ndata: %s\n\n" % encode_message(reply).decode("utf-8")]))
+            return sse_response(iter([sse_event(reply)]))
         # A tools/call runs on a worker thread while this thread watches the client.
         stream = worker_messages(payload, session, request.environ.get("waitress.client_disconnected"), modern)
         if wants_sse or not wants_json:
@@ -1934,25 +2125,11 @@ def create_app(settings=None):
             finally:
                 outbox.put(done)
         server.workers.start(work)
-        last_write = time.monotonic()
-        while True:
-            try:
-                message = outbox.get(timeout=0.25)
-            except queue.Empty:
-                if client_disconnected is not None and client_disconnected():
-                    # 2026-07-28: a closed response stream cancels the request (cancellation.mdx).
-                    # 2025-x: a disconnect is not a cancellation; the answer is just dropped.
-                    if modern:
-                        session.close()
-                    return
-                if time.monotonic() - last_write >= settings.keepalive:
-                    last_write = time.monotonic()
-                    yield None
-                continue
-            if message is done:
-                return
-            last_write = time.monotonic()
-            yield message
+        yield from drain(outbox, client_disconnected, settings.keepalive, done)
+        if modern and client_disconnected is not None and client_disconnected():
+            # 2026-07-28: a closed response stream cancels the request (cancellation.mdx).
+            # 2025-x: a disconnect is not a cancellation; the answer is just dropped.
+            session.close()
 
     def sse_events(messages):
         # A comment first, so headers reach the client at once (waitress sends them with
@@ -1962,7 +2139,7 @@ def create_app(settings=None):
             if message is None:
                 yield ": keep-alive\n\n"
             else:
-                yield "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
+                yield sse_event(message)
 
     return app
 
@@ -2237,7 +2414,6 @@ class SseClient(ClientTransport):
                 return reply
 
     def close(self):
-        self.closed = True
         try:
             self.resp.close()
         except Exception:
