@@ -431,7 +431,9 @@ def _installer_argv(python, requirements):
     """
     uv = _uv()
     if uv:
-        return [uv, "pip", "install", "--python", python, "--"] + list(requirements)
+        # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
+        no_index = ["--no-index"] if _env_bool("PIP_NO_INDEX") or _env_bool("UV_NO_INDEX") else []
+        return [uv, "pip", "install", "--python", python] + no_index + ["--"] + list(requirements)
     return [sys.executable, "-m", "pip", "--python", python, "install", "--no-input",
             "--disable-pip-version-check", "--"] + list(requirements)
 
@@ -444,7 +446,7 @@ def installer_environment():
     """
     env = child_environment(installer=True)
     if _uv():
-        for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS", "NO_INDEX"):
+        for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS"):
             if "PIP_" + setting in env and "UV_" + setting not in env:
                 env["UV_" + setting] = env["PIP_" + setting]
     return env

@@ -7,7 +7,8 @@ suite is safe to run in parallel. Timeouts in this file are hang guards only; no
 asserts how fast the server is.
 
 The sections follow the server's own: helpers, then 3. Protocol (framing, lifecycle,
-tools), 2. Executor, 4. stdio transport, 6. Command line, and 5. HTTP at the end.
+tools), 2. Executor, 4. stdio transport, 7. Command line, 5. HTTP, and at the end 6. Client
+(the `client` sub-command).
 """
 
 import base64
@@ -17,10 +18,13 @@ import importlib.util
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -291,16 +295,17 @@ def pid_file_code(path, then="import time\ntime.sleep(30)\n"):
             "os.replace(%r, %r)\n" % (str(path) + ".tmp", str(path) + ".tmp", str(path))) + then
 
 
-def build_wheel(directory, name="mcpexec_testpkg", version="1.0", source="VALUE = 42\n"):
-    """A minimal pure-Python wheel: one module, METADATA, WHEEL and RECORD."""
+def build_wheel(directory, name="mcpexec_testpkg", version="1.0", source="VALUE = 42\n", extra=None):
+    """A minimal pure-Python wheel: one module, METADATA, WHEEL and RECORD (plus `extra` files)."""
     dist_info = "%s-%s.dist-info" % (name, version)
-    files = {
+    files = dict(extra or {})
+    files.update({
         "%s.py" % name: source,
         dist_info + "/METADATA": "Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: mcp_exec test package\n"
                                  % (name, version),
         dist_info + "/WHEEL": "Wheel-Version: 1.0\nGenerator: test_mcp_exec\nRoot-Is-Purelib: true\n"
                               "Tag: py3-none-any\n",
-    }
+    })
     record = []
     for path, text in files.items():
         data = text.encode()
@@ -1176,6 +1181,419 @@ def test_request_id_of_a_running_call_cannot_be_reused(server):
     assert second["id"] == 90 and tool_output(second["result"])["stdout"] == "first\n"
 
 
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def one_shot(argv, env, code, cwd=REPO):
+    """Pipe initialize + one tools/call into a server process; -> the call's response."""
+    frames = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
+              {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+               "params": {"name": TOOL, "arguments": {"code": code}}}]
+    proc = subprocess.run(argv, input="".join(json.dumps(f) + "\n" for f in frames).encode(), env=env,
+                          cwd=cwd, capture_output=True, timeout=60)
+    replies = [json.loads(line) for line in proc.stdout.splitlines()]
+    return next(r for r in replies if r.get("id") == 2), proc.stderr.decode("utf-8", "replace")
+
+
+@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON) or
+                    os.path.realpath(SYSTEM_PYTHON) == os.path.realpath(sys.executable),
+                    reason="needs a system Python besides the one running the tests")
+def test_server_works_under_the_distributions_python(tmp_path):
+    # Debian patches sysconfig; the workspace environment must still be built right.
+    reply, stderr = one_shot([SYSTEM_PYTHON, SERVER], make_env(tmp_path), "import sys; print(sys.prefix)")
+    assert "result" in reply, stderr
+    result = reply["result"]["structuredContent"]
+    assert result["returncode"] == 0, result
+    assert result["stdout"].strip() == str(tmp_path / "state" / "workspace")
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0
+                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
+                    reason="needs Linux, root (to switch to nobody), setpriv and a system Python")
+def test_code_cannot_read_the_servers_environment_through_proc():
+    # Run the server as nobody, as a deployment should; its child is nobody too.
+    home = tempfile.mkdtemp(prefix="mcp-exec-nobody-")
+    try:
+        os.chmod(home, 0o777)
+        shutil.copy(SERVER, home)
+        os.chmod(os.path.join(home, "mcp_exec.py"), 0o644)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
+               "MCP_EXEC_DIR": os.path.join(home, "state"), "TMPDIR": home, "API_KEY": "topsecret-123"}
+        code = ("import os\ntry:\n    data = open('/proc/%d/environ' % os.getppid(), 'rb').read()\n"
+                "    print('read', b'topsecret' in data)\nexcept OSError as exc:\n    print('refused', exc.errno)\n")
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
+                os.path.join(home, "mcp_exec.py")]
+        reply, stderr = one_shot(argv, env, code, cwd=home)
+        assert "result" in reply, stderr
+        assert reply["result"]["structuredContent"]["stdout"].split()[0] == "refused"
+    finally:
+        subprocess.run(["rm", "-rf", home])
+
+
+def test_a_background_child_holding_the_pipes_does_not_make_the_call_time_out(server, tmp_path):
+    pid_file = tmp_path / "bg.pid"
+    code = ("import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+            "open(%r, 'w').write(str(p.pid))\nprint('done')\n" % str(pid_file))
+    result, out = server.run(code, timeout=20)
+    assert out["timed_out"] is False and out["returncode"] == 0 and out["stdout"] == "done\n"
+    assert result["isError"] is False
+    assert wait_gone(int(pid_file.read_text())), "the background child outlived its call"
+
+
+def test_an_escaped_process_holding_stdout_cannot_hang_the_call(server, tmp_path):
+    # New session and an empty environment: out of reach of both killpg and the /proc
+    # sweep. The call must still end at its timeout instead of waiting for it (30 s).
+    pid_file = tmp_path / "escaped.pid"
+    code = ("import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True, env={})\n"
+            "open(%r, 'w').write(str(p.pid))\nimport time; time.sleep(30)\n" % str(pid_file))
+    try:
+        result, out = server.run(code, timeout=1, guard=15)
+        assert out["timed_out"] is True
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_calls_beyond_the_queue_are_refused_as_busy(start_server, tmp_path):
+    s = start_server(EXEC_CONCURRENCY="1", EXEC_QUEUE="0")
+    s.initialize()
+    pid_file = tmp_path / "busy.pid"
+    s.send({"jsonrpc": "2.0", "id": 71, "method": "tools/call",
+            "params": {"name": TOOL, "arguments": {"code": pid_file_code(pid_file, "import time\ntime.sleep(3)\n")}}})
+    wait_for_file(pid_file)
+    result, out = s.run("print('second')")
+    assert result["isError"] is True and "busy" in out["stderr"].lower()
+    assert s.wait_for(71)["result"]["isError"] is False
+
+
+# ===== 2. Executor: warm interpreters =====
+# With WARM_INTERPRETER on (the default) the next call's interpreter is started right
+# after a call ends; its fresh directory appears in the server's TMPDIR while the server
+# is idle, so a test can see that one is waiting and that the next call ran in it.
+
+
+def prestarted(tmpdir, guard=HANG):
+    """The name of the pre-started interpreter's directory in `tmpdir`, once its process runs.
+
+    The directory appears just before the process starts, and the server hands the
+    process out only after it started: a call sent in between would (rightly) run cold.
+    """
+    assert wait_until(lambda: os.listdir(str(tmpdir)), seconds=guard), "no interpreter was pre-started"
+    names = os.listdir(str(tmpdir))
+    assert len(names) == 1, names
+    assert wait_until(lambda: marked_processes(names), seconds=guard), "the pre-started interpreter is not running"
+    return names[0]
+
+
+def run_root(out):
+    """The basename of the directory a call ran in, from code that printed it last on stdout."""
+    return out["stdout"].split()[-1]
+
+
+WARM_PROBE = r'''
+import json, os, sys
+names = sorted(globals())
+try:
+    import resource
+except ImportError:
+    resource = None
+limits = {}
+if resource is not None:
+    for n in ("RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CPU", "RLIMIT_CORE"):
+        limits[n] = resource.getrlimit(getattr(resource, n))
+cwd = os.getcwd()
+root = os.path.dirname(cwd)
+mask = os.umask(0)
+os.umask(mask)
+print(json.dumps({
+    "name": __name__, "globals": names, "listdir": os.listdir("."), "environ": dict(os.environ),
+    "limits": limits, "argv": sys.argv, "path0": sys.path[0], "cwd": os.path.basename(cwd),
+    "root_holds": sorted(os.listdir(root)),
+    "tmpdir_in_root": os.path.dirname(os.path.realpath(os.environ["TMPDIR"])) == os.path.realpath(root),
+    "stdin": sys.stdin.read(), "umask": mask, "modules": sorted(sys.modules), "flags": list(sys.flags),
+    "executable": sys.executable, "prefix": sys.prefix, "group_leader": os.getpgid(0) == os.getpid(),
+}, sort_keys=True))
+print(os.path.basename(root))
+def fail():
+    raise RuntimeError("probe failure in " + os.path.basename(os.getcwd()))
+fail()
+'''
+
+
+def normalized_probe(out, state):
+    """The probe's report and traceback with the per-call and per-server paths replaced."""
+    root = json.loads(out["stdout"].splitlines()[0])["environ"]["TMPDIR"]
+    root = os.path.dirname(root)
+    text = out["stdout"] + "\n----\n" + out["stderr"]
+    for path, placeholder in ((os.path.realpath(root), "<ROOT>"), (root, "<ROOT>"),
+                              (os.path.basename(root), "<RUN>"), (str(state), "<STATE>")):
+        text = text.replace(path, placeholder)
+    return text
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="finds the pre-started interpreter through /proc")
+def test_warm_interpreter_is_indistinguishable_from_a_cold_one(start_server, tmp_path):
+    dirs = {}
+    for kind in ("warm", "cold"):
+        dirs[kind] = (tmp_path / ("state-" + kind), tmp_path / ("tmp-" + kind))
+        dirs[kind][1].mkdir()
+    warm = start_server(MCP_EXEC_DIR=dirs["warm"][0], TMPDIR=dirs["warm"][1])
+    cold = start_server(MCP_EXEC_DIR=dirs["cold"][0], TMPDIR=dirs["cold"][1], WARM_INTERPRETER=0)
+    warm.initialize()
+    cold.initialize()
+    reports = {"warm": [], "cold": []}
+    for n in range(3):
+        waiting = prestarted(dirs["warm"][1]) if n else None
+        _, out = warm.run(WARM_PROBE)
+        if n:
+            assert run_root(out) == waiting, "call %d did not use the pre-started interpreter" % (n + 1)
+        reports["warm"].append((out, normalized_probe(out, dirs["warm"][0])))
+        _, out = cold.run(WARM_PROBE)
+        reports["cold"].append((out, normalized_probe(out, dirs["cold"][0])))
+    assert os.listdir(str(dirs["cold"][1])) == [], "WARM_INTERPRETER=0 still pre-started an interpreter"
+    (warm_out, warm_text), (cold_out, cold_text) = reports["warm"][2], reports["cold"][2]
+    report = json.loads(cold_out["stdout"].splitlines()[0])
+    # the probe itself saw what it should, so equal reports are meaningful
+    assert cold_out["returncode"] == 1 and "RuntimeError: probe failure in work" in cold_out["stderr"]
+    assert report["name"] == "__main__" and report["listdir"] == [] and report["stdin"] == ""
+    assert report["cwd"] == "work" and report["root_holds"] == ["tmp", "work"] and report["tmpdir_in_root"]
+    assert report["environ"]["MCP_EXEC_RUN"] == run_root(cold_out)
+    assert report["limits"]["RLIMIT_CORE"] == [0, 0]
+    soft, hard = report["limits"]["RLIMIT_AS"]
+    assert soft == hard <= 2048 << 20                       # EXEC_MEMORY_MB's default, or a lower hard limit
+    assert warm_out == dict(cold_out, stdout=warm_out["stdout"], stderr=warm_out["stderr"])
+    assert warm_text == cold_text
+    assert reports["warm"][0][1] == reports["warm"][2][1]   # the first (cold) call of the warm server too
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="finds the pre-started interpreter through /proc")
+def test_warm_interpreter_is_never_reused(server, tmp_path):
+    first_code = ("import builtins, json, os, sys, types\n"
+                  "builtins.MCPEXEC_MARK = 1\n"
+                  "LEAKED_GLOBAL = 2\n"
+                  "sys.modules['mcpexec_leak'] = types.ModuleType('mcpexec_leak')\n"
+                  "open('left.txt', 'w').write('x')\n"
+                  "print(json.dumps([os.getpid(), id(object()), os.getcwd()]))\n"
+                  "print(os.path.basename(os.path.dirname(os.getcwd())))\n")
+    second_code = ("import builtins, json, os, sys\n"
+                   "print(json.dumps({'pid': os.getpid(), 'id': id(object()),\n"
+                   "                  'builtin': hasattr(builtins, 'MCPEXEC_MARK'),\n"
+                   "                  'global': 'LEAKED_GLOBAL' in globals(),\n"
+                   "                  'module': 'mcpexec_leak' in sys.modules, 'files': os.listdir('.')}))\n"
+                   "print(os.path.basename(os.path.dirname(os.getcwd())))\n")
+    _, out = server.run(first_code)
+    first_pid, _, first_cwd = json.loads(out["stdout"].splitlines()[0])
+    waiting = prestarted(tmp_path / "tmp")
+    _, out = server.run(second_code)
+    assert out["returncode"] == 0, out
+    assert run_root(out) == waiting          # the second call ran in the pre-started interpreter
+    second = json.loads(out["stdout"].splitlines()[0])
+    assert second["pid"] != first_pid
+    assert wait_gone(first_pid), "the first call's interpreter %d still runs" % first_pid
+    assert not os.path.exists(first_cwd)
+    assert second == dict(second, builtin=False, files=[], module=False, **{"global": False})
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="finds the pre-started interpreter through /proc")
+def test_warm_interpreter_started_before_an_install_sees_the_new_package(start_server, tmp_path):
+    # The package also carries a .pth file, which only an interpreter started after the
+    # install processes: an interpreter started before it would report pth False.
+    house = tmp_path / "wheels"
+    house.mkdir()
+    build_wheel(house, extra={"mcpexec_testpkg.pth": "import sys; sys.mcpexec_testpkg_pth = True\n"})
+    s = start_server(**install_env(house, tmp_path))
+    s.initialize()
+    probe = ("import json, os, sys\nimport mcpexec_testpkg\n"
+             "print(json.dumps([mcpexec_testpkg.VALUE, getattr(sys, 'mcpexec_testpkg_pth', False)]))\n"
+             "print(os.path.basename(os.path.dirname(os.getcwd())))\n")
+    assert s.run("print(1)")[1]["stdout"] == "1\n"
+    before_install = prestarted(tmp_path / "tmp")
+    _, out = s.run(probe, guard=120, packages=["mcpexec_testpkg"])
+    assert out["returncode"] == 0, out
+    assert json.loads(out["stdout"].splitlines()[0]) == [42, True]
+    assert run_root(out) != before_install
+    waiting = prestarted(tmp_path / "tmp")
+    assert waiting != before_install          # the stale one was stopped and removed
+    _, out = s.run(probe)
+    assert out["returncode"] == 0, out
+    assert json.loads(out["stdout"].splitlines()[0]) == [42, True]
+    assert run_root(out) == waiting
+
+
+# ===== 2. Executor: isolated environment cache (use_temp_dir) =====
+
+PREFIX_PROBE = "import sys\nimport mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE, sys.prefix)\n"
+
+
+def venv_cache(tmp_path):
+    """(pointer names, directory names) in MCP_EXEC_DIR/venvs."""
+    cache = tmp_path / "state" / "venvs"
+    names = sorted(os.listdir(str(cache))) if cache.exists() else []
+    return ([n for n in names if n.endswith(".ready")],
+            [n for n in names if (cache / n).is_dir()])
+
+
+def isolated_prefix(s, packages=("mcpexec_testpkg",), code=PREFIX_PROBE):
+    _, out = s.run(code, guard=120, packages=list(packages), use_temp_dir=True)
+    assert out["returncode"] == 0, out
+    return out["stdout"].split()[-1]
+
+
+def test_isolated_env_is_built_once_and_reused(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    first = isolated_prefix(s)
+    log_size = os.path.getsize(str(tmp_path / "pip.log"))
+    assert log_size > 0
+    second = isolated_prefix(s)
+    assert os.path.getsize(str(tmp_path / "pip.log")) == log_size, "pip ran again for a cached set"
+    assert first == second
+    pointers, dirs = venv_cache(tmp_path)
+    assert len(pointers) == 1 and dirs == [os.path.basename(first)]
+
+
+def test_isolated_env_for_the_same_set_at_the_same_moment_is_built_once(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    for request_id in (1, 2):
+        s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": TOOL, "arguments": {"code": PREFIX_PROBE, "packages": ["mcpexec_testpkg"],
+                                                       "use_temp_dir": True}}})
+    outs = [tool_output(s.wait_for(i, timeout=120)["result"]) for i in (1, 2)]
+    assert [o["returncode"] for o in outs] == [0, 0], outs
+    prefixes = {o["stdout"].split()[-1] for o in outs}
+    assert len(prefixes) == 1, prefixes
+    pointers, dirs = venv_cache(tmp_path)
+    assert len(pointers) == 1 and dirs == [os.path.basename(prefixes.pop())], (pointers, dirs)
+
+
+def test_isolated_env_cache_key_is_the_normalized_set(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    assert isolated_prefix(s, ["MCPEXEC_TestPkg"]) == isolated_prefix(s, ["mcpexec-testpkg"])
+    assert len(venv_cache(tmp_path)[0]) == 1
+
+
+def test_isolated_env_cache_evicts_the_least_recently_used(start_server, tmp_path, wheelhouse):
+    s = start_server(VENV_CACHE_SIZE=1, **install_env(wheelhouse, tmp_path))
+    s.initialize()
+    with_pkg = isolated_prefix(s)
+    empty = isolated_prefix(s, [], "import sys\nprint(sys.prefix)\n")
+    assert empty != with_pkg
+    pointers, dirs = venv_cache(tmp_path)
+    assert len(pointers) == 1 and dirs == [os.path.basename(empty)], (pointers, dirs)
+    assert not os.path.exists(with_pkg)
+    log_size = os.path.getsize(str(tmp_path / "pip.log"))
+    again = isolated_prefix(s)                    # the evicted set is rebuilt, and works
+    assert os.path.getsize(str(tmp_path / "pip.log")) > log_size
+    assert not os.path.exists(empty)
+    pointers, dirs = venv_cache(tmp_path)
+    assert len(pointers) == 1 and dirs == [os.path.basename(again)], (pointers, dirs)
+
+
+def test_failed_isolated_build_leaves_nothing_behind(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    result, out = s.run("print('never')", guard=120, packages=["mcpexec-does-not-exist"], use_temp_dir=True)
+    assert result["isError"] is True
+    assert out["stderr"].startswith("Dependency install failed"), out["stderr"]
+    assert "mcpexec-does-not-exist" in out["stderr"]
+    assert venv_cache(tmp_path) == ([], [])
+    cache = tmp_path / "state" / "venvs"
+    assert not cache.exists() or os.listdir(str(cache)) == []
+
+
+def test_isolated_build_that_times_out_is_not_cached(start_server, tmp_path, wheelhouse):
+    s = start_server(INSTALL_TIMEOUT=0.01, **install_env(wheelhouse, tmp_path))
+    s.initialize()
+    result, out = s.run(PREFIX_PROBE, guard=60, packages=["mcpexec_testpkg"], use_temp_dir=True)
+    assert result["isError"] is True
+    assert out["timed_out"] is True, out
+    assert out["stderr"].startswith("Dependency install failed"), out["stderr"]
+    assert "INSTALL_TIMEOUT" in out["stderr"]
+    assert venv_cache(tmp_path) == ([], [])
+    s.close()
+    s = start_server(**install_env(wheelhouse, tmp_path))     # same MCP_EXEC_DIR, normal timeout
+    s.initialize()
+    assert os.path.basename(isolated_prefix(s)) in venv_cache(tmp_path)[1]
+
+
+def test_cached_isolated_env_is_read_only(start_server, tmp_path, wheelhouse):
+    # A property of the tree, not a write attempt: root could write anyway.
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    prefix = isolated_prefix(s)
+    paths = [prefix]
+    for root, dirs, files in os.walk(prefix):
+        paths += [os.path.join(root, name) for name in dirs + files]
+    paths = [p for p in paths if not stat.S_ISLNK(os.lstat(p).st_mode)]   # bin/python -> the server's
+    assert any(p.endswith(os.sep + "mcpexec_testpkg.py") for p in paths) and len(paths) > 10
+    writable = [p for p in paths if os.lstat(p).st_mode & 0o222]
+    assert writable == [], writable[:10]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pytest") is None, reason="pytest is not importable")
+def test_pip_is_not_started_for_a_package_the_server_has(start_server, tmp_path):
+    empty = tmp_path / "empty-wheelhouse"
+    empty.mkdir()
+    s = start_server(**install_env(empty, tmp_path))
+    s.initialize()
+    result, out = s.run("import pytest\nprint('have pytest')", guard=60, packages=["pytest"])
+    assert out["returncode"] == 0, out
+    assert out["stdout"] == "have pytest\n"
+    assert not (tmp_path / "pip.log").exists(), "pip ran for a package the server already has"
+
+
+def fake_uv(tmp_path):
+    """A `uv` on PATH that only records that it ran, and fails."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    uv = bin_dir / "uv"
+    uv.write_text("#!/bin/sh\necho \"$@\" >> %s\nexit 3\n" % (tmp_path / "uv.log"))
+    uv.chmod(0o755)
+    return str(bin_dir) + os.pathsep + os.environ.get("PATH", "")
+
+
+@pytest.mark.skipif(not POSIX, reason="the fake uv is a shell script")
+def test_mcp_exec_installer_pip_ignores_uv_on_path(start_server, tmp_path, wheelhouse):
+    path = fake_uv(tmp_path)
+    env = install_env(wheelhouse, tmp_path)
+    auto = start_server(PATH=path, MCP_EXEC_DIR=tmp_path / "state-auto", **dict(env, MCP_EXEC_INSTALLER="auto"))
+    auto.initialize()
+    result, out = auto.run(PREFIX_PROBE, guard=60, packages=["mcpexec_testpkg"], use_temp_dir=True)
+    assert result["isError"] is True and out["stderr"].startswith("Dependency install failed"), out
+    assert (tmp_path / "uv.log").exists(), "auto did not pick the uv on PATH (the control failed)"
+    os.unlink(str(tmp_path / "uv.log"))
+    s = start_server(PATH=path, **env)              # MCP_EXEC_INSTALLER=pip
+    s.initialize()
+    assert isolated_prefix(s)
+    assert not (tmp_path / "uv.log").exists(), "uv ran although MCP_EXEC_INSTALLER=pip"
+    assert (tmp_path / "pip.log").exists()
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
+def test_hermetic_install_through_uv(start_server, tmp_path, wheelhouse):
+    # Only PIP_* settings are set: the server translates them for uv. The index is a closed
+    # port, so an install that consulted it instead of the wheelhouse would fail.
+    env = dict(install_env(wheelhouse, tmp_path), MCP_EXEC_INSTALLER="auto", UV_CACHE_DIR=tmp_path / "uv-cache",
+               PIP_INDEX_URL="http://127.0.0.1:9/simple")
+    s = start_server(**env)
+    s.initialize()
+    _, out = s.run(PREFIX_PROBE, guard=120, packages=["mcpexec_testpkg"], use_temp_dir=True)
+    assert "127.0.0.1:9" not in out["stderr"], "uv consulted the index although PIP_NO_INDEX=1:\n" + out["stderr"]
+    assert out["returncode"] == 0, out
+    assert os.path.basename(out["stdout"].split()[-1]) in venv_cache(tmp_path)[1]
+    _, out = s.run("import mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE)\n", guard=120, packages=["mcpexec_testpkg"])
+    assert out["stdout"] == "42\n", out
+    assert not (tmp_path / "pip.log").exists(), "pip ran although uv is on PATH"
+
+
+
 # ===== 4. stdio transport =====
 
 
@@ -1254,7 +1672,7 @@ def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_server):
     assert '<-- {"jsonrpc":"2.0","id":"traced-ping","result":{}}' in stderr
 
 
-# ===== 6. Command line =====
+# ===== 7. Command line =====
 
 
 def test_help_exits_zero_and_documents_the_settings(tmp_path):
@@ -1556,6 +1974,33 @@ def test_body_cap_answers_413_with_a_json_rpc_error(start_http):
 def test_unknown_route_is_a_json_404(web):
     status, headers, body = web.request("GET", "/nope")
     assert status == 404 and json.loads(body)["error"]["message"].startswith("Not found")
+
+
+def test_head_on_mcp_is_405_and_runs_nothing(web, tmp_path):
+    marker = tmp_path / "head-ran"
+    status, headers, _ = web.request("HEAD", "/mcp", call_message("open(%r, 'w')" % str(marker)),
+                                     dict(AUTH, Accept="application/json"))
+    assert status == 405 and "POST" in headers["allow"]
+    time.sleep(0.5)
+    assert not marker.exists()
+
+
+def test_sigterm_kills_running_code_and_leaves_no_directory(tmp_path):
+    server = HttpServer(tmp_path, TMPDIR=str(tmp_path))
+    try:
+        sid, _ = server.initialize()
+        pid_file = tmp_path / "sigterm.pid"
+        conn = server.connect()
+        conn.request("POST", "/mcp", json.dumps(call_message(SLEEPER % str(pid_file))),
+                     dict(AUTH, Accept="application/json", **{"Mcp-Session-Id": sid}))
+        assert wait_until(pid_file.exists, seconds=15)
+        pid = int(pid_file.read_text())
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(15)
+        assert wait_until(lambda: not pid_alive(pid), seconds=10)
+        assert not [p for p in os.listdir(tmp_path) if p.startswith("mcp-exec-")]
+    finally:
+        server.stop()
 
 
 # --- HTTP+SSE (2024-11-05) --------------------------------------------------------
@@ -2009,3 +2454,127 @@ def test_no_progress_without_a_token(start_http):
     events = read_events(conn.getresponse())
     messages = [json.loads(d) for k, d in events if k == "message"]
     assert [m.get("id") for m in messages] == [14]
+
+
+# =============================================================================
+# 6. Client
+# =============================================================================
+# `python mcp_exec.py client ...` as a subprocess, against a stdio server it starts
+# itself (its own environment, so this test's MCP_EXEC_DIR) or the HTTP servers above.
+
+
+def run_client(tmp_path, *args, stdin=b"", guard=60, **env):
+    """`python mcp_exec.py client ARGS` -> CompletedProcess (stdout and stderr as text)."""
+    done = subprocess.run([sys.executable, SERVER, "client"] + [str(a) for a in args], cwd=REPO,
+                          env=make_env(tmp_path, **env), input=stdin, capture_output=True, timeout=guard)
+    done.stdout, done.stderr = done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
+    return done
+
+
+def client_result(done, status=0):
+    """The exit status is `status` and stdout is exactly one JSON document: return it."""
+    assert done.returncode == status, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    return json.loads(done.stdout)
+
+
+def traced_frames(stderr):
+    """--trace lines of stderr -> [(direction, message)], every frame parsed as JSON."""
+    frames = []
+    for line in stderr.splitlines():
+        if line.startswith("--> ") or line.startswith("<-- "):
+            frames.append((line[:3], json.loads(line[4:])))
+    return frames
+
+
+def test_client_call_and_list_over_stdio_by_default(tmp_path):
+    out = client_result(run_client(tmp_path, "call", "print(6*7)"))
+    assert out == {"returncode": 0, "stdout": "42\n", "stderr": "", "timed_out": False, "truncated": False}
+    tools = client_result(run_client(tmp_path, "list"))
+    assert isinstance(tools, list) and [t["name"] for t in tools] == [TOOL]
+    assert (tmp_path / "state" / "workspace").is_dir()     # the server it started used our MCP_EXEC_DIR
+
+
+def test_client_runs_the_command_after_the_double_dash(tmp_path):
+    out = client_result(run_client(tmp_path, "call", "print(1)", "--", sys.executable, SERVER))
+    assert out["stdout"] == "1\n"
+    missing = str(tmp_path / "no-such-python")
+    done = run_client(tmp_path, "call", "print(1)", "--", missing, SERVER)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "cannot start" in done.stderr and missing in done.stderr
+
+
+def test_client_failing_call_exits_one(tmp_path):
+    out = client_result(run_client(tmp_path, "call", "1/0"), status=1)
+    assert out["returncode"] == 1
+    assert "ZeroDivisionError" in out["stderr"]
+
+
+def test_client_reads_code_from_a_file_and_from_stdin(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nprint('from file', len(sys.argv))\n")
+    assert client_result(run_client(tmp_path, "call", "--file", script))["stdout"] == "from file 1\n"
+    out = client_result(run_client(tmp_path, "call", "-", stdin=b"print('from stdin')\n"))
+    assert out["stdout"] == "from stdin\n"
+
+
+def test_client_trace_writes_every_frame_to_stderr(tmp_path):
+    done = run_client(tmp_path, "--trace", "call", "print('traced')")
+    assert client_result(done)["stdout"] == "traced\n"      # stdout holds only the result
+    frames = traced_frames(done.stderr)
+    sent = [m.get("method") for d, m in frames if d == "-->"]
+    assert sent == ["initialize", "notifications/initialized", "tools/call"], frames
+    received = [m for d, m in frames if d == "<--"]
+    assert [m["id"] for m in received] == [m["id"] for d, m in frames if d == "-->" and "id" in m]
+    assert received[-1]["result"]["structuredContent"]["stdout"] == "traced\n"
+
+
+def test_client_over_streamable_http(web, tmp_path):
+    url = "http://127.0.0.1:%d/mcp" % web.port
+    tools = client_result(run_client(tmp_path, "--url", url, "list", API_KEY=KEY))
+    assert [t["name"] for t in tools] == [TOOL]
+    out = client_result(run_client(tmp_path, "--url", url, "--api-key", KEY, "call", "print(6*7)"))
+    assert out["stdout"] == "42\n"
+
+
+def test_client_speaks_2026_07_28_over_streamable_http(web, tmp_path):
+    url = "http://127.0.0.1:%d/mcp" % web.port
+    done = run_client(tmp_path, "--url", url, "--protocol", "2026-07-28", "--trace", "call", "print('modern')",
+                      API_KEY=KEY)
+    assert client_result(done)["stdout"] == "modern\n"
+    frames = traced_frames(done.stderr)
+    sent = [m["method"] for d, m in frames if d == "-->"]
+    assert sent == ["server/discover", "tools/call"], frames
+    reply = [m for d, m in frames if d == "<--"][-1]
+    assert reply["result"]["resultType"] == "complete"
+
+
+def test_client_over_http_sse(web, tmp_path):
+    url = "http://127.0.0.1:%d/sse" % web.port
+    out = client_result(run_client(tmp_path, "--url", url, "call", "print('over sse')", API_KEY=KEY))
+    assert out["stdout"] == "over sse\n"
+
+
+@pytest.mark.parametrize("path", ["/mcp", "/sse"])
+def test_client_with_a_wrong_key_exits_two_and_says_why(web, tmp_path, path):
+    url = "http://127.0.0.1:%d%s" % (web.port, path)
+    done = run_client(tmp_path, "--url", url, "--api-key", "wrong-key", "call", "print(1)")
+    assert done.returncode == 2 and done.stdout == ""
+    assert "401" in done.stderr and "API key" in done.stderr, done.stderr
+
+
+def test_client_installs_packages_into_an_isolated_env(tmp_path, wheelhouse):
+    done = run_client(tmp_path, "call", "import mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE)",
+                      "--packages", "mcpexec_testpkg", "--use-temp-dir", guard=120,
+                      **install_env(wheelhouse, tmp_path))
+    assert client_result(done)["stdout"] == "42\n"
+    assert len(venv_cache(tmp_path)[0]) == 1                         # it was use_temp_dir ...
+    assert not (tmp_path / "state" / "workspace.installed").exists()  # ... not the workspace
+    assert (tmp_path / "pip.log").exists()
+
+
+def test_client_progress_goes_to_stderr(tmp_path):
+    done = run_client(tmp_path, "--progress", "call", PROGRESS_CODE, PROGRESS_INTERVAL=0.3)
+    assert client_result(done)["stdout"] == "step 0\nstep 1\nstep 2\nstep 3\n"
+    progress = [line for line in done.stderr.splitlines() if line.startswith("progress: ")]
+    assert progress, done.stderr
+    assert any("step" in line for line in progress), progress
