@@ -1064,7 +1064,20 @@ class Session:
         self.protocol_version = None
         self.closed = False
         self.calls = {}            # request id -> cancel Event
+        self.handed_over = {}      # request id -> cancelled yet? (on its way to a worker)
         self.lock = threading.Lock()
+
+    def hand_over(self, request_ids):
+        """Note calls passed to a worker thread: a cancel that arrives before the worker
+        has started the call is kept for it instead of being lost."""
+        with self.lock:
+            for request_id in request_ids:
+                self.handed_over.setdefault(request_id, False)
+
+    def taken_over(self, request_ids):
+        with self.lock:
+            for request_id in request_ids:
+                self.handed_over.pop(request_id, None)
 
     def start_call(self, request_id):
         with self.lock:
@@ -1073,6 +1086,8 @@ class Session:
             if request_id in self.calls:
                 raise ProtocolError(INVALID_REQUEST, "Request id %r is already in use by a running call" % (request_id,))
             event = self.calls[request_id] = threading.Event()
+            if self.handed_over.pop(request_id, False):
+                event.set()
         return event
 
     def end_call(self, request_id):
@@ -1082,6 +1097,8 @@ class Session:
     def cancel(self, request_id):
         with self.lock:
             event = self.calls.get(request_id)
+            if event is None and request_id in self.handed_over:
+                self.handed_over[request_id] = True
         if event is not None:
             event.set()
 
@@ -1171,9 +1188,23 @@ def dispatch(payload, session, send, workers):
         if reply is not None:
             send(reply)
     if needs_worker(payload):
-        workers.start(work)
+        start_worker(payload, session, workers, work)
     else:
         work()
+
+
+def start_worker(payload, session, workers, work):
+    """Run work() on a worker thread, telling the session which calls it carries."""
+    messages = payload if isinstance(payload, list) else [payload]
+    ids = [m["id"] for m in messages if isinstance(m, dict) and _valid_id(m.get("id"))]
+    session.hand_over(ids)
+
+    def run():
+        try:
+            work()
+        finally:
+            session.taken_over(ids)
+    workers.start(run)
 
 
 def handle_message(message, session, notify=None):
@@ -2126,7 +2157,7 @@ def create_app(settings=None):
                     outbox.put(reply)
             finally:
                 outbox.put(done)
-        server.workers.start(work)
+        start_worker(payload, session, server.workers, work)
         yield from drain(outbox, client_disconnected, settings.keepalive, done)
         if modern and client_disconnected is not None and client_disconnected():
             # 2026-07-28: a closed response stream cancels the request (cancellation.mdx).
