@@ -2609,6 +2609,7 @@ Execution (all modes; defaults in brackets)
   EXEC_FILE_MB          largest file the code may write, MB; 0 = none (POSIX only) [1024]
   EXEC_MAX_FILES        open file descriptors of the code; 0 = none (POSIX only) [1024]
   EXEC_CONCURRENCY      calls that run at once; further calls wait for a slot [8]
+  EXEC_QUEUE            calls that may wait for a slot; more are refused as busy [32]
   EXEC_ENV_PASSTHROUGH  comma-separated names of extra variables the code may see []
   WARM_INTERPRETER      start each environment's next interpreter ahead of time [1]
   PROGRESS_INTERVAL     seconds between progress notifications, when asked for [3]
