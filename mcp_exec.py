@@ -189,7 +189,6 @@ class OutputBuffer:
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
-        self.last_line = ""
 
     def add(self, chunk):
         self.total += len(chunk)
@@ -201,11 +200,6 @@ class OutputBuffer:
             self.tail += chunk
             if len(self.tail) > 2 * self.tail_limit:   # trim in batches, not per chunk
                 del self.tail[:-self.tail_limit]
-        lines = chunk.splitlines() if chunk else self.head.splitlines()[-1:]
-        for line in reversed(lines):
-            if line.strip():
-                self.last_line = line.decode("utf-8", "replace").strip()[:200]
-                break
 
     @property
     def truncated(self):
@@ -221,11 +215,20 @@ class OutputBuffer:
         return self.head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
 
 
+def _last_line(chunk):
+    """The last non-blank line of a chunk of output, for progress messages ("" if none)."""
+    for line in reversed(chunk.splitlines()):
+        if line.strip():
+            return line.decode("utf-8", "replace").strip()[:200]
+    return ""
+
+
 def _pump(pipe, buffer, name, on_output):
     """Reader thread: copy one pipe into its OutputBuffer in chunks until EOF, then close it.
 
     Only this thread touches the pipe: closing it from elsewhere would block while a
-    read is under way (if a runaway process still holds the other end).
+    read is under way (if a runaway process still holds the other end). The latest line
+    is looked for only when someone listens (on_output: progress was asked for).
     """
     try:
         while True:
@@ -234,7 +237,7 @@ def _pump(pipe, buffer, name, on_output):
                 break
             buffer.add(chunk)
             if on_output is not None:
-                on_output(name, buffer.last_line)
+                on_output(name, _last_line(chunk))
     except (OSError, ValueError):
         pass
     finally:
@@ -288,7 +291,7 @@ def _kill_tree(proc, marker):
             pass
 
 
-_ENVIRONMENT_HIDDEN = []
+_environment_hidden = False
 
 
 def hide_server_environment():
@@ -299,9 +302,10 @@ def hide_server_environment():
     not "dumpable" has its /proc files owned by root, so code running as another user
     (or as the same non-root user) cannot read them. Root can; see the README.
     """
-    if _ENVIRONMENT_HIDDEN or not sys.platform.startswith("linux"):
+    global _environment_hidden
+    if _environment_hidden or not sys.platform.startswith("linux"):
         return
-    _ENVIRONMENT_HIDDEN.append(True)
+    _environment_hidden = True
     try:
         import ctypes
         PR_SET_DUMPABLE = 4
@@ -2298,8 +2302,9 @@ class StdioClient(ClientTransport):
             self.proc.kill()
 
 
-def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
-    """One HTTP request -> (status, lower-case headers, response) with the body unread."""
+def _http_open(url, method, body, headers, api_key=None, timeout=EXEC_TIMEOUT_MAX + 60):
+    """One HTTP request -> (status, lower-case headers, response) with the body unread.
+    The API key, if any, goes on every request (authorization.mdx: each one is checked)."""
     import http.client
     from urllib.parse import urlsplit
     parts = urlsplit(url)
@@ -2307,6 +2312,8 @@ def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
     conn = kind(parts.hostname, parts.port, timeout=timeout)
     path = parts.path + ("?" + parts.query if parts.query else "")
     try:
+        if api_key:
+            headers = dict(headers, Authorization="Bearer " + api_key)
         conn.request(method, path or "/", body=body, headers=headers)
         resp = conn.getresponse()
     except OSError as exc:
@@ -2352,15 +2359,13 @@ class StreamableHttpClient(ClientTransport):
 
     def post(self, message, headers=None):
         all_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
-        if self.api_key:
-            all_headers["Authorization"] = "Bearer " + self.api_key
         if self.session_id:
             all_headers["Mcp-Session-Id"] = self.session_id
         if self.protocol_version:
             all_headers["MCP-Protocol-Version"] = self.protocol_version
         all_headers.update(headers or {})
         self.show("-->", message)
-        status, got, resp = _http_open(self.url, "POST", encode_message(message), all_headers)
+        status, got, resp = _http_open(self.url, "POST", encode_message(message), all_headers, self.api_key)
         if status >= 400:
             raise _http_refusal(self.url, status, resp.read())
         if got.get("mcp-session-id"):
@@ -2383,11 +2388,9 @@ class StreamableHttpClient(ClientTransport):
 
     def close(self):
         if self.session_id:   # end the session politely (DELETE, 2025-11-25 transports.mdx)
-            headers = {"Mcp-Session-Id": self.session_id}
-            if self.api_key:
-                headers["Authorization"] = "Bearer " + self.api_key
             try:
-                _http_open(self.url, "DELETE", None, headers, timeout=10)[2].read()
+                _http_open(self.url, "DELETE", None, {"Mcp-Session-Id": self.session_id}, self.api_key,
+                           timeout=10)[2].read()
             except ClientError:
                 pass
 
@@ -2400,10 +2403,7 @@ class SseClient(ClientTransport):
         from urllib.parse import urljoin, urlsplit
         super().__init__(trace)
         self.api_key = api_key
-        headers = {"Accept": "text/event-stream"}
-        if api_key:
-            headers["Authorization"] = "Bearer " + api_key
-        status, _, self.resp = _http_open(url, "GET", None, headers)
+        status, _, self.resp = _http_open(url, "GET", None, {"Accept": "text/event-stream"}, api_key)
         if status != 200:
             raise _http_refusal(url, status, self.resp.read())
         self.events = _sse_events(self.resp)
@@ -2428,11 +2428,9 @@ class SseClient(ClientTransport):
         self.replies.put(None)
 
     def notify(self, message, headers=None):
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = "Bearer " + self.api_key
         self.show("-->", message)
-        status, _, resp = _http_open(self.endpoint, "POST", encode_message(message), headers)
+        status, _, resp = _http_open(self.endpoint, "POST", encode_message(message),
+                                     {"Content-Type": "application/json"}, self.api_key)
         body = resp.read()
         if status != 202:
             raise _http_refusal(self.endpoint, status, body)
