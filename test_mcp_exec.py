@@ -436,16 +436,53 @@ def test_client_response_object_gets_no_reply(start_server):
     assert s.recv() == {"jsonrpc": "2.0", "id": 10, "result": {}}
 
 
-def test_batch_answers_requests_and_skips_notifications(server):
-    server.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"},
-                 {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                 {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}])
-    replies = server.recv()
+@pytest.fixture
+def batch_server(start_server):
+    """A server initialized with 2025-03-26, the one version whose receivers MUST accept batches."""
+    s = start_server()
+    s.initialize("2025-03-26")
+    return s
+
+
+def test_batch_answers_requests_and_skips_notifications(batch_server):
+    batch_server.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                       {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                       {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}])
+    replies = batch_server.recv()
     assert isinstance(replies, list) and len(replies) == 2, replies
     by_id = {r["id"]: r for r in replies}
     assert set(by_id) == {1, 2}
     assert by_id[1]["result"] == {}
     assert [t["name"] for t in by_id[2]["result"]["tools"]] == [TOOL]
+
+
+def test_batch_is_accepted_under_2024_11_05(start_server):
+    s = start_server()
+    s.initialize("2024-11-05")
+    s.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
+    assert sorted(r["id"] for r in s.recv()) == [1, 2]
+
+
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
+def test_batch_is_one_invalid_request_from_2025_06_18(start_server, version):
+    s = start_server()
+    s.initialize(version)
+    s.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
+    reply = s.recv()
+    assert isinstance(reply, dict), reply
+    assert_error(reply, INVALID_REQUEST, None)
+    assert version in reply["error"]["message"] and "one message at a time" in reply["error"]["message"]
+    s.expect_silence(0.5)                       # neither ping was answered on its own
+    assert s.request("ping", request_id=3)["result"] == {}
+
+
+def test_batch_of_modern_requests_is_one_invalid_request(start_server):
+    s = start_server()
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    s.send([{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}])
+    reply = s.recv()
+    assert isinstance(reply, dict), reply
+    assert_error(reply, INVALID_REQUEST, None)
 
 
 def test_empty_batch_is_a_single_invalid_request_object(start_server):
@@ -456,16 +493,16 @@ def test_empty_batch_is_a_single_invalid_request_object(start_server):
     assert_error(reply, INVALID_REQUEST, None)
 
 
-def test_batch_of_only_notifications_gets_no_response(server):
-    server.send([{"jsonrpc": "2.0", "method": "notifications/initialized"},
-                 {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}}])
-    server.send({"jsonrpc": "2.0", "id": 11, "method": "ping"})
-    assert server.recv() == {"jsonrpc": "2.0", "id": 11, "result": {}}
+def test_batch_of_only_notifications_gets_no_response(batch_server):
+    batch_server.send([{"jsonrpc": "2.0", "method": "notifications/initialized"},
+                       {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}}])
+    batch_server.send({"jsonrpc": "2.0", "id": 11, "method": "ping"})
+    assert batch_server.recv() == {"jsonrpc": "2.0", "id": 11, "result": {}}
 
 
 def test_initialize_inside_batch_is_rejected_and_does_not_initialize(start_server):
     s = start_server()
-    s.send([{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": LATEST}},
+    s.send([{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-03-26"}},
             {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
     replies = s.recv()
     assert isinstance(replies, list) and len(replies) == 2, replies
