@@ -346,8 +346,22 @@ def bench_memory(env):
             "+%.1f MB" % ((peak - idle) / 1024), "(baseline: the same server idle)")
 
 
+SECTIONS = ("startup", "round_trip", "parallel", "packages", "http_throughput", "memory")
+
+
+def parse_arguments(argv):
+    import argparse
+    parser = argparse.ArgumentParser(prog="bench_mcp_exec.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke test, about a minute")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
+                        help="run only these sections: %s" % ", ".join(SECTIONS))
+    return parser.parse_args(argv)     # an unknown argument is an error (exit 2), not ignored
+
+
 def main(argv):
-    quick = "--quick" in argv
+    options = parse_arguments(argv)
+    quick = options.quick
+    chosen = set(options.only or SECTIONS)
     state = tempfile.mkdtemp(prefix="bench-mcp-exec-")
     wheels = tempfile.mkdtemp(prefix="bench-wheels-")
     make_wheel(wheels)
@@ -359,13 +373,16 @@ def main(argv):
     warmup.initialize()
     warmup.call("pass")      # builds the workspace environment once
     warmup.close()
+    runs = {"startup": lambda: bench_startup(env, 5 if quick else 20),
+            "round_trip": lambda: bench_round_trip(env, 10 if quick else 60),
+            "parallel": lambda: bench_parallel(env),
+            "packages": lambda: bench_packages(env, wheels),
+            "http_throughput": lambda: bench_http_throughput(env, 1.0 if quick else 5.0),
+            "memory": lambda: bench_memory(env)}
     try:
-        bench_startup(env, 5 if quick else 20)
-        bench_round_trip(env, 10 if quick else 60)
-        bench_parallel(env)
-        bench_packages(env, wheels)
-        bench_http_throughput(env, 1.0 if quick else 5.0)
-        bench_memory(env)
+        for name in SECTIONS:
+            if name in chosen:
+                runs[name]()
     finally:
         shutil.rmtree(state, ignore_errors=True)
         shutil.rmtree(wheels, ignore_errors=True)

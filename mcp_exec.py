@@ -2724,7 +2724,7 @@ def client_arguments(args):
     parser.add_argument("--packages", nargs="+", default=[])
     parser.add_argument("--use-temp-dir", action="store_true")
     parser.add_argument("--timeout", type=float)
-    options = parser.parse_args(args)
+    options = parser.parse_intermixed_args(args)    # options may come after the code too
     if options.action == "call" and options.code is None and options.file is None:
         parser.error('call needs code: an argument, --file FILE, or "-" to read stdin')
     if options.url and "://" not in options.url:

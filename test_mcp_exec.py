@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -37,6 +38,7 @@ REPO = os.path.dirname(os.path.abspath(__file__))
 SERVER = os.path.join(REPO, "mcp_exec.py")
 TOOL = "code_exec_python"
 LATEST = "2025-11-25"
+MODERN = "2026-07-28"
 ALL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 HANG = 20.0   # seconds: a read that takes longer fails the test instead of hanging it
 POSIX = os.name == "posix"
@@ -64,7 +66,7 @@ def make_env(tmp_path, **overrides):
     return env
 
 
-class StdioServer:
+class StdioProcess:
     """A raw-wire client of one `python mcp_exec.py` process."""
 
     def __init__(self, tmp_path):
@@ -214,11 +216,11 @@ def tool_output(result):
 
 @pytest.fixture
 def start_server(tmp_path):
-    """start_server(**env) -> a running StdioServer; every one is closed after the test."""
+    """start_server(**env) -> a running StdioProcess; every one is closed after the test."""
     servers = []
 
     def start(**env):
-        server = StdioServer(tmp_path).start(**env)
+        server = StdioProcess(tmp_path).start(**env)
         servers.append(server)
         return server
 
@@ -252,29 +254,34 @@ def assert_all_json(lines):
             assert isinstance(m, dict) and m.get("jsonrpc") == "2.0", line
 
 
-def process_gone(pid):
-    """True if pid no longer runs (a zombie waiting for a reaper that is not ours counts as gone)."""
+def alive(pid):
+    """True while pid runs; a zombie waiting for a reaper counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except PermissionError:
         return False
+    except PermissionError:
+        return True
     try:
         with open("/proc/%d/stat" % pid) as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_until(predicate, seconds=10.0, step=0.05):
+    """Poll predicate() until it is true or `seconds` pass -> its last value (a hang guard)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
 
 
 def wait_gone(pid, guard=10.0):
-    deadline = time.monotonic() + guard
-    while time.monotonic() < deadline:
-        if process_gone(pid):
-            return True
-        time.sleep(0.05)
-    return process_gone(pid)
+    return wait_until(lambda: not alive(pid), guard)
 
 
 def wait_for_file(path, guard=HANG):
@@ -344,6 +351,137 @@ IMPORT_PROBE = (
     "        found[name] = False\n"
     "print(json.dumps(found))\n"
 )
+
+
+# ===== In-process: the wire format as pure functions =====
+# The protocol layer is handle_message(message, session) -> response; these tests call it
+# directly, without a process, and read like the first sections of mcp_exec.py. Nothing
+# here runs code: every call below is answered before run_code() would be reached.
+
+import mcp_exec  # noqa: E402  (the module is import-safe: importing it starts nothing)
+
+
+def inproc_session(version=None):
+    session = mcp_exec.Session()
+    if version:
+        reply = mcp_exec.handle_message({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                         "params": {"protocolVersion": version}}, session)
+        assert reply["result"]["protocolVersion"] == version
+    return session
+
+
+def test_inprocess_parse_frame_accepts_json_and_refuses_the_rest():
+    assert mcp_exec.parse_frame(b'{"a": 1}') == ({"a": 1}, None)
+    for data in (b"{", b"NaN", "\u00e9".encode("latin-1"), b"[" * 100000):
+        payload, error = mcp_exec.parse_frame(data)
+        assert payload is None and error["error"]["code"] == PARSE_ERROR and error["id"] is None
+
+
+def test_inprocess_envelope_errors():
+    session = inproc_session(LATEST)
+    cases = [("just a string", None), ({"jsonrpc": "1.0", "id": 4, "method": "ping"}, 4),
+             ({"jsonrpc": "2.0", "id": None, "method": "ping"}, None),
+             ({"jsonrpc": "2.0", "id": 5, "method": 7}, 5)]
+    for message, request_id in cases:
+        reply = mcp_exec.handle_message(message, session)
+        assert_error(reply, INVALID_REQUEST, request_id)
+    assert_error(mcp_exec.handle_message({"jsonrpc": "2.0", "id": 6, "method": "nope"}, session),
+                 METHOD_NOT_FOUND, 6)
+    assert mcp_exec.handle_message({"jsonrpc": "2.0", "method": "nope"}, session) is None
+    assert mcp_exec.handle_message({"jsonrpc": "2.0", "id": 9, "result": {}}, session) is None
+
+
+def test_inprocess_lifecycle_and_version_gating():
+    session = inproc_session()
+    assert_error(mcp_exec.handle_message({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session),
+                 INVALID_REQUEST, 1)
+    assert mcp_exec.handle_message({"jsonrpc": "2.0", "id": 2, "method": "ping"}, session)["result"] == {}
+    for version, has_annotations, has_schema in (("2024-11-05", False, False), ("2025-03-26", True, False),
+                                                 ("2025-06-18", True, True)):
+        tool = mcp_exec.tool_definition(version)
+        assert ("annotations" in tool, "outputSchema" in tool, "title" in tool) == (
+            has_annotations, has_schema, has_schema)
+
+
+def test_inprocess_batches_follow_the_version():
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    assert mcp_exec.handle_payload([ping], inproc_session("2025-03-26")) == [
+        {"jsonrpc": "2.0", "id": 1, "result": {}}]
+    assert_error(mcp_exec.handle_payload([ping], inproc_session("2025-06-18")), INVALID_REQUEST, None)
+    assert_error(mcp_exec.handle_payload([], inproc_session("2025-03-26")), INVALID_REQUEST, None)
+
+
+def test_inprocess_modern_request_needs_its_meta():
+    session = inproc_session()
+    reply = mcp_exec.handle_message({"jsonrpc": "2.0", "id": 3, "method": "tools/list",
+                                     "params": {"_meta": {mcp_exec.META_VERSION: MODERN}}}, session)
+    assert_error(reply, INVALID_PARAMS, 3)
+    assert reply["error"]["data"]["missing"] == [mcp_exec.META_CAPABILITIES]
+    meta = {mcp_exec.META_VERSION: MODERN, mcp_exec.META_CAPABILITIES: {}}
+    reply = mcp_exec.handle_message({"jsonrpc": "2.0", "id": 4, "method": "tools/list",
+                                     "params": {"_meta": meta}}, session)
+    assert reply["result"]["resultType"] == "complete" and reply["result"]["cacheScope"] == "public"
+    assert session.protocol_version is None          # served statelessly: nothing was negotiated
+
+
+@pytest.mark.parametrize("arguments, hint", [
+    ({"code": "x", "bogus": 1}, "the arguments are code,"),
+    ({"code": "x", "packages": ["numpy; os_name=='nt'"]}, "not a plain requirement"),
+    ({"code": "x", "timeout": float("inf") * 0}, "positive number"),
+])
+def test_inprocess_bad_arguments_are_tool_errors_that_say_how_to_fix_them(arguments, hint):
+    clean, problem = mcp_exec.validate_arguments(arguments)
+    assert clean is None and hint in problem
+    reply = mcp_exec.handle_message({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                                     "params": {"name": TOOL, "arguments": arguments}}, inproc_session(LATEST))
+    assert reply["result"]["isError"] is True and hint in reply["result"]["content"][0]["text"]
+
+
+def test_inprocess_requirements_are_normalized():
+    assert mcp_exec.normalize_requirement("Foo_Bar [X] >= 1.0") == "foo-bar[x]>=1.0"
+    assert mcp_exec.normalize_requirement("pandas<3, >=2") == "pandas<3,>=2"
+    for bad in ("-r x.txt", "x @ https://e/x.whl", "./pkg", "a;b", "", "a" * 201, 5):
+        assert mcp_exec.normalize_requirement(bad) is None
+
+
+def test_inprocess_output_buffer_keeps_head_and_tail():
+    buffer = mcp_exec.OutputBuffer(10)
+    for _ in range(1000):
+        buffer.add(b"0123456789")
+    text = buffer.text()
+    assert buffer.truncated and text.startswith("01234") and text.endswith("56789")
+    assert "9990 bytes truncated" in text and len(buffer.head) + len(buffer.tail) <= 40
+
+
+def test_inprocess_latest_line_waits_for_the_newline():
+    latest = mcp_exec.LatestLine()
+    assert latest.feed(b"tic") == "tic"                 # before any newline: the partial line
+    assert latest.feed(b"k 1\n") == "tick 1"
+    for piece in (b"tick", b" ", b"2"):
+        assert latest.feed(piece) == "tick 1"           # never a fragment of "tick 2"
+    assert latest.feed(b"\n\n") == "tick 2"
+
+
+def test_inprocess_http_guards():
+    settings = mcp_exec.HttpSettings({"API_KEY": "k", "HOST": "127.0.0.1"})
+    server = mcp_exec.HttpServer(settings)
+    ok = {"Host": "localhost:8000", "Authorization": "Bearer k"}
+    assert server.check_request(ok) is None
+    assert server.check_request(dict(ok, Authorization="Bearer no")).status == 401
+    assert server.check_request(dict(ok, Host="evil.example")).status == 421
+    assert server.check_request(dict(ok, Origin="https://evil.example")).status == 403
+    assert server.check_request(dict(ok, Origin="http://localhost:3000")) is None
+    assert mcp_exec.header_mismatch({"method": "ping", "params": {}}, {"MCP-Protocol-Version": MODERN}) == \
+        "the Mcp-Method header is required"
+
+
+def test_inprocess_settings_table_is_the_one_source():
+    help_text = mcp_exec.settings_help()
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    for setting in mcp_exec.SETTINGS:
+        assert setting.name in help_text and "`%s`" % setting.name in readme, setting.name
+    settings = mcp_exec.HttpSettings({"WEB_CONCURRENCY": "8"})
+    assert settings.web_concurrency == 8 and settings.sse_max_streams == 6   # derived from the threads
 
 
 # ===== 3. Protocol: JSON-RPC framing =====
@@ -838,6 +976,21 @@ def test_progress_notifications_report_output_until_the_response(start_server):
     s.expect_silence(1.0)   # nothing about a request after its response
 
 
+TICK_CODE = "import time\nfor i in range(8):\n    print('tick', i)\n    time.sleep(0.25)\n"
+
+
+def test_progress_messages_are_whole_lines(start_server):
+    # print('tick', i) under python -u reaches the server as "tick", " ", "2", "\n":
+    # a message must never be one of those pieces.
+    s = start_server(PROGRESS_INTERVAL=0.1)
+    s.initialize("2025-06-18")
+    reply, notes = call_with_progress(s, 73, TICK_CODE, "tok-2")
+    assert tool_output(reply["result"])["stdout"].count("tick") == 8
+    shown = [n["message"].split(": ", 1)[1] for n in notes]
+    assert any(m.startswith("tick") for m in shown), shown
+    assert all(m == "started" or re.fullmatch(r"tick \d", m) for m in shown), shown
+
+
 def test_progress_has_no_message_under_2024_11_05(start_server):
     s = start_server(PROGRESS_INTERVAL=0.3)
     s.initialize("2024-11-05")
@@ -1027,7 +1180,7 @@ def marked_processes(markers):
                     env = f.read()
             except OSError:
                 continue
-            if any(n in env for n in needles) and not process_gone(int(entry)):
+            if any(n in env for n in needles) and alive(int(entry)):
                 pids.append(int(entry))
     return pids
 
@@ -1649,7 +1802,7 @@ def test_cancelled_call_gets_no_response_and_its_process_is_killed(server, tmp_p
     server.send({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                  "params": {"name": TOOL, "arguments": {"code": pid_file_code(pid_path)}}})
     pid = int(wait_for_file(str(pid_path)))
-    assert not process_gone(pid)
+    assert alive(pid)
     server.notify("notifications/cancelled", {"requestId": 7, "reason": "test"})
     server.send({"jsonrpc": "2.0", "id": 8, "method": "ping"})
     assert server.recv() == {"jsonrpc": "2.0", "id": 8, "result": {}}
@@ -1754,7 +1907,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-class HttpServer:
+class HttpProcess:
     """`python mcp_exec.py --http` on a free loopback port, stopped by stop()."""
 
     def __init__(self, tmp_path, argv=None, **env):
@@ -1898,7 +2051,7 @@ def start_http(tmp_path):
     servers = []
 
     def start(**env):
-        server = HttpServer(tmp_path, **env)
+        server = HttpProcess(tmp_path, **env)
         servers.append(server)
         return server
     yield start
@@ -1909,30 +2062,9 @@ def start_http(tmp_path):
 @pytest.fixture(scope="module")
 def web(tmp_path_factory):
     """One shared server for the tests that need no special configuration."""
-    server = HttpServer(tmp_path_factory.mktemp("web"), SSE_KEEPALIVE="0.5")
+    server = HttpProcess(tmp_path_factory.mktemp("web"), SSE_KEEPALIVE="0.5")
     yield server
     server.stop()
-
-
-def wait_until(predicate, seconds=10.0, step=0.05):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:   # a zombie is dead for our purpose
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 SLEEPER = ("import os, time\nopen(%r, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
@@ -2023,7 +2155,7 @@ def test_head_on_mcp_is_405_and_runs_nothing(web, tmp_path):
 
 
 def test_sigterm_kills_running_code_and_leaves_no_directory(tmp_path):
-    server = HttpServer(tmp_path, TMPDIR=str(tmp_path))
+    server = HttpProcess(tmp_path, TMPDIR=str(tmp_path))
     try:
         sid, _ = server.initialize()
         pid_file = tmp_path / "sigterm.pid"
@@ -2034,7 +2166,7 @@ def test_sigterm_kills_running_code_and_leaves_no_directory(tmp_path):
         pid = int(pid_file.read_text())
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(15)
-        assert wait_until(lambda: not pid_alive(pid), seconds=10)
+        assert wait_until(lambda: not alive(pid), seconds=10)
         assert not [p for p in os.listdir(tmp_path) if p.startswith("mcp-exec-")]
     finally:
         server.stop()
@@ -2130,9 +2262,9 @@ def test_disconnect_kills_the_sessions_running_execution(web, tmp_path):
     client.post(call_message(SLEEPER % str(pid_file)))
     assert wait_until(pid_file.exists, seconds=15)
     pid = int(pid_file.read_text())
-    assert pid_alive(pid)
+    assert alive(pid)
     client.kill()
-    assert wait_until(lambda: not pid_alive(pid), seconds=10), "execution survived its session"
+    assert wait_until(lambda: not alive(pid), seconds=10), "execution survived its session"
 
 
 # --- Streamable HTTP (2025-03-26 .. 2025-11-25) -------------------------------------
@@ -2231,7 +2363,7 @@ def test_waitress_serve_runs_the_procfile_app(tmp_path):
     port = free_port()
     argv = [sys.executable, "-m", "waitress", "--host=127.0.0.1", "--port=%d" % port, "--threads=4",
             "--channel-request-lookahead=1", "mcp_exec:app"]
-    server = HttpServer.__new__(HttpServer)
+    server = HttpProcess.__new__(HttpProcess)
     server.port = port
     env = dict(os.environ, API_KEY=KEY, MCP_EXEC_DIR=str(tmp_path / "s"))
     server.proc = subprocess.Popen(argv, cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -2255,7 +2387,6 @@ def _health(server):
 
 # --- The 2026-07-28 era on Streamable HTTP -----------------------------------------
 
-MODERN = "2026-07-28"
 
 
 def modern_message(method, request_id=1, version=MODERN, capabilities=True, **params):
@@ -2397,10 +2528,10 @@ def test_closing_a_modern_response_stream_cancels_the_call(web, tmp_path):
     assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
     assert wait_until(pid_file.exists, seconds=15)
     pid = int(pid_file.read_text())
-    assert pid_alive(pid)
+    assert alive(pid)
     sock.shutdown(socket.SHUT_RDWR)
     sock.close()
-    assert wait_until(lambda: not pid_alive(pid), seconds=10), "closing the stream did not cancel the call"
+    assert wait_until(lambda: not alive(pid), seconds=10), "closing the stream did not cancel the call"
 
 
 def test_a_2025_disconnect_is_not_a_cancellation(web, tmp_path):
@@ -2615,3 +2746,70 @@ def test_client_progress_goes_to_stderr(tmp_path):
     progress = [line for line in done.stderr.splitlines() if line.startswith("progress: ")]
     assert progress, done.stderr
     assert any("step" in line for line in progress), progress
+
+
+def test_client_sse_close_does_not_wait_for_the_next_keep_alive(start_http, tmp_path):
+    web = start_http(SSE_KEEPALIVE="30")
+    started = time.monotonic()
+    done = run_client(tmp_path, "--url", "http://127.0.0.1:%d/sse" % web.port, "call", "print(3)",
+                      API_KEY=KEY, guard=60)
+    assert client_result(done)["stdout"] == "3\n"
+    # Before the fix the client sat in close() until the next keep-alive, 30 s later.
+    assert time.monotonic() - started < 15, "the client waited for a keep-alive after the answer"
+
+
+def test_client_adds_http_to_a_url_without_a_scheme(web, tmp_path):
+    done = run_client(tmp_path, "--url", "127.0.0.1:%d/mcp" % web.port, "call", "print(4)", API_KEY=KEY)
+    assert client_result(done)["stdout"] == "4\n"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["call"], "call needs code"),
+    (["--protocol", "1999-01-01", "list"], "invalid choice"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_client_argument_errors_are_one_line_with_a_pointer_to_help(tmp_path, args, says):
+    done = run_client(tmp_path, *args)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and lines[0].endswith("(try --help)"), done.stderr
+
+
+def test_client_output_cut_short_by_head_is_not_an_error(tmp_path):
+    code = "for i in range(100000): print(i)"
+    done = subprocess.run("%s %s client --format json call '%s' | head -c 20" % (sys.executable, SERVER, code),
+                          shell=True, cwd=REPO, env=make_env(tmp_path), capture_output=True, timeout=60)
+    assert done.stdout.startswith(b"{") and b"Traceback" not in done.stderr, done.stderr
+
+
+def test_client_text_format_shows_output_as_a_terminal_would(tmp_path):
+    done = run_client(tmp_path, "--format", "text", "call", "print('hello')\n1/0")
+    assert done.returncode == 1
+    assert done.stdout == "hello\n"
+    assert "Traceback (most recent call last):\n" in done.stderr        # a traceback, not an escaped string
+    assert re.search(r"\[exit 1 in \d+\.\d\d s\]\n$", done.stderr), done.stderr
+    timed = run_client(tmp_path, "--format", "text", "call", "--timeout", "1", "import time; time.sleep(9)")
+    assert timed.returncode == 1 and "[timed out after" in timed.stderr
+
+
+def test_version_names_the_protocol_versions(tmp_path):
+    done = subprocess.run([sys.executable, SERVER, "--version"], capture_output=True, timeout=HANG, cwd=REPO)
+    assert done.returncode == 0 and b"mcp-exec" in done.stdout and b"2026-07-28" in done.stdout
+
+
+@pytest.mark.skipif(not POSIX, reason="needs a pseudo-terminal")
+def test_a_terminal_on_stdin_gets_a_hint_on_stderr(tmp_path):
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, SERVER], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=make_env(tmp_path), cwd=REPO)
+    try:
+        line = proc.stderr.readline().decode()
+        assert "stdio MCP server" in line and "demo" in line, line
+        os.write(master, b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+        assert json.loads(proc.stdout.readline()) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(master)
+        os.close(slave)
