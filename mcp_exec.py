@@ -35,28 +35,35 @@ docs/specification/<version>/ in github.com/modelcontextprotocol/modelcontextpro
 The stdio path imports only the standard library; Flask and waitress load only for HTTP.
 """
 
-import argparse
+import ast
 import atexit
 import base64
 import binascii
 import hashlib
 import hmac
-import http.client
+import importlib
+import io
 import json
+import linecache
+import mimetypes
 import os
+import posixpath
 import queue
 import re
 import secrets
+import selectors
 import shutil
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from importlib import metadata
+import urllib.parse
+import weakref
 from urllib.parse import urljoin, urlsplit
 
 SERVER_NAME = "mcp-exec"
@@ -115,14 +122,30 @@ SETTINGS = [
     Setting(EXECUTION, "INSTALL_TIMEOUT", float, 300.0, "seconds for creating an environment and installing packages"),
     Setting(EXECUTION, "OUTPUT_LIMIT", int, 64 * 1024, "bytes of stdout and of stderr kept per call, head and tail",
             minimum=256),
-    Setting(EXECUTION, "EXEC_MEMORY_MB", int, 2048, "address-space limit of the code, MB; 0 = none (POSIX)"),
+    Setting(EXECUTION, "EXEC_MEMORY_MB", int, 2048,
+            "memory of a call's processes together, MB (each one's address space too); 0 = none"),
     Setting(EXECUTION, "EXEC_FILE_MB", int, 1024, "largest file the code may write, MB; 0 = none (POSIX)"),
     Setting(EXECUTION, "EXEC_MAX_FILES", int, 1024, "open file descriptors of the code; 0 = none (POSIX)"),
     Setting(EXECUTION, "EXEC_CONCURRENCY", int, 8, "calls that run at once; more wait for a slot", minimum=1),
     Setting(EXECUTION, "EXEC_QUEUE", int, lambda v: 4 * v["EXEC_CONCURRENCY"],
             "calls that may wait for a slot; more are refused as busy", "4 x EXEC_CONCURRENCY", minimum=0),
+    Setting(EXECUTION, "EXEC_MAX_PROCS", int, 64, "processes a call may run at once; 0 = no limit"),
+    Setting(EXECUTION, "EXEC_DISK_MB", int, 2048, "bytes a call may have on disk in its directory, MB; 0 = none"),
     Setting(EXECUTION, "EXEC_ENV_PASSTHROUGH", list, [], "comma-separated names of extra variables the code may see"),
-    Setting(EXECUTION, "WARM_INTERPRETER", bool, True, "start each environment's next interpreter ahead of time", 1),
+    Setting(EXECUTION, "EXEC_SANDBOX", str, "auto",
+            "auto (Landlock where the kernel has it), landlock (refuse to start without), off"),
+    Setting(EXECUTION, "EXEC_NETWORK", str, "on", "off = the sandbox denies TCP connect and bind (not UDP)"),
+    Setting(EXECUTION, "EXEC_READ_PATHS", list, [], "over HTTP, more paths the code may read (sandbox)"),
+    Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
+    Setting(EXECUTION, "FORK_SERVER", bool, True, "fork each call from a template interpreter (Linux); 0 = spawn", 1),
+    Setting(EXECUTION, "IMAGE_LIMIT", int, 4, "images (plots) returned per call", minimum=0),
+    Setting(EXECUTION, "IMAGE_MAX_BYTES", int, 1024 * 1024, "bytes of one PNG; larger are re-rendered smaller",
+            minimum=1024),
+    Setting(EXECUTION, "FILE_INLINE_BYTES", int, 256 * 1024, "files up to this size are embedded in the result"),
+    Setting(EXECUTION, "OUTPUT_TTL", float, 3600.0, "seconds returned files stay readable (resources/read)"),
+    Setting(EXECUTION, "OUTPUT_STORE_MB", int, 512, "returned files kept together, MB; the oldest go first"),
+    Setting(EXECUTION, "SESSION_LIMIT", int, 4, "live sessions (\"session\": \"new\"); more are refused", minimum=0),
+    Setting(EXECUTION, "SESSION_IDLE", float, 900.0, "seconds of idleness before a session ends"),
     Setting(EXECUTION, "PROGRESS_INTERVAL", float, 3.0, "seconds between progress notifications, when a call asks"),
     Setting(EXECUTION, "MCP_EXEC_DIR", str, _default_state_dir,
             "state: workspace environment, isolated-environment cache", "~/.cache/mcp-exec"),
@@ -169,7 +192,20 @@ EXEC_MAX_FILES = _EXEC["EXEC_MAX_FILES"]
 EXEC_CONCURRENCY = _EXEC["EXEC_CONCURRENCY"]
 EXEC_QUEUE = _EXEC["EXEC_QUEUE"]
 EXEC_ENV_PASSTHROUGH = _EXEC["EXEC_ENV_PASSTHROUGH"]
-WARM_INTERPRETER = _EXEC["WARM_INTERPRETER"]
+EXEC_MAX_PROCS = _EXEC["EXEC_MAX_PROCS"]
+EXEC_DISK_MB = _EXEC["EXEC_DISK_MB"]
+EXEC_SANDBOX = _EXEC["EXEC_SANDBOX"].lower()
+EXEC_NETWORK = _EXEC["EXEC_NETWORK"].lower()
+EXEC_READ_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_READ_PATHS"]]
+EXEC_WRITE_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_WRITE_PATHS"]]
+FORK_SERVER = _EXEC["FORK_SERVER"]
+IMAGE_LIMIT = _EXEC["IMAGE_LIMIT"]
+IMAGE_MAX_BYTES = _EXEC["IMAGE_MAX_BYTES"]
+FILE_INLINE_BYTES = _EXEC["FILE_INLINE_BYTES"]
+OUTPUT_TTL = _EXEC["OUTPUT_TTL"]
+OUTPUT_STORE_MB = _EXEC["OUTPUT_STORE_MB"]
+SESSION_LIMIT = _EXEC["SESSION_LIMIT"]
+SESSION_IDLE = _EXEC["SESSION_IDLE"]
 PROGRESS_INTERVAL = _EXEC["PROGRESS_INTERVAL"]
 STATE_DIR = os.path.abspath(_EXEC["MCP_EXEC_DIR"])
 VENV_CACHE_SIZE = _EXEC["VENV_CACHE_SIZE"]
@@ -385,7 +421,7 @@ def parse_request(message, session, notify=None):
         return error_response(request_id, INVALID_PARAMS, 'Invalid params: "params" must be an object')
     try:
         if session.modern and is_modern_request(method, params):
-            return modern_request(request_id, method, params, session, notify)     # 5.4
+            return modern_request(request_id, method, params, session, notify)     # 9.4
         return legacy_request(request_id, method, params, session, notify)
     except ProtocolError as exc:
         return error_response(request_id, exc.code, exc.message, exc.data)
@@ -415,7 +451,7 @@ def answer_request(request):
     if result is CANCELLED:
         return None
     if request.modern:
-        decorate_modern_result(result, request.version)   # 5.4
+        decorate_modern_result(result, request.version)   # 9.4
     return {"jsonrpc": "2.0", "id": request.id, "result": result}
 
 
@@ -441,7 +477,7 @@ def handle_initialize(request):
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
     return {"protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": False}},
+            "capabilities": SERVER_CAPABILITIES,
             "serverInfo": server_info(version),
             "instructions": instructions()}
 
@@ -481,26 +517,29 @@ def handle_tools_call(request):
         return {"content": [{"type": "text", "text": "Invalid arguments for %s: %s." % (TOOL_NAME, problem)}],
                 "isError": True}
     cancel = session.start_call(request.id)
-    progress = Progress.for_request(request)                       # 5.2
+    progress = Progress.for_request(request)                       # 9.2
     try:
-        result = run_code(clean["code"], clean["packages"], clean["use_temp_dir"], clean["timeout"], cancel,
-                          progress.output if progress else None)
+        result = run_code(clean, cancel, progress.output if progress else None)
     finally:
         if progress:
             progress.stop()     # progress.mdx: nothing about a request after its response
         session.end_call(request.id)
     if result.cancelled or cancel.is_set():
         return CANCELLED        # cancellation.mdx: the receiver SHOULD NOT respond
-    return tool_result(result.as_dict(), request.version, result.failed)
+    return tool_result(result, request.version)
 
 
-def tool_result(obj, version, is_error):
-    """CallToolResult: the JSON object as text (for every client), and as structuredContent
-    where the negotiated version has it (2025-06-18 server/tools.mdx, Structured Content)."""
-    result = {"content": [{"type": "text", "text": json.dumps(obj, ensure_ascii=False)}], "isError": is_error}
+def tool_result(result, version):
+    """CallToolResult: the Result's JSON object as text (for every client), then its images
+    and files as content blocks the version knows, and the object as structuredContent
+    where the version has it (2025-06-18 server/tools.mdx, Structured Content)."""
+    obj = result.as_dict()
+    content = [{"type": "text", "text": json.dumps(obj, ensure_ascii=False)}]
+    content += [block for since, block in result.blocks if since is None or at_least(version, since)]
+    reply = {"content": content, "isError": result.failed}
     if at_least(version, "2025-06-18"):
-        result["structuredContent"] = obj
-    return result
+        reply["structuredContent"] = obj
+    return reply
 
 
 # --- The tool -----------------------------------------------------------------------
@@ -522,12 +561,19 @@ def tool_description():
             "\"packages\" installs pip requirements first (names, extras and versions only, e.g. "
             "[\"numpy\", \"requests>=2.31\"]) into a workspace environment shared by later calls; "
             "with \"use_temp_dir\": true the code runs in an isolated environment holding only those "
-            "packages. " + limits_text())
+            "packages. " + " ".join(TOOL_NOTES) + " " + limits_text())
 
 
 def instructions():
     return ("This server runs Python code for you with the tool %s. Use it to compute, test code, "
-            "or process data; print results to stdout. %s" % (TOOL_NAME, limits_text()))
+            "or process data. %s %s" % (TOOL_NAME, " ".join(TOOL_NOTES), limits_text()))
+
+
+# What the sections after this one add to the tool: sentences for the model, arguments
+# (INPUT_SCHEMA and a check each), result fields (OUTPUT_SCHEMA), capabilities, methods.
+TOOL_NOTES = []
+ARGUMENT_CHECKS = []              # check(arguments, clean) -> None, or what is wrong
+SERVER_CAPABILITIES = {"tools": {"listChanged": False}}
 
 
 INPUT_SCHEMA = {
@@ -604,8 +650,12 @@ def validate_arguments(arguments):
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         return None, '"timeout" must be a positive number of seconds (at most %g)' % EXEC_TIMEOUT_MAX
     timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)   # no float() of 10**400
-    return {"code": code, "packages": sorted(set(clean)), "use_temp_dir": use_temp_dir,
-            "timeout": timeout}, None
+    clean = {"code": code, "packages": sorted(set(clean)), "use_temp_dir": use_temp_dir, "timeout": timeout}
+    for check in ARGUMENT_CHECKS:
+        problem = check(arguments, clean)
+        if problem:
+            return None, problem
+    return clean, None
 
 
 REQUEST_HANDLERS = {            # handshake era
@@ -616,7 +666,7 @@ REQUEST_HANDLERS = {            # handshake era
 }
 NOTIFICATION_HANDLERS = {
     "notifications/initialized": lambda params, session: None,   # we send no requests to wait for it
-    "notifications/cancelled": lambda params, session: notify_cancelled(params, session),   # 5.1
+    "notifications/cancelled": lambda params, session: notify_cancelled(params, session),   # 9.1
 }
 
 
@@ -686,8 +736,8 @@ class StdioServer:
             self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
         finally:
             self.session.close()                # then kill what is still running
-            WARM.close()
             self.workers.wait(KILL_GRACE + 1)
+            shutdown()
 
 
 def dispatch(payload, session, send, workers):
@@ -756,6 +806,7 @@ def serve_stdio():
         log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on stdout. "
             "To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client call 'print(1)'`; "
             "Ctrl-D ends it.")
+    server_setup()
     server = StdioServer(sys.stdin.buffer, sys.stdout.buffer)
     try:
         server.serve()
@@ -767,9 +818,11 @@ def serve_stdio():
 # =============================================================================
 # 4. Executor
 # =============================================================================
-# run_code() is the whole tool. Each call gets a fresh interpreter in a fresh temporary
-# directory, fed through BOOTSTRAP; the server reads its output in chunks, kills its
-# whole process group when time is up, and removes every trace afterwards.
+# run_code() is the whole tool. Each call runs in a fresh interpreter (forked from a
+# template of its environment, section 5, or spawned) in a fresh directory. The server
+# feeds it the code through a pipe, reads its output and its results through three more,
+# and when it ends, fails or runs out of time, kills everything it started and removes
+# every trace.
 
 # --- 4.1 run_code and its Result ------------------------------------------------
 
@@ -778,13 +831,19 @@ class Result:
     """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError.
 
     `cancelled` is internal: a cancelled call gets no response at all (cancellation.mdx).
+    The optional fields (value, images, files, session) appear only when they have
+    something to say; `blocks` are the extra MCP content blocks (images, resources).
     """
 
     FIELDS = ("returncode", "stdout", "stderr", "timed_out", "truncated")
+    OPTIONAL = ("value", "images", "files", "session", "session_ended")
 
     def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False, cancelled=False):
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
         self.timed_out, self.truncated, self.cancelled = timed_out, truncated, cancelled
+        self.value = self.session = None
+        self.images, self.files, self.blocks = [], [], []
+        self.session_ended = False
 
     @classmethod
     def refusal(cls, message, returncode=1, timed_out=False, cancelled=False):
@@ -795,40 +854,55 @@ class Result:
     def failed(self):
         return self.returncode != 0 or self.timed_out or self.cancelled
 
+    def note(self, text):
+        """Add a line from the server (not from the code) to stderr."""
+        self.stderr += ("" if not self.stderr or self.stderr.endswith("\n") else "\n") + "[mcp-exec] " + text
+
     def as_dict(self):
-        return {name: getattr(self, name) for name in self.FIELDS}
+        obj = {name: getattr(self, name) for name in self.FIELDS}
+        obj.update((name, getattr(self, name)) for name in self.OPTIONAL if getattr(self, name))
+        return obj
 
 
-def run_code(code, packages=(), use_temp_dir=False, timeout=None, cancel=None, on_output=None):
-    """Run `code` once -> Result.
+def run_code(args, cancel=None, on_output=None):
+    """Run one tools/call -> Result. `args` is validate_arguments()'s clean dict.
 
-    packages are normalized requirement strings (see normalize_requirement). The call waits
-    for one of EXEC_CONCURRENCY slots; the timeout starts when the code does. on_output
-    (stream, line) hears the latest line of output (and of the installer), for progress.
+    The call waits for one of EXEC_CONCURRENCY slots; the timeout starts when the code
+    does. on_output(stream, line) hears the latest line of output and of the installer,
+    for progress. A call with a "session" argument runs in that session (section 8).
     """
     cancel = cancel or threading.Event()
-    timeout = min(float(timeout or EXEC_TIMEOUT), EXEC_TIMEOUT_MAX)
+    if args.get("session"):
+        return run_in_session(args, cancel, on_output)
     slot = EXEC_SLOTS.acquire(cancel)
     if slot != "ok":
         return Result.refusal("Server busy: %d calls are running and %d waiting; try again shortly."
                               % (EXEC_CONCURRENCY, EXEC_QUEUE) if slot == "busy" else "cancelled",
                               returncode=-1, cancelled=slot == "cancelled")
-    lease = None
     try:
-        install_deadline = time.monotonic() + INSTALL_TIMEOUT
-        if use_temp_dir:
-            python, lease, failure = ENVIRONMENTS.isolated(list(packages), install_deadline, cancel, on_output)
-            generation = 0        # a cached environment never changes (it is read-only)
-        else:
-            python, failure = ENVIRONMENTS.workspace(list(packages), install_deadline, cancel, on_output)
-            generation = ENVIRONMENTS.generation
-        if failure:
-            return failure
-        return run_python(python, code, timeout, cancel, on_output, generation)
+        with Environment(args["packages"], args["use_temp_dir"], cancel, on_output) as env:
+            if env.failure:
+                return env.failure
+            return run_once(env, args, cancel, on_output)
     finally:
-        if lease:
-            lease.release()
         EXEC_SLOTS.release()
+
+
+def run_once(env, args, cancel, on_output):
+    """A stateless call: a fresh directory, the input files, one child, the output files."""
+    call = RUN_DIR.new_call()
+    try:
+        problem = write_input_files(call.work, args["files"])                 # section 7
+        if problem:
+            return Result.refusal(problem)
+        before = snapshot_files(call.work)
+        child = start_child(env, call, {"mode": "run"})
+        result = supervise(child, args["code"].encode("utf-8", "surrogatepass"), args["timeout"],
+                           cancel, on_output)
+        collect_files(result, call.work, before)                               # section 7
+        return result
+    finally:
+        call.remove()
 
 
 class CallSlots:
@@ -865,74 +939,182 @@ class CallSlots:
 EXEC_SLOTS = CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE)
 
 
-def run_python(python, code, timeout, cancel, on_output, generation=None):
-    """Run code in a fresh interpreter of `python` (warm if one waits) -> Result."""
-    warm = generation is not None and WARM.enabled
-    started = WARM.take(python, generation) if warm else None
-    proc, root = started or start_python(python)
-    try:
-        result = supervise(proc, timeout=timeout, stdin_data=code.encode("utf-8", "surrogatepass"),
-                           cancel=cancel, on_output=on_output, marker=os.path.basename(root))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        if warm:   # start the next call's interpreter now, not during this call: 2 cores are few
-            WARM.refill(python, generation)
-    if result.timed_out:
-        result.stderr += ("\n[mcp-exec] Timed out after %g s: the process and its children were "
-                          "killed. Pass a larger \"timeout\" (at most %g s) or make the code faster."
-                          % (timeout, EXEC_TIMEOUT_MAX))
-    return result
+# --- 4.2 The child process ---------------------------------------------------------
+# Every child interpreter starts with CHILD_COMMAND: it imports this very file as a module
+# (from its own path, which leaves sys.path as it was) and calls child_main(). The
+# server's settings mean nothing there: everything the child needs comes in its config.
+# Before the code runs, the child forgets every pure-Python module this file imported,
+# so that the code finds the interpreter as fresh as `python -c` leaves it.
+
+CHILD_COMMAND = ("import sys; fresh = set(sys.modules); sys.path.insert(0, %r); import %s as m; "
+                 "del sys.path[0]; m.child_main(fresh)"
+                 % (os.path.dirname(os.path.abspath(__file__)), os.path.splitext(os.path.basename(__file__))[0]))
+CODE_FILENAME = "<code>"
 
 
-# --- 4.2 One interpreter, supervised -------------------------------------------------
-
-# The child runs this with `python -u -c BOOTSTRAP MEM_MB FILE_MB MAX_FILES CPU_S`. It sets its
-# own resource limits (so the server needs no preexec_fn, which is unsafe with threads),
-# reads the code from stdin (no argv size limit), and runs it as __main__ with fresh
-# globals. Source lines are registered with linecache, so tracebacks show the failing line.
-# The bootstrap's own frame is dropped from tracebacks: the user sees only their code.
-BOOTSTRAP = r"""
-def _mcp_exec_bootstrap():
-    import sys, builtins, linecache
-    limits = [int(x) for x in sys.argv[1:5]]
+def child_main(fresh_modules):
+    """Run in the child: set up, run the code (or serve as a template or session), exit."""
+    config = json.loads(sys.argv[1])
     del sys.argv[1:]
+    if config["mode"] == "template":
+        config, fds = serve_template(config)          # section 5; returns in each forked child
+        config["results_fd"] = adopt_fds(config, fds)
+    results = config["results_fd"]
+    child_setup(config)
+    for name, module in list(sys.modules.items()):
+        if name not in fresh_modules and str(getattr(module, "__file__", "")).endswith(".py"):
+            del sys.modules[name]                    # re-imported if the code wants them
+    if config["mode"] == "session":
+        serve_session(config, results)                # section 8; never returns
+    import __main__
+    namespace = __main__.__dict__
+    namespace.clear()
+    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
+                     __spec__=None, __builtins__=__builtins__)
+    status, value = run_cell(sys.stdin.buffer.read(), namespace)
+    child_report(results, config, status, value)
+    sys.exit(status)
+
+
+def child_setup(config):
+    """Limits, then containment (section 6), before any code of the user's runs."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)   # orphans of the code stay ours to kill
     try:
         import resource
     except ImportError:
         resource = None
     if resource is not None:
-        for name, value in zip(("RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CPU", "RLIMIT_CORE"),
-                               (limits[0] << 20, limits[1] << 20, limits[2], limits[3], 0)):
-            if value > 0 or name == "RLIMIT_CORE":
-                try:
-                    kind = getattr(resource, name)
-                    hard = resource.getrlimit(kind)[1]
-                    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-                    resource.setrlimit(kind, (value, value))
-                except (AttributeError, ValueError, OSError):
-                    pass
-    source = sys.stdin.buffer.read()
+        for name, value in config["limits"].items():
+            try:
+                kind = getattr(resource, name)
+                hard = resource.getrlimit(kind)[1]
+                value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                resource.setrlimit(kind, (value, value))
+            except (AttributeError, ValueError, OSError):
+                pass
+    if config.get("sandbox"):
+        apply_sandbox(config["sandbox"])                 # section 6
+
+
+def run_cell(source, namespace):
+    """Run source in namespace, like a notebook cell -> (exit status, value of the last expression).
+
+    If the last statement is an expression, it is evaluated on its own and its value
+    returned (None otherwise). Tracebacks show the user's lines, never this function's.
+    """
     text = source.decode("utf-8", "replace")
-    linecache.cache["<code>"] = (len(text), None, text.splitlines(True), "<code>")
-    import __main__
-    namespace = __main__.__dict__
-    namespace.clear()
-    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
-                     __spec__=None, __builtins__=builtins)
+    linecache.cache[CODE_FILENAME] = (len(text), None, text.splitlines(True), CODE_FILENAME)
     try:
-        exec(compile(source, "<code>", "exec"), namespace)
-    except SystemExit:
-        raise
+        tree = compile(source, CODE_FILENAME, "exec", ast.PyCF_ONLY_AST)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, CODE_FILENAME, "exec"), namespace)
+        if last is None:
+            return 0, None
+        return 0, eval(compile(ast.Expression(last.value), CODE_FILENAME, "eval"), namespace)
+    except SystemExit as exc:          # what the interpreter would do with it, minus exiting
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0, None
+        sys.stderr.write("%s\n" % (exc.code,))
+        return 1, None
     except BaseException as exc:
-        exc.__traceback__ = exc.__traceback__.tb_next
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != CODE_FILENAME:
+            tb = tb.tb_next           # drop our own frames: the user sees only their code
         if sys.excepthook is sys.__excepthook__:
-            import traceback   # the Python printer reads linecache, so source lines show
-            traceback.print_exception(type(exc), exc, exc.__traceback__)
+            traceback.print_exception(type(exc), exc, tb)   # reads linecache: source lines show
         else:
-            sys.excepthook(type(exc), exc, exc.__traceback__)
-        sys.exit(1)
-_mcp_exec_bootstrap()
-"""
+            sys.excepthook(type(exc), exc, tb)
+        return 1, None
+
+
+def child_report(fd, config, status, value):
+    """Send the server what the code produced besides its output, on the results pipe."""
+    record = {"status": status}
+    try:
+        record.update(describe_value(value, config))       # section 7: value and images
+    except BaseException as exc:                           # a __repr__ that raised, say
+        record["value"] = "<the value could not be shown: %s: %s>" % (type(exc).__name__, exc)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    with os.fdopen(fd, "wb") as f:
+        f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
+
+
+def adopt_fds(config, fds):
+    """In a forked child: the call's pipes become stdin/stdout/stderr; -> the results fd."""
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(config["cwd"])
+    os.environ.clear()
+    os.environ.update(config["env"])
+    os.setsid()                    # a process group of its own, as a spawned child has
+    for extra in fds[4:]:
+        config.setdefault("extra_fds", []).append(extra)
+    return fds[3]
+
+
+_LIBC = []
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 36, 38, 24
+
+
+def _libc():
+    """The C library through ctypes (Linux), loaded once; None elsewhere."""
+    if not _LIBC:
+        try:
+            import ctypes          # Linux only: the prctl and Landlock calls
+            lib = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+            if lib is not None:
+                lib.syscall.restype = ctypes.c_long
+        except (OSError, TypeError, AttributeError, ImportError):
+            lib = None
+        _LIBC.append(lib)
+    return _LIBC[0]
+
+
+
+# --- 4.3 Supervision ----------------------------------------------------------------------
+
+
+def child_config(mode):
+    """What a child is told about its call, besides its pipes, directory and environment."""
+    cpu = int(EXEC_TIMEOUT_MAX) + 5      # a backstop; the wall clock is the real limit
+    limits = {"RLIMIT_AS": EXEC_MEMORY_MB << 20, "RLIMIT_FSIZE": EXEC_FILE_MB << 20,
+              "RLIMIT_NOFILE": EXEC_MAX_FILES, "RLIMIT_CPU": cpu, "RLIMIT_NPROC": NPROC_LIMIT}
+    limits = dict({name: value for name, value in limits.items() if value > 0}, RLIMIT_CORE=0)
+    return {"mode": mode, "limits": limits, "value_limit": OUTPUT_LIMIT,
+            "image_limit": IMAGE_LIMIT, "image_max_bytes": IMAGE_MAX_BYTES}
+
+
+def child_env(env, call):
+    """The environment of the code: the allow-list, its venv first on PATH, its own TMPDIR."""
+    extra = {"TMPDIR": call.tmp, "TEMP": call.tmp, "TMP": call.tmp}
+    if env.python != sys.executable:   # a venv: its scripts come first on PATH
+        bin_dir = os.path.dirname(env.python)
+        extra["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
+        extra["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    if "MPLBACKEND" not in os.environ:
+        extra["MPLBACKEND"] = "Agg"     # plots render off-screen, and reach the model (section 7)
+    extra.update(containment_env(call))                                   # section 6
+    return child_environment(extra)
+
+
+def child_environment(extra=None, installer=False):
+    """The allow-listed environment of executed code (and, wider, of the installer)."""
+    env = {}
+    for name, value in os.environ.items():
+        if (name in CHILD_ENV_ALLOW or name.startswith("LC_") or name in EXEC_ENV_PASSTHROUGH
+                or (installer and (name.startswith(INSTALLER_ENV_PREFIXES) or name in INSTALLER_ENV_ALLOW))):
+            env[name] = value
+    env["PYTHONIOENCODING"] = "utf-8"
+    env.update(extra or {})
+    return env
+
 
 # The child sees only these variables of the server's environment (plus LC_* and
 # EXEC_ENV_PASSTHROUGH). API_KEY and every other secret stay in the server.
@@ -950,101 +1132,186 @@ INSTALLER_ENV_ALLOW = (
 )
 
 
-def child_environment(extra=None, installer=False):
-    """The allow-listed environment of executed code (and, wider, of the installer)."""
-    env = {}
-    for name, value in os.environ.items():
-        if (name in CHILD_ENV_ALLOW or name.startswith("LC_") or name in EXEC_ENV_PASSTHROUGH
-                or (installer and (name.startswith(INSTALLER_ENV_PREFIXES) or name in INSTALLER_ENV_ALLOW))):
-            env[name] = value
-    env["PYTHONIOENCODING"] = "utf-8"
-    env.update(extra or {})
-    return env
+class Pipes:
+    """A child's four pipes: code in (its stdin), stdout, stderr, and results (JSON).
 
-
-def start_python(python):
-    """Start the bootstrap interpreter in a fresh temporary directory; it waits for code.
-
-    -> (process, root directory). The directory holds work/ (the working directory) and
-    tmp/ (TMPDIR); it is removed after the call. Its name marks every descendant.
+    `child` holds the ends the child gets, in that order; the server keeps the others.
+    Without code (an installer), the child's stdin is /dev/null.
     """
-    root = tempfile.mkdtemp(prefix="mcp-exec-")
-    work, tmp = os.path.join(root, "work"), os.path.join(root, "tmp")
-    os.mkdir(work)
-    os.mkdir(tmp)
-    extra = {"MCP_EXEC_RUN": os.path.basename(root), "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp}
-    if python != sys.executable:   # a venv: its scripts come first on PATH
-        bin_dir = os.path.dirname(python)
-        extra["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
-        extra["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    cpu = int(EXEC_TIMEOUT_MAX) + 5   # a backstop; the wall clock is the real limit
-    argv = [python, "-u", "-c", BOOTSTRAP, str(EXEC_MEMORY_MB), str(EXEC_FILE_MB),
-            str(EXEC_MAX_FILES), str(cpu)]
+
+    def __init__(self, code=True):
+        code_in, self.code = os.pipe() if code else (os.open(os.devnull, os.O_RDONLY), -1)
+        (self.stdout, out), (self.stderr, err), (self.results, res) = os.pipe(), os.pipe(), os.pipe()
+        self.child = [code_in, out, err, res]
+
+    def close_child_ends(self):
+        for fd in self.child:
+            os.close(fd)
+        self.child = []
+
+
+def start_child(env, call, mode="run", extra_fds=()):
+    """Start a child interpreter for a call -> ForkedChild (from the environment's template,
+    section 5) or SpawnedChild. extra_fds are passed on (a session's control socket)."""
+    config = dict(child_config(mode), sandbox=sandbox_config(call.root))      # section 6
+    environment = child_env(env, call)
+    pipes = Pipes()
     try:
-        return spawn(argv, child_environment(extra), work), root
-    except OSError:
-        shutil.rmtree(root, ignore_errors=True)
-        raise
+        child = TEMPLATES.fork(env, dict(config, cwd=call.work, env=environment), pipes, extra_fds)
+        if child is None:
+            config.update(results_fd=pipes.child[3], extra_fds=list(extra_fds))
+            argv = [env.python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
+            child = SpawnedChild(argv, environment, call.work, pipes, [pipes.child[3]] + list(extra_fds))
+    finally:
+        pipes.close_child_ends()
+    child.call = call
+    return child
 
 
-def spawn(argv, env, cwd):
-    """Start a child in a session of its own (so its whole process group can be killed)."""
-    hide_server_environment()    # before the first child exists (cheap after that)
-    popen_args = {"start_new_session": True} if POSIX else {
-        "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=cwd, env=env, **popen_args)
+class SpawnedChild:
+    """A child started with subprocess: the code's interpreter when there is no template,
+    or an installer (run_process)."""
+
+    call = None
+
+    def __init__(self, argv, environment, cwd, pipes, pass_fds=()):
+        self.proc = spawn(argv, environment, cwd, pipes.child[:3], pass_fds)
+        self.pid, self.pipes = self.proc.pid, pipes
+
+    def exit_code(self):
+        return self.proc.poll()
+
+    def kill(self):
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+        reap_orphans()     # what left the tree became the server's: kill it and reap it
 
 
-def run_process(argv, *, env, cwd, timeout, stdin_data=b"", cancel=None, on_output=None):
-    """Run argv to completion, timeout or cancellation -> Result; see supervise()."""
-    return supervise(spawn(argv, env, cwd), timeout=timeout, stdin_data=stdin_data, cancel=cancel,
-                     on_output=on_output)
+def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
+    """Run a helper program (venv creation, the installer) to completion -> Result."""
+    pipes = Pipes(code=False)
+    try:
+        child = SpawnedChild(argv, env, cwd, pipes)
+    finally:
+        pipes.close_child_ends()
+    return supervise(child, b"", timeout, cancel or threading.Event(), on_output)
 
 
-def supervise(proc, *, timeout, stdin_data=b"", cancel=None, on_output=None, marker=None):
-    """Feed a started child its stdin, collect its output, and never leave a process behind.
+def supervise(child, code, timeout, cancel, on_output, until_results=False):
+    """Feed a started child its code, collect its output and results, and never leave a
+    process behind -> Result. The timeout starts now, when the child gets its code.
 
-    -> Result; stdout and stderr are capped at OUTPUT_LIMIT bytes each (head and tail kept).
-    The timeout starts now, when the child gets its input.
+    One thread, one selector: the code goes in while stdout, stderr and the results come
+    out, each capped (OUTPUT_LIMIT head and tail; the results at RESULTS_LIMIT). The call
+    is over when the child has exited (a session's call: has sent its results) and its
+    pipes are closed; a background process still holding them gets EXIT_GRACE, no more.
+    A session's call is interrupted before it is killed (section 8).
     """
-    out, err = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT)
-    threads = [threading.Thread(target=_pump, args=(proc.stdout, out, "stdout", on_output), daemon=True),
-               threading.Thread(target=_pump, args=(proc.stderr, err, "stderr", on_output), daemon=True),
-               threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True)]
-    for t in threads:
-        t.start()
+    out, err, results = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT), bytearray()
+    latest = {"stdout": LatestLine(), "stderr": LatestLine()} if on_output else None
+    pipes, sel = child.pipes, selectors.DefaultSelector()
+    for fd, name in ((pipes.stdout, "stdout"), (pipes.stderr, "stderr"), (pipes.results, "results"),
+                     (pipes.code, "code")):
+        if fd >= 0:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_WRITE if name == "code" else selectors.EVENT_READ, name)
+    code, written = memoryview(code), 0
+    watch = MONITOR.watch(child.pid, child.call.root) if child.call else None      # section 6
     deadline = time.monotonic() + timeout
-    timed_out = cancelled = False
-    exited_at = None
-    # Wait until the process has exited and its pipes are closed. A background child that
-    # keeps the pipes open gets EXIT_GRACE after the process itself exits, no more.
-    while True:
-        pumping = [t for t in threads[:2] if t.is_alive()]
-        step = min(0.05, max(0.001, deadline - time.monotonic()))
-        if pumping:
-            pumping[0].join(step)           # wakes at once when the pipe closes
-        elif proc.poll() is None:
-            try:
-                proc.wait(step)
-            except subprocess.TimeoutExpired:
-                pass
-        if proc.poll() is not None:
-            exited_at = exited_at or time.monotonic()
-            if not any(t.is_alive() for t in threads[:2]) or time.monotonic() - exited_at > EXIT_GRACE:
+    stop = finished_at = interrupted = None
+    try:
+        while True:
+            for key, _ in sel.select(min(0.05, max(0.0, deadline - time.monotonic()))):
+                if key.data == "code":
+                    written += _write_fd(key.fd, code[written:written + 65536]) if written < len(code) else 0
+                    if written >= len(code) or written < 0:
+                        _close(sel, key.fd)        # EOF is the end of the code
+                    continue
+                chunk = _read_fd(key.fd)
+                if chunk == b"":
+                    _close(sel, key.fd)
+                elif key.data == "results":
+                    if chunk and len(results) < RESULTS_LIMIT:
+                        results += chunk
+                elif chunk:
+                    (out if key.data == "stdout" else err).add(chunk)
+                    if latest:
+                        on_output(key.data, latest[key.data].feed(chunk))
+            reading = [k.data for k in sel.get_map().values() if k.data != "code"]
+            if ("results" not in reading) if until_results else child.exit_code() is not None:
+                finished_at = finished_at or time.monotonic()
+                if not reading or time.monotonic() - finished_at > EXIT_GRACE:
+                    break
+            now = time.monotonic()
+            stop = watch.reason if watch else None
+            if interrupted:
+                stop = stop or ("unresponsive" if now >= deadline else None)
+            else:
+                stop = stop or ("cancelled" if cancel.is_set() else "timeout" if now >= deadline else None)
+                if stop and until_results and stop in ("cancelled", "timeout"):
+                    interrupted, stop, deadline = stop, None, now + SESSION_INTERRUPT_GRACE
+                    child.interrupt()           # a session keeps its state if the code stops
+            if stop:
                 break
-        if cancel is not None and cancel.is_set():
-            cancelled = True
-            break
-        if time.monotonic() >= deadline:
-            timed_out = True
-            break
-    # Whatever happened, nothing of this call may survive it.
-    kill_tree(proc, marker)
-    proc.wait()
-    for t in threads[:2]:
-        t.join(KILL_GRACE)   # a pipe held by an escaped process is abandoned, not waited for
-    return Result(proc.returncode, out.text(), err.text(), timed_out, out.truncated or err.truncated, cancelled)
+    finally:
+        if watch:
+            MONITOR.unwatch(watch)
+        for key in list(sel.get_map().values()):
+            _close(sel, key.fd)
+        sel.close()
+    return finish(child, stop, interrupted, out, err, results, timeout, until_results)
+
+
+def finish(child, stop, interrupted, out, err, results, timeout, until_results):
+    """The Result of a supervised child, after killing whatever of it may still run."""
+    record = _parse_results(results)
+    if stop or not until_results:
+        child.kill()       # nothing is left of a child that exited: this kills what escaped
+    status = record.get("status") if until_results else child.exit_code()
+    ended_by = interrupted or stop
+    result = Result(status if isinstance(status, int) else -9, out.text(), err.text(),
+                    ended_by == "timeout", out.truncated or err.truncated, ended_by == "cancelled")
+    if ended_by == "timeout":
+        result.note("Timed out after %g s: %s Pass a larger \"timeout\" (at most %g s) or make the code faster."
+                    % (timeout, "the process and its children were killed." if not interrupted else
+                       "the code was interrupted (KeyboardInterrupt)%s." % (
+                           "; the session's state was kept" if not stop else ""), EXEC_TIMEOUT_MAX))
+    if stop not in (None, "cancelled", "timeout", "unresponsive"):
+        result.returncode = result.returncode or -9
+        result.note(stop)                      # a per-call total of section 6 ended it
+    apply_record(result, record)                                       # section 7
+    return result
+
+
+def _read_fd(fd):
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def _write_fd(fd, data):
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+    except OSError:           # the child died before reading all of it; its stderr says why
+        return -(1 << 40)
+
+
+def _close(sel, fd):
+    sel.unregister(fd)
+    os.close(fd)
+
+
+def _parse_results(data):
+    try:
+        record = json.loads(bytes(data)) if data else {}
+    except ValueError:
+        record = {}
+    return record if isinstance(record, dict) else {}
 
 
 class OutputBuffer:
@@ -1111,98 +1378,103 @@ class LatestLine:
         return self.line
 
 
-def _pump(pipe, buffer, name, on_output):
-    """Reader thread: copy one pipe into its OutputBuffer in chunks until EOF, then close it.
+# --- Starting, finding and killing processes ---------------------------------------------
+# Every process the server starts goes through spawn(), which remembers it: a child of the
+# server that spawn() did not start is an orphan some call left behind (section 6 makes
+# the server their reaper), and reap_orphans() kills and reaps it.
 
-    Only this thread touches the pipe: closing it from elsewhere would block while a
-    read is under way (if a runaway process still holds the other end). The latest line
-    is tracked only when someone listens (on_output: progress was asked for).
-    """
-    latest = LatestLine() if on_output is not None else None
+_SPAWNED = weakref.WeakSet()        # Popen objects of the server's own children
+_SPAWN_LOCK = threading.Lock()
+
+
+def spawn(argv, env, cwd, stdio=(subprocess.PIPE,) * 3, pass_fds=()):
+    """Start a child in a session of its own (so its whole process group can be killed)."""
+    server_setup()                  # section 6: once, before the first child exists
+    popen_args = {"start_new_session": True} if POSIX else {
+        "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+    with _SPAWN_LOCK:
+        proc = subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=cwd, env=env,
+                                pass_fds=pass_fds, **popen_args)
+        _SPAWNED.add(proc)
+    RUN_DIR.record(proc.pid)
+    return proc
+
+
+def children_of(pid):
+    """The live children of pid (of all its threads), through /proc (Linux)."""
+    kids = []
     try:
-        while True:
-            chunk = pipe.read1(65536)
-            if not chunk:
-                break
-            buffer.add(chunk)
-            if latest is not None:
-                on_output(name, latest.feed(chunk))
-    except (OSError, ValueError):
-        pass
-    finally:
-        pipe.close()
-
-
-def _feed(pipe, data):
-    """Writer thread: hand the code to the child's stdin, then close it (EOF = end of code)."""
-    try:
-        if data:
-            pipe.write(data)
-    except (OSError, ValueError):
-        pass   # the child died before reading everything; its stderr says why
-    finally:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return kids
+    for task in tasks:
         try:
-            pipe.close()
-        except OSError:
+            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                kids.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
             pass
+    return kids
 
 
-def kill_tree(proc, marker):
-    """Kill the child's process group, and on Linux every process that carries our marker.
+def descendants(pid):
+    """Every live descendant of pid."""
+    found, todo = [], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        found.extend(kids)
+        todo.extend(kids)
+    return found
 
-    The child runs in a session of its own (start_new_session), so killpg reaches its
-    children too. A descendant that started a new session escapes the group; it still
-    inherits the MCP_EXEC_RUN marker in its environment, which /proc lets us find.
+
+def kill_tree(pid):
+    """SIGKILL a process, its process group, and every descendant, wherever it went.
+
+    Descendants are stopped first, round after round, so that none can fork while the
+    tree is being collected; then everything dies at once.
     """
     if not POSIX:
-        subprocess.run(["taskkill", "/F", "/T", "/PID", str(proc.pid)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            proc.kill()
-        except OSError:
-            pass
+        subprocess.run(["taskkill", "/F", "/T", "/PID", str(pid)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
         return
+    stopped = set()
+    for _ in range(100):
+        found = [p for p in [pid] + descendants(pid) if p not in stopped]
+        if not found:
+            break
+        for p in found:
+            _signal(p, signal.SIGSTOP)
+        stopped.update(found)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
         pass
-    if marker and os.path.isdir("/proc/self"):
-        needle = ("MCP_EXEC_RUN=%s\0" % marker).encode()
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open("/proc/%s/environ" % entry, "rb") as f:
-                        found = needle in f.read()
-                    if found:
-                        os.kill(int(entry), signal.SIGKILL)
-                except OSError:
-                    pass
+    for p in stopped | {pid}:
+        _signal(p, signal.SIGKILL)
 
 
-_environment_hidden = False
-
-
-def hide_server_environment():
-    """Make /proc/<server>/environ unreadable to the server's children (Linux).
-
-    The child's environment is an allow-list, but on Linux a process can read its
-    parent's environment through /proc: API_KEY and every config var. A process that is
-    not "dumpable" has its /proc files owned by root, so code running as another user
-    (or as the same non-root user) cannot read them. Root can; see the README.
-    """
-    global _environment_hidden
-    if _environment_hidden or not sys.platform.startswith("linux"):
-        return
-    _environment_hidden = True
+def _signal(pid, signum):
     try:
-        import ctypes
-        PR_SET_DUMPABLE = 4
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        log("could not make the server non-dumpable; code may read its environment via /proc")
+        os.kill(pid, signum)
+    except OSError:
+        pass
 
 
-# --- 4.3 Package environments ------------------------------------------------------------
+def reap_orphans():
+    """Kill and reap the server's children that it did not start itself (Linux)."""
+    if not LINUX:
+        return
+    with _SPAWN_LOCK:
+        ours = {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
+        orphans = [p for p in children_of(os.getpid()) if p not in ours]
+        for pid in orphans:
+            kill_tree(pid)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+# --- 4.4 Package environments ------------------------------------------------------------
 # A package is a plain requirement: name, optional [extras], optional version specifiers.
 # Nothing else reaches pip: no options, URLs, paths, "@ url", markers or shell characters.
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
@@ -1300,6 +1572,7 @@ def _satisfied_here(requirement):
     m = re.match(r"^([a-z0-9-]+)(?:==([A-Za-z0-9.+!_-]+))?$", requirement)
     if not m:
         return False
+    from importlib import metadata      # only when packages are asked for
     try:
         version = metadata.version(m.group(1))
     except metadata.PackageNotFoundError:
@@ -1356,17 +1629,17 @@ class Environments:
         stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
 
         def missing():
-            installed = set((_read(record) or "").split())
+            installed = set((_read_text(record) or "").split())
             return [r for r in requirements if r not in installed and not _satisfied_here(r)]
         # The common case takes no lock: nothing to build, nothing to install. A call
         # without packages never waits behind another call's install.
-        if _read(os.path.join(venv, ".mcp-exec-ready")) == stamp and not missing():
+        if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not missing():
             return _venv_python(venv), None
         with _Locked(self.workspace_lock, cancel, deadline) as got, \
                 _FileLock(venv + ".lock", cancel, deadline) as flocked:
             if not (got and flocked):
                 return None, _install_failed(_waited(cancel), "waiting for another install into the workspace")
-            if _read(os.path.join(venv, ".mcp-exec-ready")) != stamp:
+            if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
                 shutil.rmtree(venv, ignore_errors=True)
                 if os.path.exists(record):
                     os.unlink(record)
@@ -1417,13 +1690,35 @@ class Environments:
         return _venv_python(lease.venv), lease, None
 
     def _build(self, cache, pointer, key, requirements, deadline, cancel, report):
-        """Build an isolated venv in place and publish it -> None, or the failure Result."""
+        """Build an isolated venv in place and publish it -> None, or the failure Result.
+
+        While it builds, <dir>.building is locked: a directory nobody publishes and nobody
+        builds is a dead server's leftover, and recover() removes it (section 6).
+        """
         os.makedirs(cache, exist_ok=True)
-        venv = tempfile.mkdtemp(prefix=key + "-", dir=cache)
+        venv = os.path.join(cache, "%s-%s" % (key, secrets.token_hex(4)))
+        with open(venv + ".building", "w") as building:
+            _flock(building, shared=False)
+            try:
+                failure = self._fill(venv, requirements, deadline, cancel, report)
+            finally:
+                os.unlink(venv + ".building")
+        if failure:
+            return failure
+        # Publish atomically: a crash before this line leaves no entry that a later
+        # call would trust, only a directory that recover() removes.
+        tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
+        with open(tmp, "w") as f:
+            f.write(os.path.basename(venv))
+        with self.lock:
+            os.replace(tmp, pointer)
+        return None
+
+    def _fill(self, venv, requirements, deadline, cancel, report):
         result = _create_venv(venv, False, deadline, cancel)
         if not result.failed and requirements:
             result = run_process(_installer_argv(_venv_python(venv), requirements),
-                                 env=installer_environment(), cwd=cache,
+                                 env=installer_environment(), cwd=os.path.dirname(venv),
                                  timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                                  on_output=_install_reporter(report))
         if result.failed:
@@ -1432,19 +1727,23 @@ class Environments:
                                    % (" ".join(requirements) or "no packages"))
         open(os.path.join(venv, LEASE_FILE), "w").close()
         _set_writable(venv, False)   # later code cannot change it by accident (the owner could chmod it back)
-        # Publish atomically: a crash before this line leaves no entry that a later
-        # call would trust, only an orphan directory that _evict() removes.
-        tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
-        with open(tmp, "w") as f:
-            f.write(os.path.basename(venv))
-        with self.lock:
-            os.replace(tmp, pointer)
         return None
+
+    def recover(self):
+        """Remove the isolated environments that a dead server left half built."""
+        cache = os.path.join(self.root, "venvs")
+        for name in os.listdir(cache) if os.path.isdir(cache) else []:
+            if not name.endswith(".building"):
+                continue
+            with open(os.path.join(cache, name)) as lock:
+                if _flock(lock, shared=False, wait=False):
+                    _remove_tree(os.path.join(cache, name[:-len(".building")]))
+                    os.unlink(os.path.join(cache, name))
 
     def _lease(self, cache, pointer):
         """The cached venv a pointer names, leased (so it cannot be evicted), or None."""
         with self.lock:      # eviction unlinks pointers under this lock: no lookup sees half
-            venv = _read(pointer)
+            venv = _read_text(pointer)
             venv = venv and os.path.join(cache, venv)
             if not venv or not os.path.exists(_venv_python(venv)):
                 return None
@@ -1453,7 +1752,7 @@ class Environments:
             except OSError:
                 return None
         # Another server may have evicted it between our read and our lease: look again.
-        if _read(pointer) != os.path.basename(venv):
+        if _read_text(pointer) != os.path.basename(venv):
             lease.release()
             return None
         os.utime(pointer)                # least-recently-used order is the pointers' mtime
@@ -1472,7 +1771,7 @@ class Environments:
             pointers.sort()
             doomed = {}                  # venv name -> its lease file, held exclusively
             for _, name in pointers[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
-                venv = _read(os.path.join(cache, name))
+                venv = _read_text(os.path.join(cache, name))
                 held = venv and _Lease.exclusive(os.path.join(cache, venv))
                 if held:
                     try:
@@ -1480,23 +1779,47 @@ class Environments:
                         doomed[venv] = held
                     except OSError:
                         held.close()
-            live = {_read(os.path.join(cache, n)) for _, n in pointers}
+            live = {_read_text(os.path.join(cache, n)) for _, n in pointers}
         for venv, held in doomed.items():
-            WARM.discard(_venv_python(os.path.join(cache, venv)))
+            TEMPLATES.discard(_venv_python(os.path.join(cache, venv)))
             _remove_tree(os.path.join(cache, venv))
             held.close()
-        # Directories no entry names are failed or abandoned builds; one younger than any
-        # build could take may still be filling in another server process, so it stays.
+        # A directory no entry names, not being built, is a failed or abandoned build.
         for name in os.listdir(cache):
             path = os.path.join(cache, name)
-            try:
-                old = time.time() - os.path.getmtime(path) > INSTALL_TIMEOUT + 60
-            except OSError:
-                continue
-            held = os.path.isdir(path) and name not in live and name not in doomed and old and _Lease.exclusive(path)
-            if held:
-                _remove_tree(path)
-                held.close()
+            if (os.path.isdir(path) and name not in live and name not in doomed
+                    and not os.path.exists(path + ".building")):
+                held = _Lease.exclusive(path)
+                if held:
+                    _remove_tree(path)
+                    held.close()
+
+
+class Environment:
+    """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call
+    runs with (env.python), ready and leased for as long as the block lasts, or
+    env.failure (a Result saying why not). env.generation changes whenever the
+    environment changes, so that a template of an older one is not used (section 5)."""
+
+    def __init__(self, packages, isolated, cancel, report=None):
+        self.packages, self.isolated, self.cancel, self.report = list(packages), isolated, cancel, report
+        self.python = self.lease = self.failure = None
+        self.generation = 0
+
+    def __enter__(self):
+        deadline = time.monotonic() + INSTALL_TIMEOUT
+        if self.isolated:       # a cached environment never changes (it is read-only)
+            self.python, self.lease, self.failure = ENVIRONMENTS.isolated(
+                self.packages, deadline, self.cancel, self.report)
+        else:
+            self.python, self.failure = ENVIRONMENTS.workspace(self.packages, deadline, self.cancel, self.report)
+            self.generation = ENVIRONMENTS.generation
+        return self
+
+    def __exit__(self, *exc):
+        if self.lease:
+            self.lease.release()
+            self.lease = None
 
 
 ENVIRONMENTS = Environments(STATE_DIR)
@@ -1522,7 +1845,7 @@ def _remove_tree(path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _read(path):
+def _read_text(path):
     try:
         with open(path) as f:
             return f.read().strip()
@@ -1614,99 +1937,1372 @@ class _FileLock:
         self.file.close()
 
 
-# --- 4.4 Warm interpreters ------------------------------------------------------------
+
+# =============================================================================
+# 5. Fork server: one template interpreter per environment
+# =============================================================================
+# Starting Python costs tens of milliseconds of CPU; forking a running one costs about
+# one. A template is a clean, single-threaded interpreter of one environment, started
+# when the environment is first used, that forks one child per call (the idea of
+# multiprocessing's forkserver). The request and the call's pipes travel over a unix
+# socket (SCM_RIGHTS). The forked child then does all that a spawned one does
+# (child_main), so the code cannot tell them apart. The template reports each child's
+# pid and exit status, reaps and kills what the code orphaned (it is their subreaper),
+# and when the server goes away it kills all its children and exits. Linux only; with
+# FORK_SERVER=0, elsewhere, or while a template cannot start, calls are spawned.
 
 
-class WarmInterpreters:
-    """Interpreters started ahead of the call that uses them: one per recently used environment.
+class Template:
+    """The server's side of one template process."""
 
-    A cold call pays for starting Python; a warm one only hands over the code. Both run
-    the same BOOTSTRAP with the same arguments, environment, limits and kind of fresh
-    directory, so the code cannot tell them apart: only the moment the interpreter
-    started differs. Each serves one call; the next starts right after it. One is used
-    only while its environment is unchanged since it started (same generation).
-    """
-
-    def __init__(self, enabled, size=3):
-        self.enabled, self.size = enabled, size
-        self.lock = threading.Lock()
-        self.ready = {}            # python -> (generation, process, root), oldest first
-        self.starting = set()      # refill threads under way
-
-    def take(self, python, generation):
-        """-> (process, root) started for this python and generation, or None."""
-        with self.lock:
-            ready = self.ready.pop(python, None)
-        if ready is None:
-            return None
-        if ready[0] == generation and ready[1].poll() is None:
-            return ready[1:]
-        self._discard(ready)
-        return None
-
-    def refill(self, python, generation):
-        """Start the next warm interpreter for this environment in the background."""
-        with self.lock:
-            if not self.enabled:
-                return
-            thread = threading.Thread(target=self._start, args=(python, generation), daemon=True)
-            self.starting.add(thread)
-        thread.start()
-
-    def _start(self, python, generation):
+    def __init__(self, python, generation):
+        self.python, self.generation = python, generation
+        self.cond = threading.Condition()
+        self.pids = {}           # request id -> pid of the child forked for it
+        self.exits = {}          # pid -> exit status, as the template reaped it
+        self.alive, self.retired, self.active, self.next_id = True, False, 0, 0
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps({"mode": "template", "socket_fd": theirs.fileno()})]
         try:
-            proc, root = start_python(python)
-        except OSError:
-            return
+            self.proc = spawn(argv, child_environment(), RUN_DIR.path(),
+                              (subprocess.DEVNULL, subprocess.DEVNULL, None), [theirs.fileno()])
         finally:
-            with self.lock:
-                self.starting.discard(threading.current_thread())
-        with self.lock:
-            stale = [self.ready.pop(python)] if python in self.ready else []
-            self.ready[python] = (generation, proc, root)
-            while len(self.ready) > self.size:            # least recently refilled goes
-                stale.append(self.ready.pop(next(iter(self.ready))))
-            if not self.enabled:
-                stale.append(self.ready.pop(python))
-        for ready in stale:
-            self._discard(ready)
+            theirs.close()
+        self.sock = ours
+        ours.settimeout(60)
+        try:
+            ready = ours.recv(4096)          # sent once its imports are done
+        except OSError:
+            ready = b""
+        ours.settimeout(None)
+        if not ready:
+            self.close()
+            raise OSError("the template for %s did not start" % python)
+        threading.Thread(target=self._reader, daemon=True).start()
 
-    def discard(self, python):
-        """Forget the one for this environment (it is being deleted)."""
-        with self.lock:
-            ready = self.ready.pop(python, None)
-        if ready is not None:
-            self._discard(ready)
+    def fork(self, config, pipes, extra_fds):
+        """Fork a child for a call -> ForkedChild, or None if this template is gone."""
+        with self.cond:
+            if not self.alive:
+                return None
+            self.next_id += 1
+            request_id = self.next_id
+            try:
+                socket.send_fds(self.sock, [json.dumps(dict(config, id=request_id)).encode()],
+                                pipes.child + list(extra_fds))
+            except OSError:
+                return None
+            self.cond.wait_for(lambda: request_id in self.pids or not self.alive, 30)
+            pid = self.pids.pop(request_id, None)
+            if pid is None:
+                return None
+            self.active += 1
+        return ForkedChild(self, pid, pipes)
 
-    def _discard(self, ready):
-        kill_tree(ready[1], None)
-        ready[1].wait()
-        for pipe in (ready[1].stdin, ready[1].stdout, ready[1].stderr):
-            pipe.close()
-        shutil.rmtree(ready[2], ignore_errors=True)
+    def _reader(self):
+        """Reader thread: the pids of new children and the exit statuses of finished ones."""
+        while True:
+            try:
+                message = json.loads(self.sock.recv(65536) or b"null")
+            except (OSError, ValueError):
+                message = None
+            with self.cond:
+                if message is None:
+                    self.alive = False
+                elif "pid" in message:
+                    self.pids[message["id"]] = message["pid"]
+                else:
+                    self.exits[message["exit"]] = message["code"]
+                self.cond.notify_all()
+            if message is None:
+                break
+        if not self.retired:
+            log("the template for %s ended; calls are spawned until a new one starts" % self.python)
+
+    def done(self, pid):
+        """A child's call is over: forget it, and stop a retired template once it is idle."""
+        with self.cond:
+            self.exits.pop(pid, None)
+            self.active -= 1
+            idle = self.retired and self.active == 0
+        if idle:
+            self.close()
+
+    def retire(self):
+        """No new calls; stop once the running ones are over (a session may take a while)."""
+        with self.cond:
+            self.retired = True
+            idle = self.active == 0
+        if idle:
+            self.close()
 
     def close(self):
-        """Stop every warm interpreter, including those still starting."""
+        """Stop the template: seeing its socket close, it kills its children and exits."""
+        self.retired = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)   # wakes our reader; the template sees EOF
+            self.sock.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+
+
+class ForkedChild:
+    """A child forked by a template: its parent is the template, which tells us how it ended."""
+
+    call = None
+
+    def __init__(self, template, pid, pipes):
+        self.template, self.pid, self.pipes = template, pid, pipes
+        self.code = None
+
+    def exit_code(self):
+        if self.code is None:
+            t = self.template
+            with t.cond:
+                self.code = t.exits.get(self.pid, None if t.alive else -9)
+        return self.code
+
+    def kill(self):
+        t = self.template
+        if self.exit_code() is None:           # not reaped yet: the pid is still this child's
+            kill_tree(self.pid)
+            with t.cond:
+                t.cond.wait_for(lambda: self.pid in t.exits or not t.alive, 5)
+        if not t.alive:
+            reap_orphans()                     # the template died: its children became ours
+        self.exit_code()
+        t.done(self.pid)
+
+
+class Templates:
+    """The templates of the environments in use: one per interpreter, for its current
+    generation of packages; beyond FORK_SERVER_SIZE, the least recently used is retired."""
+
+    def __init__(self, enabled, size=3):
+        self.enabled, self.size = enabled and LINUX, size
+        self.lock = threading.Lock()
+        self.by_python = {}                    # python -> Template, least recently used first
+        self.starting = {}                     # python -> lock held while one starts
+        self.failed = set()
+
+    def fork(self, env, config, pipes, extra_fds=()):
+        """A ForkedChild for this environment's call, or None: the caller spawns instead."""
+        template = self.get(env.python, env.generation) if self.enabled else None
+        return template.fork(config, pipes, extra_fds) if template else None
+
+    def get(self, python, generation):
+        with self.lock:
+            template = self.by_python.get(python)
+            if template and template.alive and template.generation == generation:
+                self.by_python[python] = self.by_python.pop(python)      # now the most recent
+                return template
+            start_lock = self.starting.setdefault(python, threading.Lock())
+        with start_lock:                       # one start at a time per environment
+            with self.lock:
+                template = self.by_python.get(python)
+                if template and template.alive and template.generation == generation:
+                    return template
+            try:
+                template = Template(python, generation)
+            except OSError as exc:
+                if python not in self.failed:
+                    self.failed.add(python)
+                    log("no template for %s (%s); its calls are spawned" % (python, exc))
+                return None
+            with self.lock:
+                stale = [self.by_python.pop(python)] if python in self.by_python else []
+                self.by_python[python] = template
+                while len(self.by_python) > self.size:
+                    stale.append(self.by_python.pop(next(iter(self.by_python))))
+        for old in stale:
+            old.retire()
+        return template
+
+    def discard(self, python):
+        """The environment is being deleted: retire its template."""
+        with self.lock:
+            template = self.by_python.pop(python, None)
+        if template:
+            template.retire()
+
+    def close(self):
         with self.lock:
             self.enabled = False
-            starting = list(self.starting)
-        for thread in starting:           # once they finish, they see enabled=False ...
-            thread.join(10)
+            templates, self.by_python = list(self.by_python.values()), {}
+        for template in templates:
+            template.close()
+
+
+TEMPLATES = None    # set below, once the settings of section 6 are known
+
+
+def serve_template(config):
+    """Template mode (in the child): fork a child per request -> (its config, its fds), in it.
+
+    Single-threaded on purpose: fork() copies only the calling thread. SIGCHLD wakes the
+    loop through a pipe; every child is reaped here, and each time a call's child ends,
+    whatever it orphaned (now ours: we are a subreaper) is killed.
+    """
+    sock = socket.socket(fileno=config["socket_fd"])
+    libc = _libc()                 # loaded here once, so that no forked child pays for ctypes
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    wake_read, wake_write = os.pipe()
+    for fd in (wake_read, wake_write):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_read, selectors.EVENT_READ)
+    roots = set()
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is not sock:
+                while _read_fd(wake_read):
+                    pass
+                _reap_children(sock, roots)
+                continue
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+            if not data:                               # the server is gone: so is all we started
+                for pid in children_of(os.getpid()):
+                    kill_tree(pid)
+                os._exit(0)
+            request = json.loads(data)
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                sel.close()
+                for fd in (sock.detach(), wake_read, wake_write):
+                    os.close(fd)
+                return request, fds
+            for fd in fds:
+                os.close(fd)
+            roots.add(pid)
+            sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def _reap_children(sock, roots):
+    """Reap every child that ended; report the calls' children; kill the orphans they left."""
+    ended = False
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        if pid in roots:
+            roots.discard(pid)
+            ended = True
+            sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+    if ended:
+        for pid in children_of(os.getpid()):
+            if pid not in roots:       # an orphan: its call's child ended, so its call is over
+                kill_tree(pid)
+
+# =============================================================================
+# 6. Containment: a call cannot reach another call, the server, or its secret
+# =============================================================================
+# Three layers, all Linux (elsewhere the first two are off and the README says so):
+#   6.1 the sandbox: each child restricts itself with Landlock before the code runs:
+#       writes only in its own directory, reads (over HTTP) only what Python needs,
+#       no signals to processes outside its domain, optionally no TCP;
+#   6.2 per-call totals: memory, processes and disk of all the call's processes, polled;
+#   6.3 nothing escapes, nothing is left: the server is the subreaper of all it starts,
+#       every call has a directory under this server's run directory, and a server
+#       starting after a crash kills what the dead one left and removes its directories.
+
+LINUX = sys.platform.startswith("linux")
+
+
+def server_setup():
+    """Once per server process, before its first child: become the reaper of orphans, hide
+    our environment, recover from a dead server, and say what containment is active."""
+    with _SETUP_LOCK:
+        if _SETUP:
+            return
+        _SETUP.append(True)
+        libc = _libc()
+        if libc is not None:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            # Not dumpable: our /proc files (environ: API_KEY) belong to root, so code
+            # running as another user, or as this one, cannot read them.
+            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        RUN_DIR.recover()
+        ENVIRONMENTS.recover()
+        global NPROC_LIMIT
+        NPROC_LIMIT = _nproc_limit()
+        log("sandbox: %s" % SANDBOX.describe())
+
+
+_SETUP, _SETUP_LOCK = [], threading.RLock()
+PR_SET_DUMPABLE = 4
+
+
+# --- 6.1 The sandbox (Landlock) --------------------------------------------------------
+# Landlock (Linux 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst):
+# a process restricts itself and all it later starts, for good. Three syscalls (the same
+# numbers on every architecture but alpha); each ABI version adds rights.
+
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+FS_READ = 1 | 4 | 8                        # execute, read_file, read_dir
+FS_FILE_RIGHTS = 1 | 2 | 4 | 1 << 14 | 1 << 15   # the only rights a rule on a file may carry
+# Over HTTP, reads are limited to these, the interpreter's own directories (added by the
+# child from its sys.path and prefixes), the call's directory, and EXEC_READ_PATHS.
+SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ssl/certs",
+                     "/etc/ssl/openssl.cnf", "/etc/ca-certificates", "/etc/pki", "/etc/resolv.conf",
+                     "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf",
+                     "/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group",
+                     "/etc/mime.types", "/dev/urandom", "/dev/zero")
+
+
+def landlock_abi():
+    """The kernel's Landlock ABI version; 0 where there is none."""
+    libc = _libc()
+    if libc is None:
+        return 0
+    import ctypes
+    return max(0, libc.syscall(LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+
+
+class Sandbox:
+    """What the children are restricted to, decided once (EXEC_SANDBOX, EXEC_NETWORK).
+
+    read_everywhere: over stdio the local user's files are the point; create_app()
+    turns it off, so that over HTTP code reads only what it needs.
+    """
+
+    def __init__(self, mode, network):
+        self.mode, self.network, self.read_everywhere = mode, network, True
+        self._abi = None
+
+    @property
+    def abi(self):
+        if self._abi is None:
+            self._abi = landlock_abi() if self.mode != "off" else 0
+            if self.mode == "landlock" and not self._abi:
+                raise SystemExit("mcp-exec: EXEC_SANDBOX=landlock, but this kernel has no Landlock "
+                                 "(Linux 5.13 or newer with landlock in the lsm= list); use auto or off")
+        return self._abi
+
+    def describe(self):
+        if not self.abi:
+            return ("off: code runs with this user's rights (%s)" % ("EXEC_SANDBOX=off" if self.mode == "off"
+                                                                      else "no Landlock in this kernel"))
+        parts = ["Landlock ABI %d" % self.abi, "writes only in the call's directory",
+                 "reads everywhere" if self.read_everywhere else "reads only Python and system files",
+                 "signals and abstract sockets scoped" if self.abi >= 6 else "signals NOT scoped (ABI < 6)",
+                 "TCP off" if self.network == "off" and self.abi >= 4 else "network on"]
+        return ", ".join(parts)
+
+
+def sandbox_config(call_root):
+    """The sandbox a child applies to itself (apply_sandbox), or None when there is none."""
+    if not SANDBOX.abi:
+        return None
+    reads = None if SANDBOX.read_everywhere else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root]
+    return {"abi": SANDBOX.abi, "read": reads, "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
+            "network_off": SANDBOX.network == "off", "drop_caps": POSIX and os.geteuid() == 0}
+
+
+def containment_env(call):
+    """Where code may write, caches go: into the call's own directory."""
+    if not SANDBOX.abi:
+        return {}
+    extra = {"XDG_CACHE_HOME": os.path.join(call.tmp, "cache"), "MPLCONFIGDIR": os.path.join(call.tmp, "matplotlib")}
+    if not SANDBOX.read_everywhere:
+        extra["HOME"] = call.root       # the server's home is not the code's over HTTP
+    return {k: v for k, v in extra.items() if k not in os.environ or k == "HOME"}
+
+
+def apply_sandbox(spec):
+    """In the child, before any code of the user's and before any thread: restrict this
+    process and all it will start. A failure ends the child: code never runs unconfined
+    where confinement was promised."""
+    import ctypes
+    import struct
+    libc, abi = _libc(), spec["abi"]
+    try:
+        if spec["drop_caps"]:
+            _drop_capabilities(libc)
+        handled = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+        net = 3 if spec["network_off"] and abi >= 4 else 0          # bind_tcp, connect_tcp
+        scoped = 3 if abi >= 6 else 0                                # abstract unix sockets, signals
+        size = 8 if abi < 4 else 16 if abi < 6 else 24               # only the fields this ABI knows
+        attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
+        ruleset = _landlock(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0)))
+        reads = spec["read"] if spec["read"] is not None else ["/"]
+        if spec["read"] is not None:     # the interpreter's own directories, wherever they are
+            reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+            reads += [p for p in sys.path if os.path.isabs(p)]
+        for paths, access in ((reads, FS_READ), (spec["write"], handled)):
+            for path in paths:
+                _landlock_rule(libc, ruleset, path, access)
+        _landlock(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+        _landlock(libc.syscall(LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(1 if abi >= 7 else 0)))
+        os.close(ruleset)
+    except OSError as exc:
+        sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n" % exc)
+        os._exit(125)
+
+
+def _landlock(value):
+    import ctypes
+    if value < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return value
+
+
+def _landlock_rule(libc, ruleset, path, access):
+    """Allow `access` beneath `path` (on a file, only the rights a file can have)."""
+    import ctypes
+    import struct
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return                                   # a path that is not there needs no rule
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            access &= FS_FILE_RIGHTS
+        attr = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))    # packed, 12 bytes
+        _landlock(libc.syscall(LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), attr, ctypes.c_uint32(0)))
+    finally:
+        os.close(fd)
+
+
+def _drop_capabilities(libc):
+    """For a child running as root: drop CAP_SYS_ADMIN and CAP_PERFMON. Either one lets a
+    process read any other's /proc/<pid>/environ (and mem) past Landlock's domain check."""
+    import ctypes
+    import struct
+    for cap in (21, 38):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)      # exec cannot bring them back
+    header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0))   # version 3, this process
+    data = ctypes.create_string_buffer(24)
+    _landlock(libc.capget(header, data))
+    words = list(struct.unpack("=6I", data.raw))
+    for cap in (21, 38):
+        for k in range(3):                            # effective, permitted, inheritable
+            words[cap // 32 * 3 + k] &= ~(1 << cap % 32)
+    _landlock(libc.capset(header, ctypes.create_string_buffer(struct.pack("=6I", *words))))
+
+
+# --- 6.2 Per-call totals ----------------------------------------------------------------
+# setrlimit bounds each process; these bound a call's processes together. The monitor
+# polls every MONITOR_INTERVAL; a call over a total is ended, and its result says why.
+
+MONITOR_INTERVAL = 0.25
+
+
+def _nproc_limit():
+    """RLIMIT_NPROC for the code, where it applies (not to root): a backstop against fork
+    bombs between two polls. It counts all of this user's processes, so it is set above
+    what the user runs now plus what the calls may run."""
+    if not LINUX or os.geteuid() == 0 or not EXEC_MAX_PROCS:
+        return 0
+    mine = sum(1 for e in os.listdir("/proc") if e.isdigit() and _owner(e) == os.geteuid())
+    return mine + EXEC_MAX_PROCS * (EXEC_CONCURRENCY + SESSION_LIMIT) + 64
+
+
+def _owner(pid):
+    try:
+        return os.stat("/proc/" + pid).st_uid
+    except OSError:
+        return None
+
+
+class Watch:
+    """One call's processes (pid and its descendants) and directory, and why it must end."""
+
+    def __init__(self, pid, directory):
+        self.pid, self.directory, self.reason = pid, directory, None
+
+    def check(self):
+        pids = [self.pid] + descendants(self.pid)
+        if EXEC_MAX_PROCS and len(pids) > EXEC_MAX_PROCS:
+            self.reason = ("Stopped: the call ran more than %d processes at once (EXEC_MAX_PROCS)."
+                           % EXEC_MAX_PROCS)
+        elif EXEC_MEMORY_MB and sum(_memory_kb(p) for p in pids) > EXEC_MEMORY_MB * 1024:
+            self.reason = ("Stopped: the call's processes used more than %d MB of memory together "
+                           "(EXEC_MEMORY_MB)." % EXEC_MEMORY_MB)
+        elif EXEC_DISK_MB and _disk_kb(self.directory) > EXEC_DISK_MB * 1024:
+            self.reason = ("Stopped: the call wrote more than %d MB in its directory (EXEC_DISK_MB)."
+                           % EXEC_DISK_MB)
+
+
+def _memory_kb(pid):
+    """A process's proportional share of memory (PSS: pages shared with the template or
+    with siblings count once), or its resident size where PSS is not available."""
+    try:
+        with open("/proc/%d/smaps_rollup" % pid) as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/%d/statm" % pid) as f:
+            return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+    except (OSError, ValueError):
+        return 0
+
+
+def _disk_kb(directory, limit=50000):
+    """Kilobytes allocated under a directory (the first `limit` entries; links not followed)."""
+    total, todo, seen = 0, [directory], 0
+    while todo and seen < limit:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += getattr(info, "st_blocks", info.st_size // 512) // 2
+            if entry.is_dir(follow_symlinks=False):
+                todo.append(entry.path)
+    return total
+
+
+class Monitor:
+    """Polls the watched calls every MONITOR_INTERVAL seconds, on one thread that runs only
+    while some call is watched."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.watches = set()
+        self.running = False
+
+    def watch(self, pid, directory):
+        watch = Watch(pid, directory)
+        if not LINUX:
+            return watch
         with self.lock:
-            ready, self.ready = list(self.ready.values()), {}
-        for r in ready:                    # ... and everything ready is discarded here
-            self._discard(r)
+            self.watches.add(watch)
+            if not self.running:
+                self.running = True
+                threading.Thread(target=self._run, daemon=True).start()
+        return watch
+
+    def unwatch(self, watch):
+        with self.lock:
+            self.watches.discard(watch)
+
+    def _run(self):
+        while True:
+            time.sleep(MONITOR_INTERVAL)
+            with self.lock:
+                watches = list(self.watches)
+                if not watches:
+                    self.running = False
+                    return
+            for watch in watches:
+                if watch.reason is None:
+                    watch.check()
 
 
-WARM = WarmInterpreters(WARM_INTERPRETER)
+MONITOR = Monitor()
+
+
+# --- 6.3 Run directories and recovery after a crash ---------------------------------------
+
+
+class CallDir:
+    """A call's directory: root/work (the working directory) and root/tmp (TMPDIR)."""
+
+    def __init__(self, root):
+        self.root, self.work, self.tmp = root, os.path.join(root, "work"), os.path.join(root, "tmp")
+        os.mkdir(root)
+        os.mkdir(self.work)
+        os.mkdir(self.tmp)
+
+    def remove(self):
+        shutil.rmtree(self.root, ignore_errors=True)
+        if os.path.exists(self.root):      # code made something unwritable: make it writable
+            _remove_tree(self.root)
+
+
+class RunDir:
+    """This server's directory: STATE_DIR/run/<pid>-<random>/, holding the calls' directories.
+
+    Its `lock` is flocked for the server's whole life and `pids` lists every process the
+    server started (pid and start time). A server that finds a run directory whose lock
+    is free knows its server died: recover() kills what that server started (and
+    whatever sits in its directories) and removes it all. A live server's run directory
+    is never touched.
+    """
+
+    def __init__(self, state_dir):
+        self.base = os.path.join(state_dir, "run")
+        self.root = self.lock = self.pids = None
+        self.guard = threading.Lock()
+
+    def path(self):
+        with self.guard:
+            if self.root is None:
+                os.makedirs(self.base, exist_ok=True)
+                root = os.path.join(self.base, "%d-%s" % (os.getpid(), secrets.token_hex(4)))
+                os.mkdir(root)
+                self.lock = open(os.path.join(root, "lock"), "w")
+                _flock(self.lock, shared=False)
+                self.pids = open(os.path.join(root, "pids"), "a")
+                self.root = root
+            return self.root
+
+    def new_call(self):
+        return CallDir(os.path.join(self.path(), "call-" + secrets.token_hex(6)))
+
+    def record(self, pid):
+        """Note a process this server started, for the next server if this one crashes."""
+        self.path()
+        with self.guard:
+            self.pids.write("%d %s\n" % (pid, _start_time(pid)))
+            self.pids.flush()
+
+    def close(self):
+        with self.guard:
+            root, self.root = self.root, None
+        if root:
+            _remove_tree(root)
+            self.lock.close()
+            self.pids.close()
+
+    def recover(self):
+        """Kill and remove what dead servers sharing STATE_DIR left behind."""
+        for name in os.listdir(self.base) if os.path.isdir(self.base) else []:
+            path = os.path.join(self.base, name)
+            try:
+                lock = open(os.path.join(path, "lock"))
+            except OSError:
+                continue                                  # being created, or not ours
+            with lock:
+                if path == self.root or not _flock(lock, shared=False, wait=False):
+                    continue                              # its server lives
+                killed = self._kill_leftovers(path)
+                _remove_tree(path)
+            log("a server that used %s had died: killed %d of its processes, removed its directory" % (path, killed))
+
+    @staticmethod
+    def _kill_leftovers(path):
+        killed = 0
+        for line in (_read_text(os.path.join(path, "pids")) or "").splitlines():
+            pid, _, started = line.partition(" ")
+            if pid.isdigit() and started and _start_time(int(pid)) == started:   # the same process
+                kill_tree(int(pid))
+                killed += 1
+        if LINUX:        # a process whose tree was broken: known by its working directory
+            for entry in os.listdir("/proc"):
+                try:
+                    if entry.isdigit() and os.readlink("/proc/%s/cwd" % entry).startswith(path + os.sep):
+                        kill_tree(int(entry))
+                        killed += 1
+                except OSError:
+                    pass
+        return killed
+
+
+def _start_time(pid):
+    """A process's start time (clock ticks since boot): with the pid, it names one process."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def shutdown():
+    """At exit: end every session, stop the templates (their children die with them), reap
+    what is left, and remove this server's run directory."""
+    SESSIONS.close()
+    TEMPLATES.close()
+    reap_orphans()
+    RUN_DIR.close()
+
+
+SANDBOX = Sandbox(EXEC_SANDBOX, EXEC_NETWORK)
+RUN_DIR = RunDir(STATE_DIR)
+NPROC_LIMIT = 0       # computed in server_setup(), when it applies
+TEMPLATES = Templates(FORK_SERVER)
+
+# =============================================================================
+# 7. What the model sees: the last value, images, files in and out
+# =============================================================================
+# After the code, the child looks at what it left (describe_value): the value of a last
+# expression, open matplotlib figures, and a value that can draw itself. It sends them on
+# its results pipe, never through the code's stdout. The server adds the files the code
+# wrote in its directory (collect_files), keeps them for resources/read, and returns all
+# of it as MCP content blocks beside the JSON text (tools.mdx, Tool Result).
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+RESULTS_LIMIT = 2 * OUTPUT_LIMIT + IMAGE_LIMIT * (IMAGE_MAX_BYTES * 4 // 3 + 1024) + 65536
+FILE_KEEP_MAX = 16 * 1024 * 1024        # larger files are listed, not kept: one message must hold one
+FILES_INLINE_TOTAL = 1024 * 1024        # embedded files together, per call
+FILES_LISTED_MAX = 50
+FILES_IN_MAX = 100
+RESOURCE_NOT_FOUND = -32002             # 2025-11-25 server/resources.mdx, Error Handling
+
+
+def describe_value(value, config):
+    """In the child: the last value (repr, capped) and the images -> part of the results."""
+    record, images, notes = {}, [], []
+    limit, max_bytes = config["image_limit"], config["image_max_bytes"]
+    plt = sys.modules.get("matplotlib.pyplot")     # only if the code used it: never imported here
+    if plt is not None:
+        numbers = plt.get_fignums()
+        for number in numbers[:limit]:
+            png = _render_figure(plt.figure(number), max_bytes)
+            (images.append(png) if png else notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) "
+                                                         "even at a low resolution" % (number, max_bytes)))
+        if len(numbers) > limit:
+            notes.append("%d figures were open; the first %d are returned (IMAGE_LIMIT)" % (len(numbers), limit))
+        plt.close("all")
+    if value is not None:
+        buffer = OutputBuffer(config["value_limit"])
+        buffer.add(repr(value).encode("utf-8", "backslashreplace"))
+        record["value"] = buffer.text()
+        png = _value_png(value, max_bytes)
+        if png and len(images) < limit:
+            images.append(png)
+    record["images"] = [{"data": base64.b64encode(png).decode("ascii"), "bytes": len(png),
+                         "width": struct.unpack(">I", png[16:20])[0], "height": struct.unpack(">I", png[20:24])[0]}
+                        for png in images]
+    record["notes"] = notes
+    return record
+
+
+def _render_figure(figure, max_bytes):
+    """A matplotlib figure as PNG, at a lower resolution until it fits (None if it never does)."""
+    dpi = figure.dpi
+    for _ in range(4):
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=dpi)
+        png = buffer.getvalue()
+        if len(png) <= max_bytes:
+            return png
+        dpi *= max(0.25, 0.9 * (max_bytes / len(png)) ** 0.5)
+    return None
+
+
+def _value_png(value, max_bytes):
+    """A value that can render itself: _repr_png_ (the IPython convention) or a PIL image."""
+    if isinstance(value, type):
+        return None
+    if type(value).__module__.startswith("PIL.") and hasattr(value, "save"):
+        image = value
+        for _ in range(4):
+            buffer = io.BytesIO()
+            image.save(buffer, format="PNG")
+            if buffer.tell() <= max_bytes:
+                return buffer.getvalue()
+            image = image.resize((max(1, image.width // 2), max(1, image.height // 2)))
+        return None
+    render = getattr(value, "_repr_png_", None)
+    png = render() if callable(render) else None
+    png = png[0] if isinstance(png, tuple) else png
+    return png if isinstance(png, bytes) and png.startswith(PNG_SIGNATURE) and len(png) <= max_bytes else None
+
+
+def apply_record(result, record):
+    """Server side: what the child sent on its results pipe, into the Result."""
+    if isinstance(record.get("value"), str):
+        result.value = record["value"]
+    for image in record.get("images", [])[:IMAGE_LIMIT]:
+        try:
+            data = image["data"]
+            base64.b64decode(data, validate=True)
+            entry = {"mimeType": "image/png", "width": int(image["width"]), "height": int(image["height"]),
+                     "bytes": int(image["bytes"])}
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            continue                      # the code could forge this pipe: take only what is sound
+        result.images.append(entry)
+        result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
+    for note in record.get("notes", [])[:10]:
+        result.note(str(note)[:300])
+
+
+# --- Files in -----------------------------------------------------------------------------
+
+
+def check_files(arguments, clean):
+    """The "files" argument -> clean["files"] = [(relative path, bytes)], or the problem."""
+    files = arguments.get("files")
+    files = [] if files is None else files
+    if not isinstance(files, list) or len(files) > FILES_IN_MAX:
+        return '"files" must be a list of at most %d {"path": ..., "content": ...} objects' % FILES_IN_MAX
+    seen, clean["files"] = set(), []
+    for n, entry in enumerate(files):
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("content"), str)
+                and not set(entry) - {"path", "content", "encoding"}):
+            return ('files[%d] must be {"path": "data.csv", "content": "..."}, with "encoding": "base64" '
+                    'for binary content' % n)
+        path = _relative_path(entry["path"])
+        if path is None:
+            return ('files[%d].path %s must be a relative path inside the working directory, such as '
+                    '"data/input.csv": no "..", no leading "/"' % (n, json.dumps(entry["path"])[:100]))
+        if path in seen:
+            return "files[%d].path %s names a file given before; give each file once" % (n, json.dumps(path))
+        seen.add(path)
+        encoding = entry.get("encoding", "utf-8")
+        try:
+            if encoding == "base64":
+                data = base64.b64decode(entry["content"], validate=True)
+            elif encoding in ("utf-8", "text"):
+                data = entry["content"].encode("utf-8")
+            else:
+                return 'files[%d].encoding must be "utf-8" (the default) or "base64"' % n
+        except (binascii.Error, ValueError, UnicodeEncodeError):
+            return "files[%d].content is not valid %s" % (n, "base64" if encoding == "base64" else "UTF-8 text")
+        clean["files"].append((path, data))
+    return None
+
+
+def _relative_path(path):
+    """'a/./b.csv' -> 'a/b.csv'; None for anything that could leave the directory."""
+    if not path or "\0" in path or "\\" in path or path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+        return None
+    normal = posixpath.normpath(path)
+    if normal in (".", "..") or normal.startswith("../"):
+        return None
+    return normal
+
+
+def _open_inside(root, path, flags, mode=0o644):
+    """Open root/path without following a symbolic link anywhere on the way (O_NOFOLLOW at
+    every step): code may have planted links, and nothing outside root is touched."""
+    parts = path.split("/")
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for part in parts[:-1]:
+            if flags & os.O_CREAT:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, mode, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def write_input_files(work, files):
+    """Write the "files" argument into the working directory -> None, or what went wrong."""
+    for path, data in files:
+        try:
+            fd = _open_inside(work, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        except OSError as exc:
+            return "Could not write %s into the working directory: %s" % (path, exc.strerror)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    return None
+
+
+# --- Files out ----------------------------------------------------------------------------
+
+
+def snapshot_files(work, limit=10000):
+    """{relative path: (kind, size, mtime, inode)} of what is in a directory, links not followed."""
+    found, todo = {}, [""]
+    while todo and len(found) < limit:
+        base = todo.pop()
+        try:
+            entries = list(os.scandir(os.path.join(work, base)))
+        except OSError:
+            continue
+        for entry in entries:
+            rel = posixpath.join(base, entry.name) if base else entry.name
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                todo.append(rel)
+            elif stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode):
+                found[rel] = ("link" if stat.S_ISLNK(info.st_mode) else "file", info.st_size,
+                              info.st_mtime_ns, info.st_ino)
+    return found
+
+
+def collect_files(result, work, before, move=True):
+    """The files the code created or changed in `work` -> result.files and content blocks.
+
+    Every one is listed; each regular file up to FILE_KEEP_MAX is kept for resources/read
+    (moved out of a directory about to be removed, copied out of a session's); small
+    ones are also embedded. A symbolic link is listed, never read.
+    """
+    after = snapshot_files(work)
+    changed = sorted(rel for rel, info in after.items() if before.get(rel) != info)
+    inline = 0
+    token = secrets.token_urlsafe(12)
+    for rel in changed[:FILES_LISTED_MAX]:
+        kind, size = after[rel][:2]
+        entry = {"path": rel, "size": size, "mimeType": mimetypes.guess_type(rel)[0] or "application/octet-stream"}
+        result.files.append(entry)
+        if kind == "link":
+            entry["note"] = "a symbolic link: listed, not read"
+            continue
+        if size > FILE_KEEP_MAX:
+            entry["note"] = "larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20)
+            continue
+        uri = OUTPUTS.keep(token, work, rel, move)
+        if uri is None:
+            entry["note"] = "could not be read"
+            continue
+        entry["uri"] = uri
+        if size <= FILE_INLINE_BYTES and inline + size <= FILES_INLINE_TOTAL:
+            inline += size
+            result.blocks.append((None, {"type": "resource", "resource": resource_contents(uri, entry["mimeType"],
+                                                                                          OUTPUTS.read(uri))}))
+        else:   # ResourceLink content arrived in 2025-06-18; before it, the list in the text is all
+            result.blocks.append(("2025-06-18", {"type": "resource_link", "uri": uri, "name": rel,
+                                                 "mimeType": entry["mimeType"], "size": size}))
+    if len(changed) > FILES_LISTED_MAX:
+        result.note("the code created or changed %d files; the first %d are listed" % (len(changed), FILES_LISTED_MAX))
+
+
+def resource_contents(uri, mime_type, data):
+    """TextResourceContents for UTF-8 text, else BlobResourceContents (base64)."""
+    try:
+        if b"\0" not in data:
+            return {"uri": uri, "mimeType": mime_type, "text": data.decode("utf-8")}
+    except UnicodeDecodeError:
+        pass
+    return {"uri": uri, "mimeType": mime_type, "blob": base64.b64encode(data).decode("ascii")}
+
+
+class OutputStore:
+    """Files the code wrote, kept for resources/read: STATE_DIR/outputs/<token>/<path>.
+
+    A URI (mcp-exec://output/<token>/<path>) is unguessable. Files live OUTPUT_TTL
+    seconds, and at most OUTPUT_STORE_MB together: the oldest calls' files go first.
+    """
+
+    PREFIX = "mcp-exec://output/"
+
+    def __init__(self, root):
+        self.root = root
+        self.lock = threading.Lock()
+        self.calls = {}          # token -> [created, bytes], oldest first
+
+    def keep(self, token, work, rel, move):
+        target = os.path.join(self.root, token, *rel.split("/"))
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if move:
+                os.rename(os.path.join(work, *rel.split("/")), target)   # not a link: we checked
+            else:
+                with os.fdopen(_open_inside(work, rel, os.O_RDONLY), "rb") as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            size = os.path.getsize(target)
+        except OSError:
+            return None
+        with self.lock:
+            self.calls.setdefault(token, [time.time(), 0])[1] += size
+        self.expire()
+        return self.PREFIX + token + "/" + urllib.parse.quote(rel)
+
+    def _path(self, uri):
+        if not isinstance(uri, str) or not uri.startswith(self.PREFIX):
+            return None
+        token, _, rel = uri[len(self.PREFIX):].partition("/")
+        rel = _relative_path(urllib.parse.unquote(rel))
+        if not re.match(r"^[A-Za-z0-9_-]+$", token) or rel is None:
+            return None
+        return os.path.join(self.root, token, *rel.split("/"))
+
+    def read(self, uri):
+        """The bytes behind a URI, or None if it expired or never existed."""
+        self.expire()
+        path = self._path(uri)
+        try:
+            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+                return f.read()
+        except (OSError, TypeError):
+            return None
+
+    def live(self):
+        """(uri, name, size) of every file kept by this server, newest first."""
+        self.expire()
+        found = []
+        with self.lock:
+            tokens = list(self.calls)
+        for token in reversed(tokens):
+            for rel, info in sorted(snapshot_files(os.path.join(self.root, token)).items()):
+                found.append((self.PREFIX + token + "/" + urllib.parse.quote(rel), rel, info[1]))
+        return found
+
+    def expire(self):
+        now = time.time()
+        with self.lock:
+            total = sum(size for _, size in self.calls.values())
+            doomed = []
+            for token, (created, size) in list(self.calls.items()):
+                if now - created > OUTPUT_TTL or total > OUTPUT_STORE_MB << 20:
+                    doomed.append(token)
+                    total -= size
+                    del self.calls[token]
+        for token in doomed:
+            shutil.rmtree(os.path.join(self.root, token), ignore_errors=True)
+
+
+OUTPUTS = OutputStore(os.path.join(STATE_DIR, "outputs"))
+
+
+def handle_resources_read(request):
+    uri = request.params.get("uri")
+    if not isinstance(uri, str):
+        raise ProtocolError(INVALID_PARAMS, 'Invalid params: "uri" (a string) is required')
+    data = OUTPUTS.read(uri)
+    if data is None:   # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
+        raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
+                            "Resource not found: %s expired (files are kept %g s, OUTPUT_TTL) or never existed; "
+                            "run the code again to make it" % (uri, OUTPUT_TTL), {"uri": uri})
+    return {"contents": [resource_contents(uri, mimetypes.guess_type(uri)[0] or "application/octet-stream", data)]}
+
+
+def handle_resources_list(request):
+    if request.params.get("cursor") is not None:
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+    return {"resources": [{"uri": uri, "name": name, "size": size,
+                           "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
+                          for uri, name, size in OUTPUTS.live()[:200]]}
+
+INPUT_SCHEMA["properties"]["files"] = {
+    "type": "array", "maxItems": FILES_IN_MAX,
+    "description": "Files to put in the working directory first: [{\"path\": \"data.csv\", \"content\": \"...\"}], "
+                   "with \"encoding\": \"base64\" for binary content.",
+    "items": {"type": "object", "required": ["path", "content"], "additionalProperties": False,
+              "properties": {"path": {"type": "string"}, "content": {"type": "string"},
+                             "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}}
+OUTPUT_SCHEMA["properties"].update({
+    "value": {"type": "string", "description": "repr() of the last expression, when the code ends with one."},
+    "images": {"type": "array", "description": "The PNG images returned as image content, in order.",
+               "items": {"type": "object", "properties": {"mimeType": {"type": "string"}, "width": {"type": "integer"},
+                                                          "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
+    "files": {"type": "array", "description": "Files the code created or changed in its working directory.",
+              "items": {"type": "object", "properties": {"path": {"type": "string"}, "size": {"type": "integer"},
+                                                         "mimeType": {"type": "string"}, "uri": {"type": "string"},
+                                                         "note": {"type": "string"}}}}})
+ARGUMENT_CHECKS.append(check_files)
+TOOL_NOTES.append("If the code ends with an expression, its repr() comes back as \"value\", like a notebook's "
+                  "Out[]. Open matplotlib figures (plt.show() included) come back as PNG images, and so does a "
+                  "last value that can draw itself (a PIL image). \"files\" puts files in the working directory "
+                  "first; files the code writes there come back: small ones embedded, larger ones as links to "
+                  "read with resources/read, kept for %d minutes." % (OUTPUT_TTL // 60))
+SERVER_CAPABILITIES["resources"] = {}
+REQUEST_HANDLERS.update({"resources/read": handle_resources_read, "resources/list": handle_resources_list})
 
 
 # =============================================================================
-# 5. Protocol extras
+# 8. Sessions: state that lives across calls, when the model asks for it
+# =============================================================================
+# "session": "new" starts a long-lived interpreter with a directory of its own, and the
+# result names its handle; passing the handle runs code there, where globals, imports
+# and files persist. This is the shape 2026-07-28 recommends instead of protocol-level
+# sessions (server/tools.mdx, Stateful Tools): a server-minted handle in an ordinary
+# argument, an unknown or expired one a tool error. Calls without a session are as before.
+# A timeout or cancel first interrupts the code (KeyboardInterrupt, as Jupyter does) and
+# keeps the state; code that does not stop within SESSION_INTERRUPT_GRACE is killed with
+# its session. A handle is valid only in the server process that made it.
+
+SESSION_INTERRUPT_GRACE = 2.0
+SESSION_QUEUE = 8            # calls that may wait for their session; more are refused
+
+
+class CodeSession:
+    """One session: its interpreter (a child in "session" mode), directory and environment."""
+
+    def __init__(self, handle, env, call, child, control):
+        self.handle, self.env, self.call, self.child, self.control = handle, env, call, child, control
+        self.packages = sorted(env.packages)
+        self.last_used = time.monotonic()
+        self.cond = threading.Condition()
+        self.next_ticket = self.serving = 0      # calls run in arrival order
+        self.skipped = set()                     # tickets of callers that were cancelled waiting
+        self.ended = False
+
+    def enter(self, cancel):
+        """Wait for this session's turn -> None, or a refusal Result."""
+        with self.cond:
+            if self.next_ticket - self.serving > SESSION_QUEUE:
+                return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
+                                      % SESSION_QUEUE, returncode=-1)
+            ticket = self.next_ticket
+            self.next_ticket += 1
+            while ticket != self.serving and not cancel.is_set():
+                self.cond.wait(0.1)
+            if ticket != self.serving:
+                self.skipped.add(ticket)         # its turn is passed on when it comes
+                return Result.refusal("cancelled", returncode=-1, cancelled=True)
+            return None
+
+    def leave(self):
+        with self.cond:
+            self.serving += 1
+            while self.serving in self.skipped:
+                self.skipped.discard(self.serving)
+                self.serving += 1
+            self.last_used = time.monotonic()
+            self.cond.notify_all()
+
+    def run(self, args, cancel, on_output, first=False):
+        """Run one call's code in the session -> Result (session_ended if it had to die)."""
+        problem = write_input_files(self.call.work, args["files"])
+        if problem:
+            return Result.refusal(problem)
+        before = snapshot_files(self.call.work)
+        if first:
+            child = SessionCall(self, self.child.pipes)   # its pipes came with the process
+        else:
+            pipes = Pipes()
+            try:
+                socket.send_fds(self.control, [b"run"], pipes.child)
+            except OSError:
+                return None                   # the session's process is gone
+            finally:
+                pipes.close_child_ends()
+            child = SessionCall(self, pipes)
+        result = supervise(child, args["code"].encode("utf-8", "surrogatepass"), args["timeout"], cancel,
+                           on_output, until_results=True)
+        if not self.ended:
+            collect_files(result, self.call.work, before, move=False)
+        return result
+
+
+class SessionCall:
+    """One call of a session, as supervise() sees it: done when the results arrive."""
+
+    def __init__(self, session, pipes):
+        self.session, self.pipes, self.pid, self.call = session, pipes, session.child.pid, session.call
+
+    def exit_code(self):
+        return self.session.child.exit_code()
+
+    def interrupt(self):
+        _signal(self.pid, signal.SIGINT)       # KeyboardInterrupt in the code; the state stays
+
+    def kill(self):
+        SESSIONS.end(self.session)             # the code would not stop: the session dies
+
+
+class Sessions:
+    """The live sessions of this server process, at most SESSION_LIMIT; idle ones end
+    after SESSION_IDLE seconds."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.live = {}
+        self.reaper = None
+
+    def start(self, args, cancel, on_output):
+        """A "session": "new" call -> (session, first Result)."""
+        with self.lock:
+            if len(self.live) >= SESSION_LIMIT:
+                return None, Result.refusal(
+                    "No new session: %d are live (SESSION_LIMIT). End one with \"end_session\": true, reuse "
+                    "one, or call without \"session\"." % SESSION_LIMIT)
+            handle = "s-" + secrets.token_urlsafe(12)
+            self.live[handle] = None                  # reserved while it starts
+        env = Environment(args["packages"], args["use_temp_dir"], cancel, on_output).__enter__()
+        session = None
+        try:
+            if env.failure:
+                return None, env.failure
+            call = CallDir(os.path.join(RUN_DIR.path(), "session-" + secrets.token_hex(6)))
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                child = start_child(env, call, "session", [theirs.fileno()])
+            finally:
+                theirs.close()
+            session = CodeSession(handle, env, call, child, ours)
+            with self.lock:
+                self.live[handle] = session
+                if self.reaper is None:
+                    self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
+                    self.reaper.start()
+            return session, session.run(args, cancel, on_output, first=True)
+        finally:
+            if session is None:
+                env.__exit__()
+                with self.lock:
+                    self.live.pop(handle, None)
+
+    def get(self, handle):
+        with self.lock:
+            session = self.live.get(handle)
+        return session if session and not session.ended else None
+
+    def end(self, session):
+        """End a session: its interpreter and everything it started die, its directory goes."""
+        with self.lock:
+            if session.ended:
+                return
+            session.ended = True
+            self.live.pop(session.handle, None)
+        try:
+            session.control.close()       # the interpreter sees EOF and exits ...
+        except OSError:
+            pass
+        session.child.kill()              # ... and whatever it left is killed
+        session.call.remove()
+        session.env.__exit__()
+
+    def _reap_idle(self):
+        while True:
+            time.sleep(min(10.0, max(0.2, SESSION_IDLE / 4)))
+            now = time.monotonic()
+            with self.lock:
+                idle = [s for s in self.live.values() if s and s.serving == s.next_ticket
+                        and now - s.last_used > SESSION_IDLE]
+            for session in idle:
+                self.end(session)
+
+    def close(self):
+        with self.lock:
+            sessions = [s for s in self.live.values() if s]
+        for session in sessions:
+            self.end(session)
+
+
+SESSIONS = Sessions()
+
+
+def run_in_session(args, cancel, on_output):
+    """A call with "session": start one ("new") or use one -> Result naming the session."""
+    new = args["session"] == "new"
+    session = None if new else SESSIONS.get(args["session"])
+    if not new and session is None:
+        return Result.refusal(
+            "Unknown or expired session %s: sessions end after %g s idle (SESSION_IDLE), when their code "
+            "cannot be interrupted, with end_session, or when the server restarts, and a handle is valid only "
+            "on the server process that made it. Start a new one with \"session\": \"new\" and redo its setup."
+            % (json.dumps(args["session"]), SESSION_IDLE))
+    refusal = None if new else (_session_packages(session, args) or session.enter(cancel))
+    if refusal:
+        return refusal
+    slot = EXEC_SLOTS.acquire(cancel)
+    try:
+        if slot != "ok":
+            return Result.refusal("Server busy: %d calls are running and %d waiting; try again shortly."
+                                  % (EXEC_CONCURRENCY, EXEC_QUEUE) if slot == "busy" else "cancelled",
+                                  returncode=-1, cancelled=slot == "cancelled")
+        if new:
+            session, result = SESSIONS.start(args, cancel, on_output)
+            if session is None:
+                return result
+        else:
+            result = session.run(args, cancel, on_output) or Result.refusal("The session's interpreter is gone.")
+    finally:
+        if slot == "ok":
+            EXEC_SLOTS.release()
+        if session is not None and not new:
+            session.leave()
+    result.session = session.handle
+    if args.get("end_session") and not session.ended:
+        SESSIONS.end(session)
+    elif session.ended:
+        result.note("The session %s ended (its code did not stop within %g s of the interrupt, or it crossed a "
+                    "limit); its state is lost. Start a new one with \"session\": \"new\"."
+                    % (session.handle, SESSION_INTERRUPT_GRACE))
+    result.session_ended = session.ended
+    return result
+
+
+def _session_packages(session, args):
+    """Packages asked for in a session call: installed into a workspace session's environment;
+    an isolated session's are fixed -> None, or a refusal Result."""
+    if not args["packages"]:
+        return None
+    if session.env.isolated:
+        if sorted(args["packages"]) == session.packages:
+            return None
+        return Result.refusal("This session runs in an isolated environment with %s; its packages cannot "
+                              "change. Start a new session with the packages you need."
+                              % (", ".join(session.packages) or "no packages"))
+    with Environment(args["packages"], False, threading.Event()) as env:
+        return env.failure
+
+
+def serve_session(config, results):
+    """Session mode (in the child): run each call's code in one __main__, until the server
+    closes the control socket. The first call's pipes are this process's stdio; later
+    calls bring theirs over the control socket. Between calls, stdio is /dev/null."""
+    control = socket.socket(fileno=config["extra_fds"][0])
+    signal.signal(signal.SIGINT, signal.default_int_handler)     # the server's interrupt
+    import __main__
+    namespace = __main__.__dict__
+    namespace.clear()
+    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
+                     __spec__=None, __builtins__=__builtins__)
+    while True:
+        try:
+            importlib.invalidate_caches()     # packages installed since the last call are found
+            status, value = run_cell(sys.stdin.buffer.read(), namespace)
+            child_report(results, config, status, value)
+        except KeyboardInterrupt:             # an interrupt that came late: the results went out
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+        os.close(null)
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(control, 64, 8)
+                break
+            except KeyboardInterrupt:
+                continue
+        if not data:
+            sys.exit(0)
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+            os.close(fd)
+        results = fds[3]
+
+
+def check_session(arguments, clean):
+    """The "session" and "end_session" arguments -> clean, or the problem."""
+    session, end = arguments.get("session"), arguments.get("end_session", False)
+    if session is not None and (not isinstance(session, str) or not (session == "new" or session.startswith("s-"))):
+        return '"session" must be "new" (to start one) or a handle a result gave you, such as "s-..."'
+    if not isinstance(end, bool) or (end and session is None):
+        return '"end_session" must be true or false, and goes with "session": the handle of the session to end'
+    clean["session"], clean["end_session"] = session, end
+    return None
+
+
+INPUT_SCHEMA["properties"].update({
+    "session": {"type": "string", "description": "\"new\" starts a session that keeps variables, imports and files "
+                                                 "across calls; then pass the handle the result gives you."},
+    "end_session": {"type": "boolean", "default": False,
+                    "description": "true ends the session after this call's code (which may be empty)."}})
+OUTPUT_SCHEMA["properties"].update({
+    "session": {"type": "string", "description": "The session this call ran in: pass it as \"session\" next time."},
+    "session_ended": {"type": "boolean", "description": "The session ended with this call; its state is gone."}})
+ARGUMENT_CHECKS.append(check_session)
+TOOL_NOTES.append("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, imports and "
+                  "files across calls, then pass the returned \"session\" handle in the next calls; end it with "
+                  "\"end_session\": true when done. Sessions end after %d minutes idle." % (SESSION_IDLE // 60))
+
+
+# =============================================================================
+# 9. Protocol extras
 # =============================================================================
 # Each subsection adds one rule of the specification to the core of section 2.
 
-# --- 5.1 Cancellation (basic/utilities/cancellation.mdx) --------------------------------
+# --- 9.1 Cancellation (basic/utilities/cancellation.mdx) --------------------------------
 # A client that no longer wants an answer sends notifications/cancelled. The call's cancel
 # Event (Session.start_call) kills its processes; handle_tools_call then answers CANCELLED,
 # and no response is sent. An id that is unknown or already finished is ignored.
@@ -1717,7 +3313,7 @@ def notify_cancelled(params, session):
         session.cancel(params["requestId"])
 
 
-# --- 5.2 Progress (basic/utilities/progress.mdx) ------------------------------------------
+# --- 9.2 Progress (basic/utilities/progress.mdx) ------------------------------------------
 
 
 class Progress:
@@ -1781,7 +3377,7 @@ class Progress:
         self.wake.set()
 
 
-# --- 5.3 Batches ----------------------------------------------------------------------------
+# --- 9.3 Batches ----------------------------------------------------------------------------
 # JSON-RPC batches exist in MCP only in 2025-03-26, whose receivers MUST accept them
 # (2025-03-26 basic/index.mdx, Batching); we also accept them under 2024-11-05, which is
 # plain JSON-RPC 2.0. 2025-06-18 removed them (its changelog.mdx), and 2026-07-28 has none:
@@ -1812,7 +3408,7 @@ def handle_batch(batch, session, notify=None):
     return replies or None
 
 
-# --- 5.4 The 2026-07-28 era: stateless requests ----------------------------------------------
+# --- 9.4 The 2026-07-28 era: stateless requests ----------------------------------------------
 # No initialize: every request carries its version and the client's capabilities in
 # params._meta and is answered on its own (2026-07-28 basic/versioning.mdx). A dual-era
 # server keeps the handshake for those who open with initialize.
@@ -1859,21 +3455,19 @@ def decorate_modern_result(result, version):
 def handle_discover(request):
     """server/discover (2026-07-28 server/discover.mdx): versions, capabilities, identity."""
     return {"supportedVersions": list(SUPPORTED_VERSIONS),
-            "capabilities": {"tools": {"listChanged": False}},
+            "capabilities": SERVER_CAPABILITIES,
             "instructions": instructions(),
             "ttlMs": 3600 * 1000, "cacheScope": "public"}
 
 
-MODERN_HANDLERS = {             # no initialize; 2026-07-28 removed ping, we still answer it
-    "server/discover": handle_discover,
-    "ping": handle_ping,
-    "tools/list": handle_tools_list,
-    "tools/call": handle_tools_call,
-}
+# No initialize in 2026-07-28; it removed ping too, which we still answer. Built from
+# REQUEST_HANDLERS, so that what sections 7 and 8 registered there is served here too.
+MODERN_HANDLERS = dict({k: v for k, v in REQUEST_HANDLERS.items() if k != "initialize"},
+                       **{"server/discover": handle_discover})
 
 
 # =============================================================================
-# 6. HTTP transports
+# 10. HTTP transports
 # =============================================================================
 # HttpServer holds the state and answers every route with an HttpReply; create_app()
 # only wires Flask routes to its methods. Flask and waitress are imported in create_app()
@@ -2247,7 +3841,7 @@ class HttpServer:
         for session in sessions:
             session.close()
         self.workers.wait(KILL_GRACE + 1)
-        WARM.close()
+        shutdown()
 
 
 def _sse_stream(messages):
@@ -2305,6 +3899,8 @@ def create_app(settings=None):
     settings = settings or HttpSettings()
     if not settings.api_key:
         raise SystemExit(NO_API_KEY)
+    SANDBOX.read_everywhere = False       # over HTTP, code reads only what Python needs (6.1)
+    server_setup()
     server = HttpServer(settings)
     _stop_on_sigterm(server.close)
     app = Flask("mcp_exec")
@@ -2370,6 +3966,7 @@ def __getattr__(name):
 
 def serve_http(args):
     """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress, configured."""
+    import argparse
     parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
     parser.add_argument("--host", help="interface to bind (HOST) [127.0.0.1]")
     parser.add_argument("--port", type=int, help="port (PORT) [8000]")
@@ -2398,7 +3995,7 @@ def serve_http(args):
 
 
 # =============================================================================
-# 7. Client
+# 11. Client
 # =============================================================================
 # The other side of the wire, for checking a server you just started or deployed:
 #     python mcp_exec.py client [--url URL] [options] (list | call CODE) [-- COMMAND...]
@@ -2481,6 +4078,7 @@ class StdioClient(ClientTransport):
 def _http_open(url, method, body, headers, api_key=None, timeout=EXEC_TIMEOUT_MAX + 60):
     """One HTTP request -> (status, lower-case headers, response with its body unread, socket).
     The API key, if any, goes on every request (authorization.mdx: each one is checked)."""
+    import http.client          # the client's alone: it costs the server's start a few ms
     parts = urlsplit(url)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     path = parts.path + ("?" + parts.query if parts.query else "")
@@ -2696,20 +4294,18 @@ server exit 2.
 """ % LATEST_HANDSHAKE_VERSION
 
 
-class _Arguments(argparse.ArgumentParser):
-    """argparse that says what was wrong in one line, and where help is."""
-
-    def error(self, message):
-        sys.stderr.write("%s: %s (try --help)\n" % (self.prog, message))
-        sys.exit(2)
-
-
 def client_arguments(args):
     """The client's command line -> (options, stdio command)."""
+    import argparse
+
+    class Arguments(argparse.ArgumentParser):   # says what was wrong in one line, and where help is
+        def error(self, message):
+            sys.stderr.write("%s: %s (try --help)\n" % (self.prog, message))
+            sys.exit(2)
     command = []
     if "--" in args:
         args, command = args[:args.index("--")], args[args.index("--") + 1:]
-    parser = _Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
+    parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
     parser.add_argument("-h", "--help", action="store_true")
     parser.add_argument("action", nargs="?", choices=("list", "call"))
     parser.add_argument("code", nargs="?")
@@ -2811,7 +4407,7 @@ def show_result(result, form, seconds):
 
 
 # =============================================================================
-# 8. Command line
+# 12. Command line
 # =============================================================================
 
 HELP = """\

@@ -47,6 +47,14 @@ HAS_PROC = os.path.isdir("/proc/self")
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 
 
+def out_dir(tmp_path):
+    """A directory the code of a test may write to (granted with EXEC_WRITE_PATHS): the
+    sandbox lets code write only in its own directory."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return out
+
+
 def make_env(tmp_path, **overrides):
     """os.environ minus API_KEY, with this test's state and temp dirs, plus overrides.
 
@@ -58,6 +66,7 @@ def make_env(tmp_path, **overrides):
     tmp.mkdir(exist_ok=True)
     env["MCP_EXEC_DIR"] = str(tmp_path / "state")
     env["TMPDIR"] = str(tmp)
+    env["EXEC_WRITE_PATHS"] = str(out_dir(tmp_path))   # where test code may leave pid files
     for name, value in overrides.items():
         if value is None:
             env.pop(name, None)
@@ -546,9 +555,9 @@ def test_string_and_integer_ids_are_echoed(start_server):
 
 
 def test_unknown_method_is_method_not_found(server):
-    response = server.request("resources/list", request_id=3)
+    response = server.request("prompts/list", request_id=3)
     assert_error(response, METHOD_NOT_FOUND, 3)
-    assert "resources/list" in response["error"]["message"]
+    assert "prompts/list" in response["error"]["message"]
 
 
 @pytest.mark.parametrize("params", [[], "x", 3, True])
@@ -871,8 +880,11 @@ def test_input_schema_requires_code_and_allows_only_known_arguments(start_server
     assert schema["type"] == "object"
     assert schema["required"] == ["code"]
     assert schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"code", "packages", "use_temp_dir", "timeout"}
+    assert set(schema["properties"]) == {"code", "packages", "use_temp_dir", "timeout", "files", "session",
+                                         "end_session"}
     assert schema["properties"]["code"]["type"] == "string"
+    assert schema["properties"]["files"]["items"]["required"] == ["path", "content"]
+    assert schema["properties"]["session"]["type"] == "string"
     assert schema["properties"]["packages"]["type"] == "array"
     assert schema["properties"]["use_temp_dir"]["type"] == "boolean"
     assert schema["properties"]["timeout"]["type"] == "number"
@@ -919,7 +931,8 @@ def test_tools_call_arguments_not_an_object_is_invalid_params(server, arguments)
     ({}, 'e.g. {"code"'),
     ({"code": 42}, 'e.g. {"code"'),
     ({"code": None}, 'e.g. {"code"'),
-    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir and timeout"),
+    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir, timeout, files, session "
+                                        "and end_session"),
     ({"code": "print(1)", "timeout": -1}, "positive number"),
     ({"code": "print(1)", "timeout": 0}, "positive number"),
     ({"code": "print(1)", "timeout": True}, "positive number"),
@@ -1165,38 +1178,35 @@ def test_each_call_gets_a_fresh_empty_working_dir_removed_afterwards(server, tmp
     for cwd, listing in (first, second):
         assert listing == []
         assert not os.path.exists(cwd)
-        assert os.path.realpath(cwd).startswith(os.path.realpath(str(tmp_path / "tmp")))
+        assert os.path.realpath(cwd).startswith(os.path.realpath(str(tmp_path / "state" / "run")))
     assert first[0] != second[0]
 
 
-def marked_processes(markers):
-    """Pids of live processes whose environment carries MCP_EXEC_RUN=<one of markers>."""
-    needles = [("MCP_EXEC_RUN=%s\0" % m).encode() for m in markers]
+def leftovers(tmp_path):
+    """What servers using tmp_path/state left: run directories, and live processes working
+    under them (calls, templates, sessions all have their working directory there)."""
+    run = str(tmp_path / "state" / "run")
     pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/environ" % entry, "rb") as f:
-                    env = f.read()
-            except OSError:
-                continue
-            if any(n in env for n in needles) and alive(int(entry)):
+    for entry in os.listdir("/proc") if HAS_PROC else []:
+        try:
+            if entry.isdigit() and os.readlink("/proc/%s/cwd" % entry).startswith(run) and alive(int(entry)):
                 pids.append(int(entry))
-    return pids
+        except OSError:
+            pass
+    return (os.listdir(run) if os.path.isdir(run) else []), pids
 
 
-def test_idle_server_exit_leaves_no_temp_dir(start_server, tmp_path):
+def test_idle_server_exit_leaves_nothing(start_server, tmp_path):
     s = start_server()
     s.initialize()
-    s.run("print(1)")
-    s.request("ping")
-    time.sleep(0.5)   # let a pre-started interpreter (if any) come up before EOF
+    s.run("print(1)")                        # a template now runs, in the run directory
+    assert leftovers(tmp_path)[0], "no run directory while the server runs"
     assert s.close() == 0
-    assert os.listdir(str(tmp_path / "tmp")) == []
+    assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="finds processes through /proc")
-def test_exit_during_a_call_leaves_no_temp_dir_or_process(start_server, tmp_path):
+def test_exit_during_a_call_leaves_no_directory_or_process(start_server, tmp_path):
     # stdin closes while a call runs: the call finishes within EOF_GRACE, then the server
     # exits. Nothing it created for running code may outlive it.
     s = start_server()
@@ -1206,12 +1216,7 @@ def test_exit_during_a_call_leaves_no_temp_dir_or_process(start_server, tmp_path
     s.proc.stdin.close()
     assert tool_output(s.recv()["result"])["stdout"] == "done\n"
     assert s.close() == 0
-    left = os.listdir(str(tmp_path / "tmp"))
-    deadline = time.monotonic() + 5
-    while marked_processes(left) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert marked_processes(left) == []
-    assert left == [], "temporary directories left behind: %s" % left
+    assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
 
 
 def test_code_runs_as_main(server):
@@ -1421,7 +1426,7 @@ def test_code_cannot_read_the_servers_environment_through_proc():
 
 
 def test_a_background_child_holding_the_pipes_does_not_make_the_call_time_out(server, tmp_path):
-    pid_file = tmp_path / "bg.pid"
+    pid_file = out_dir(tmp_path) / "bg.pid"
     code = ("import subprocess, sys\n"
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
             "open(%r, 'w').write(str(p.pid))\nprint('done')\n" % str(pid_file))
@@ -1434,7 +1439,7 @@ def test_a_background_child_holding_the_pipes_does_not_make_the_call_time_out(se
 def test_an_escaped_process_holding_stdout_cannot_hang_the_call(server, tmp_path):
     # New session and an empty environment: out of reach of both killpg and the /proc
     # sweep. The call must still end at its timeout instead of waiting for it (30 s).
-    pid_file = tmp_path / "escaped.pid"
+    pid_file = out_dir(tmp_path) / "escaped.pid"
     code = ("import subprocess, sys\n"
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True, env={})\n"
             "open(%r, 'w').write(str(p.pid))\nimport time; time.sleep(30)\n" % str(pid_file))
@@ -1452,7 +1457,7 @@ def test_an_escaped_process_holding_stdout_cannot_hang_the_call(server, tmp_path
 def test_calls_beyond_the_queue_are_refused_as_busy(start_server, tmp_path):
     s = start_server(EXEC_CONCURRENCY="1", EXEC_QUEUE="0")
     s.initialize()
-    pid_file = tmp_path / "busy.pid"
+    pid_file = out_dir(tmp_path) / "busy.pid"
     s.send({"jsonrpc": "2.0", "id": 71, "method": "tools/call",
             "params": {"name": TOOL, "arguments": {"code": pid_file_code(pid_file, "import time\ntime.sleep(3)\n")}}})
     wait_for_file(pid_file)
@@ -1461,32 +1466,10 @@ def test_calls_beyond_the_queue_are_refused_as_busy(start_server, tmp_path):
     assert s.wait_for(71)["result"]["isError"] is False
 
 
-# ===== 2. Executor: warm interpreters =====
-# With WARM_INTERPRETER on (the default) the next call's interpreter is started right
-# after a call ends; its fresh directory appears in the server's TMPDIR while the server
-# is idle, so a test can see that one is waiting and that the next call ran in it.
+# ===== 5. Fork server =====
 
-
-def prestarted(tmpdir, guard=HANG):
-    """The name of the pre-started interpreter's directory in `tmpdir`, once its process runs.
-
-    The directory appears just before the process starts, and the server hands the
-    process out only after it started: a call sent in between would (rightly) run cold.
-    """
-    assert wait_until(lambda: os.listdir(str(tmpdir)), seconds=guard), "no interpreter was pre-started"
-    names = os.listdir(str(tmpdir))
-    assert len(names) == 1, names
-    assert wait_until(lambda: marked_processes(names), seconds=guard), "the pre-started interpreter is not running"
-    return names[0]
-
-
-def run_root(out):
-    """The basename of the directory a call ran in, from code that printed it last on stdout."""
-    return out["stdout"].split()[-1]
-
-
-WARM_PROBE = r'''
-import json, os, sys
+FORK_PROBE = r"""
+import json, os, random, sys
 names = sorted(globals())
 try:
     import resource
@@ -1500,6 +1483,12 @@ cwd = os.getcwd()
 root = os.path.dirname(cwd)
 mask = os.umask(0)
 os.umask(mask)
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+try:
+    open("/etc/mcp-exec-probe", "w")
+    sandboxed = False
+except OSError:
+    sandboxed = True
 print(json.dumps({
     "name": __name__, "globals": names, "listdir": os.listdir("."), "environ": dict(os.environ),
     "limits": limits, "argv": sys.argv, "path0": sys.path[0], "cwd": os.path.basename(cwd),
@@ -1507,112 +1496,103 @@ print(json.dumps({
     "tmpdir_in_root": os.path.dirname(os.path.realpath(os.environ["TMPDIR"])) == os.path.realpath(root),
     "stdin": sys.stdin.read(), "umask": mask, "modules": sorted(sys.modules), "flags": list(sys.flags),
     "executable": sys.executable, "prefix": sys.prefix, "group_leader": os.getpgid(0) == os.getpid(),
+    "session_leader": os.getsid(0) == os.getpid(), "no_new_privs": status["NoNewPrivs"].strip(),
+    "sandboxed": sandboxed, "path": sys.path,
 }, sort_keys=True))
-print(os.path.basename(root))
+print(json.dumps([os.getppid(), random.random()]))
 def fail():
     raise RuntimeError("probe failure in " + os.path.basename(os.getcwd()))
 fail()
-'''
+"""
 
 
-def normalized_probe(out, state):
-    """The probe's report and traceback with the per-call and per-server paths replaced."""
-    root = json.loads(out["stdout"].splitlines()[0])["environ"]["TMPDIR"]
-    root = os.path.dirname(root)
-    text = out["stdout"] + "\n----\n" + out["stderr"]
-    for path, placeholder in ((os.path.realpath(root), "<ROOT>"), (root, "<ROOT>"),
-                              (os.path.basename(root), "<RUN>"), (str(state), "<STATE>")):
+def probe_report(out, state):
+    """The probe's report and traceback, with the per-call and per-server paths replaced."""
+    root = os.path.dirname(json.loads(out["stdout"].splitlines()[0])["environ"]["TMPDIR"])
+    text = out["stdout"].splitlines()[0] + "\n----\n" + out["stderr"]
+    for path, placeholder in ((os.path.realpath(root), "<CALL>"), (root, "<CALL>"),
+                              (os.path.basename(os.path.dirname(root)), "<RUN>"), (str(state), "<STATE>")):
         text = text.replace(path, placeholder)
     return text
 
 
-@pytest.mark.skipif(not HAS_PROC, reason="finds the pre-started interpreter through /proc")
-def test_warm_interpreter_is_indistinguishable_from_a_cold_one(start_server, tmp_path):
-    dirs = {}
-    for kind in ("warm", "cold"):
-        dirs[kind] = (tmp_path / ("state-" + kind), tmp_path / ("tmp-" + kind))
-        dirs[kind][1].mkdir()
-    warm = start_server(MCP_EXEC_DIR=dirs["warm"][0], TMPDIR=dirs["warm"][1])
-    cold = start_server(MCP_EXEC_DIR=dirs["cold"][0], TMPDIR=dirs["cold"][1], WARM_INTERPRETER=0)
-    warm.initialize()
-    cold.initialize()
-    reports = {"warm": [], "cold": []}
-    for n in range(3):
-        waiting = prestarted(dirs["warm"][1]) if n else None
-        _, out = warm.run(WARM_PROBE)
-        if n:
-            assert run_root(out) == waiting, "call %d did not use the pre-started interpreter" % (n + 1)
-        reports["warm"].append((out, normalized_probe(out, dirs["warm"][0])))
-        _, out = cold.run(WARM_PROBE)
-        reports["cold"].append((out, normalized_probe(out, dirs["cold"][0])))
-    assert os.listdir(str(dirs["cold"][1])) == [], "WARM_INTERPRETER=0 still pre-started an interpreter"
-    (warm_out, warm_text), (cold_out, cold_text) = reports["warm"][2], reports["cold"][2]
-    report = json.loads(cold_out["stdout"].splitlines()[0])
+@pytest.mark.skipif(not HAS_PROC, reason="the fork server is Linux only")
+def test_a_forked_call_is_indistinguishable_from_a_spawned_one(start_server, tmp_path):
+    servers = {}
+    for kind, fork in (("forked", 1), ("spawned", 0)):
+        state = tmp_path / ("state-" + kind)
+        servers[kind] = (start_server(MCP_EXEC_DIR=state, FORK_SERVER=fork), state)
+        servers[kind][0].initialize()
+    reports, randoms = {}, {}
+    for kind, (s, state) in servers.items():
+        outs = [s.run(FORK_PROBE)[1] for _ in range(3)]
+        reports[kind] = [probe_report(out, state) for out in outs]
+        parents = [json.loads(out["stdout"].splitlines()[1])[0] for out in outs]
+        randoms[kind] = [json.loads(out["stdout"].splitlines()[1])[1] for out in outs]
+        # forked children are the template's, spawned ones the server's
+        assert all((p == s.proc.pid) == (kind == "spawned") for p in parents), (kind, parents, s.proc.pid)
+    report = json.loads(reports["spawned"][0].split("\n----\n")[0])
     # the probe itself saw what it should, so equal reports are meaningful
-    assert cold_out["returncode"] == 1 and "RuntimeError: probe failure in work" in cold_out["stderr"]
+    assert "RuntimeError: probe failure in work" in reports["spawned"][0]
     assert report["name"] == "__main__" and report["listdir"] == [] and report["stdin"] == ""
     assert report["cwd"] == "work" and report["root_holds"] == ["tmp", "work"] and report["tmpdir_in_root"]
-    assert report["environ"]["MCP_EXEC_RUN"] == run_root(cold_out)
-    assert report["limits"]["RLIMIT_CORE"] == [0, 0]
-    soft, hard = report["limits"]["RLIMIT_AS"]
-    assert soft == hard <= 2048 << 20                       # EXEC_MEMORY_MB's default, or a lower hard limit
-    assert warm_out == dict(cold_out, stdout=warm_out["stdout"], stderr=warm_out["stderr"])
-    assert warm_text == cold_text
-    assert reports["warm"][0][1] == reports["warm"][2][1]   # the first (cold) call of the warm server too
+    assert report["group_leader"] and report["session_leader"] and report["limits"]["RLIMIT_CORE"] == [0, 0]
+    assert report["argv"] == ["-c"] and "mcp_exec" not in report["modules"] and "json" in report["modules"]
+    assert report["path0"] == "" and not any("mcp_exec" in p for p in report["path"][1:2])
+    assert reports["forked"] == reports["spawned"]                # field by field, and the traceback
+    assert len(set(randoms["forked"])) == 3, "forked calls share their random state"
 
 
-@pytest.mark.skipif(not HAS_PROC, reason="finds the pre-started interpreter through /proc")
-def test_warm_interpreter_is_never_reused(server, tmp_path):
+def test_forked_calls_share_nothing(server):
     first_code = ("import builtins, json, os, sys, types\n"
                   "builtins.MCPEXEC_MARK = 1\n"
                   "LEAKED_GLOBAL = 2\n"
                   "sys.modules['mcpexec_leak'] = types.ModuleType('mcpexec_leak')\n"
                   "open('left.txt', 'w').write('x')\n"
-                  "print(json.dumps([os.getpid(), id(object()), os.getcwd()]))\n"
-                  "print(os.path.basename(os.path.dirname(os.getcwd())))\n")
+                  "print(json.dumps([os.getpid(), os.getcwd()]))\n")
     second_code = ("import builtins, json, os, sys\n"
-                   "print(json.dumps({'pid': os.getpid(), 'id': id(object()),\n"
-                   "                  'builtin': hasattr(builtins, 'MCPEXEC_MARK'),\n"
+                   "print(json.dumps({'pid': os.getpid(), 'builtin': hasattr(builtins, 'MCPEXEC_MARK'),\n"
                    "                  'global': 'LEAKED_GLOBAL' in globals(),\n"
-                   "                  'module': 'mcpexec_leak' in sys.modules, 'files': os.listdir('.')}))\n"
-                   "print(os.path.basename(os.path.dirname(os.getcwd())))\n")
-    _, out = server.run(first_code)
-    first_pid, _, first_cwd = json.loads(out["stdout"].splitlines()[0])
-    waiting = prestarted(tmp_path / "tmp")
-    _, out = server.run(second_code)
+                   "                  'module': 'mcpexec_leak' in sys.modules, 'files': os.listdir('.')}))\n")
+    out = server.run(first_code)[1]
+    first_pid, first_cwd = json.loads(out["stdout"])
+    out = server.run(second_code)[1]
     assert out["returncode"] == 0, out
-    assert run_root(out) == waiting          # the second call ran in the pre-started interpreter
-    second = json.loads(out["stdout"].splitlines()[0])
-    assert second["pid"] != first_pid
-    assert wait_gone(first_pid), "the first call's interpreter %d still runs" % first_pid
+    second = json.loads(out["stdout"])
+    assert second["pid"] != first_pid and wait_gone(first_pid)
     assert not os.path.exists(first_cwd)
     assert second == dict(second, builtin=False, files=[], module=False, **{"global": False})
 
 
-@pytest.mark.skipif(not HAS_PROC, reason="finds the pre-started interpreter through /proc")
-def test_warm_interpreter_started_before_an_install_sees_the_new_package(start_server, tmp_path):
-    # The package also carries a .pth file, which only an interpreter started after the
-    # install processes: an interpreter started before it would report pth False.
+def test_template_started_before_an_install_is_replaced(start_server, tmp_path):
+    # The package carries a .pth file, which only an interpreter started after the install
+    # processes: a template started before it would report pth False.
     house = tmp_path / "wheels"
     house.mkdir()
     build_wheel(house, extra={"mcpexec_testpkg.pth": "import sys; sys.mcpexec_testpkg_pth = True\n"})
     s = start_server(**install_env(house, tmp_path))
     s.initialize()
-    probe = ("import json, os, sys\nimport mcpexec_testpkg\n"
-             "print(json.dumps([mcpexec_testpkg.VALUE, getattr(sys, 'mcpexec_testpkg_pth', False)]))\n"
-             "print(os.path.basename(os.path.dirname(os.getcwd())))\n")
-    assert s.run("print(1)")[1]["stdout"] == "1\n"
-    before_install = prestarted(tmp_path / "tmp")
-    _, out = s.run(probe, guard=120, packages=["mcpexec_testpkg"])
-    assert out["returncode"] == 0, out
-    assert json.loads(out["stdout"].splitlines()[0]) == [42, True]
-    assert run_root(out) != before_install
-    waiting = prestarted(tmp_path / "tmp")
-    assert waiting != before_install          # the stale one was stopped and removed
-    _, out = s.run(probe)
-    assert out["returncode"] == 0, out
-    assert json.loads(out["stdout"].splitlines()[0]) == [42, True]
-    assert run_root(out) == waiting
+    probe = ("import json, sys\nimport mcpexec_testpkg\n"
+             "print(json.dumps([mcpexec_testpkg.VALUE, getattr(sys, 'mcpexec_testpkg_pth', False)]))\n")
+    assert s.run("print(1)")[1]["stdout"] == "1\n"             # a template now runs for the workspace
+    for _ in range(2):                                          # the install, then the next template
+        _, out = s.run(probe, guard=120, packages=["mcpexec_testpkg"])
+        assert out["returncode"] == 0, out
+        assert json.loads(out["stdout"]) == [42, True]
+
+
+@pytest.mark.parametrize("fork", [0, 1])
+def test_timeout_and_cleanup_are_the_same_forked_or_spawned(start_server, tmp_path, fork):
+    s = start_server(FORK_SERVER=fork)
+    s.initialize()
+    pid_file = out_dir(tmp_path) / ("grandchild-%d.pid" % fork)
+    code = ("import subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', %r], start_new_session=True)\n"
+            "import time; time.sleep(30)\n" % pid_file_code(pid_file))
+    result, out = s.run(code, timeout=3)
+    assert out["timed_out"] and result["isError"]
+    pid = int(wait_for_file(pid_file))
+    assert wait_gone(pid), "a grandchild in its own session outlived the call"
 
 
 # ===== 2. Executor: isolated environment cache (use_temp_dir) =====
@@ -1798,7 +1778,7 @@ def test_ping_is_answered_while_a_call_runs(server):
 
 
 def test_cancelled_call_gets_no_response_and_its_process_is_killed(server, tmp_path):
-    pid_path = tmp_path / "child.pid"
+    pid_path = out_dir(tmp_path) / "child.pid"
     server.send({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                  "params": {"name": TOOL, "arguments": {"code": pid_file_code(pid_path)}}})
     pid = int(wait_for_file(str(pid_path)))
@@ -1838,7 +1818,7 @@ def test_eof_lets_a_running_call_finish_and_answer(start_server):
 
 @pytest.mark.skipif(not POSIX, reason="SIGTERM")
 def test_sigterm_during_a_call_exits_and_kills_the_child(server, tmp_path):
-    pid_path = tmp_path / "child.pid"
+    pid_path = out_dir(tmp_path) / "child.pid"
     server.send({"jsonrpc": "2.0", "id": 61, "method": "tools/call",
                  "params": {"name": TOOL, "arguments": {"code": pid_file_code(pid_path)}}})
     pid = int(wait_for_file(str(pid_path)))
@@ -1913,8 +1893,9 @@ class HttpProcess:
     def __init__(self, tmp_path, argv=None, **env):
         self.port = free_port()
         full_env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "MCP_STATELESS", "STDIO_MODE_ONLY")}
+        self.out = out_dir(tmp_path)          # the code of tests may write here (EXEC_WRITE_PATHS)
         full_env.update({"API_KEY": KEY, "MCP_EXEC_DIR": str(tmp_path / "state"), "HOST": "127.0.0.1",
-                         "PORT": str(self.port)})
+                         "PORT": str(self.port), "EXEC_WRITE_PATHS": str(self.out)})
         full_env.update({k: str(v) for k, v in env.items()})
         argv = argv or [sys.executable, os.path.join(HERE, "mcp_exec.py"), "--http"]
         self.log = open(tmp_path / ("http-%d.log" % self.port), "w+b")
@@ -2146,7 +2127,7 @@ def test_unknown_route_is_a_json_404(web):
 
 
 def test_head_on_mcp_is_405_and_runs_nothing(web, tmp_path):
-    marker = tmp_path / "head-ran"
+    marker = web.out / (tmp_path.name + "-head-ran")
     status, headers, _ = web.request("HEAD", "/mcp", call_message("open(%r, 'w')" % str(marker)),
                                      dict(AUTH, Accept="application/json"))
     assert status == 405 and "POST" in headers["allow"]
@@ -2158,7 +2139,7 @@ def test_sigterm_kills_running_code_and_leaves_no_directory(tmp_path):
     server = HttpProcess(tmp_path, TMPDIR=str(tmp_path))
     try:
         sid, _ = server.initialize()
-        pid_file = tmp_path / "sigterm.pid"
+        pid_file = out_dir(tmp_path) / "sigterm.pid"
         conn = server.connect()
         conn.request("POST", "/mcp", json.dumps(call_message(SLEEPER % str(pid_file))),
                      dict(AUTH, Accept="application/json", **{"Mcp-Session-Id": sid}))
@@ -2258,7 +2239,7 @@ def test_disconnect_kills_the_sessions_running_execution(web, tmp_path):
     client = SseClient(web)
     client.post(init_message())
     client.next_message()
-    pid_file = tmp_path / "pid"
+    pid_file = web.out / (tmp_path.name + ".pid")
     client.post(call_message(SLEEPER % str(pid_file)))
     assert wait_until(pid_file.exists, seconds=15)
     pid = int(pid_file.read_text())
@@ -2517,7 +2498,7 @@ def test_legacy_sse_stays_handshake_only(web):
 
 
 def test_closing_a_modern_response_stream_cancels_the_call(web, tmp_path):
-    pid_file = tmp_path / "pid"
+    pid_file = web.out / (tmp_path.name + ".pid")
     message = modern_message("tools/call", 11, name="code_exec_python",
                              arguments={"code": SLEEPER % str(pid_file)})
     conn = web.connect()
@@ -2536,7 +2517,7 @@ def test_closing_a_modern_response_stream_cancels_the_call(web, tmp_path):
 
 def test_a_2025_disconnect_is_not_a_cancellation(web, tmp_path):
     sid, _ = web.initialize("2025-11-25")
-    pid_file, done_file = tmp_path / "pid", tmp_path / "done"
+    pid_file, done_file = web.out / (tmp_path.name + ".pid"), web.out / (tmp_path.name + ".done")
     code = ("import os, time\nopen(%r, 'w').write(str(os.getpid()))\ntime.sleep(1.5)\nopen(%r, 'w').write('x')\n"
             % (str(pid_file), str(done_file)))
     conn = web.connect()
