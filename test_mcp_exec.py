@@ -1595,6 +1595,582 @@ def test_timeout_and_cleanup_are_the_same_forked_or_spawned(start_server, tmp_pa
     assert wait_gone(pid), "a grandchild in its own session outlived the call"
 
 
+# ===== 7. What the model sees: values, images, files =====
+
+def test_last_expression_value_is_returned(server):
+    assert server.run("x = 40\nx + 2")[1]["value"] == "42"
+    assert server.run("'a' * 3")[1]["value"] == "'aaa'"
+    out = server.run("print('hi')")[1]
+    assert "value" not in out and out["stdout"] == "hi\n"       # print() returns None: no value
+    assert "value" not in server.run("None")[1]
+    assert "value" not in server.run("x = 1")[1]                 # an assignment is no expression
+
+
+def test_last_expression_runs_after_the_rest_as_main(server):
+    out = server.run("import sys\nprint('first')\n__name__, sys.argv")[1]
+    assert out["stdout"] == "first\n" and out["value"] == "('__main__', ['-c'])"
+
+
+def test_an_expression_that_raises_points_at_the_users_line(server):
+    result, out = server.run("x = 1\n\n(x +\n 1/0)")
+    assert result["isError"] and "value" not in out
+    assert 'File "<code>", line 4, in <module>' in out["stderr"] and "1/0" in out["stderr"]
+    assert "ZeroDivisionError" in out["stderr"] and "mcp_exec" not in out["stderr"]
+
+
+def test_a_huge_repr_is_capped_head_and_tail(start_server):
+    s = start_server(OUTPUT_LIMIT=1024)
+    s.initialize()
+    value = s.run("'<' + 'x' * 100000 + '>'")[1]["value"]
+    assert value.startswith("'<xxx") and value.endswith("xx>'") and "bytes truncated" in value
+    assert len(value) < 1300
+
+
+PNG_CODE = r'''
+import struct, zlib
+def png(w, h):
+    raw = b"".join(b"\x00" + bytes([x % 256, y % 256, 0]) for y in range(h) for x in range(w)
+                   ) if False else b"".join(b"\x00" + b"\x10\x20\x30" * w for _ in range(h))
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+class Picture:
+    def _repr_png_(self):
+        return png(64, 48)
+    def __repr__(self):
+        return "<Picture 64x48>"
+Picture()
+'''
+
+
+def images_of(result):
+    return [block for block in result["content"] if block["type"] == "image"]
+
+
+def test_a_value_that_draws_itself_is_returned_as_an_image(server):
+    result, out = server.run(PNG_CODE)
+    assert out["value"] == "<Picture 64x48>"
+    [image] = images_of(result)
+    data = base64.b64decode(image["data"])
+    assert image["mimeType"] == "image/png" and data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert out["images"] == [{"mimeType": "image/png", "width": 64, "height": 48, "bytes": len(data)}]
+    assert result["structuredContent"]["images"] == out["images"]
+
+
+def test_images_travel_beside_stdout_never_in_it(server):
+    result, out = server.run("print('only this')\n" + PNG_CODE)
+    assert out["stdout"] == "only this\n" and len(images_of(result)) == 1
+
+
+@pytest.fixture(scope="module")
+def plotting(tmp_path_factory):
+    """A server whose isolated environment has matplotlib (and numpy): installed once."""
+    tmp = tmp_path_factory.mktemp("plots")
+    s = StdioProcess(tmp).start()
+    s.initialize()
+    result, out = s.run("import matplotlib; print(matplotlib.__version__)", guard=600, timeout=60,
+                        packages=["matplotlib"], use_temp_dir=True)
+    if out["returncode"] != 0:
+        s.close()
+        pytest.skip("matplotlib could not be installed here (no package index?): %s" % out["stderr"][-300:])
+    yield s
+    s.close()
+
+
+def plot(s, code):
+    return s.run(code, guard=120, timeout=60, packages=["matplotlib"], use_temp_dir=True)
+
+
+def test_plt_show_returns_the_figure_as_a_png(plotting):
+    result, out = plot(plotting, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\n")
+    assert out["returncode"] == 0, out
+    [image] = images_of(result)
+    assert out["images"][0]["width"] == 640 and out["images"][0]["height"] == 480
+    assert base64.b64decode(image["data"]).startswith(b"\x89PNG")
+
+
+def test_every_open_figure_is_returned_even_when_the_code_raised(plotting):
+    result, out = plot(plotting, "import matplotlib.pyplot as plt\nplt.figure(); plt.plot([1, 2])\n"
+                                 "plt.figure(); plt.bar([1, 2], [3, 4])\nraise ValueError('after the plots')")
+    assert out["returncode"] == 1 and "ValueError: after the plots" in out["stderr"]
+    assert len(images_of(result)) == 2 and len(out["images"]) == 2
+
+
+def test_at_most_image_limit_figures_come_back_with_a_note(plotting):
+    result, out = plot(plotting, "import matplotlib.pyplot as plt\nfor i in range(6):\n"
+                                 "    plt.figure(); plt.plot([i, i + 1])\n")
+    assert len(images_of(result)) == 4 and len(out["images"]) == 4
+    assert "6 figures were open; the first 4 are returned (IMAGE_LIMIT)" in out["stderr"]
+
+
+def test_a_huge_figure_is_rendered_again_below_the_byte_limit(plotting):
+    result, out = plot(plotting, "import numpy as np, matplotlib.pyplot as plt\n"
+                                 "plt.figure(figsize=(20, 20)); plt.imshow(np.random.rand(1500, 1500))\n")
+    assert out["returncode"] == 0, out
+    [info] = out["images"]
+    assert info["bytes"] <= 1024 * 1024 and info["width"] < 2000      # 2000 px at its own dpi
+
+
+# --- files in and out ----------------------------------------------------------------------
+
+def embedded(result):
+    return {b["resource"]["uri"]: b["resource"] for b in result["content"] if b["type"] == "resource"}
+
+
+def test_files_in_are_written_before_the_code_runs(server):
+    files = [{"path": "data/in.csv", "content": "a,b\n1,2\n"},
+             {"path": "blob.bin", "content": base64.b64encode(b"\x00\x01\xff").decode(), "encoding": "base64"}]
+    out = server.run("import os\nprint(open('data/in.csv').read(), open('blob.bin', 'rb').read())", files=files)[1]
+    assert out["stdout"] == "a,b\n1,2\n b'\\x00\\x01\\xff'\n"
+    assert "files" not in out                       # files given and left unchanged are not returned
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"path": "../escape.txt", "content": "x"}, 'no ".."'),
+    ({"path": "/etc/evil", "content": "x"}, 'no leading "/"'),
+    ({"path": "a/../../b", "content": "x"}, 'no ".."'),
+    ({"path": "ok.txt", "content": "%%%", "encoding": "base64"}, "not valid base64"),
+    ({"path": "ok.txt"}, '"content"'),
+])
+def test_bad_files_are_refused_before_anything_runs(server, tmp_path, entry, says):
+    marker = out_dir(tmp_path) / "ran"
+    result, = [server.call("open(%r, 'w')" % str(marker), files=[entry])]
+    assert result["isError"] and says in result["content"][0]["text"], result
+    assert not marker.exists()
+
+
+def test_duplicate_file_paths_are_refused(server):
+    result = server.call("print(1)", files=[{"path": "a.txt", "content": "1"}, {"path": "./a.txt", "content": "2"}])
+    assert result["isError"] and "give each file once" in result["content"][0]["text"]
+
+
+def test_small_files_out_are_embedded(server):
+    result, out = server.run("open('out.txt', 'w').write('hello')\nopen('img.bin', 'wb').write(bytes(range(256)))")
+    by_path = {f["path"]: f for f in out["files"]}
+    assert by_path["out.txt"]["size"] == 5 and by_path["out.txt"]["mimeType"] == "text/plain"
+    blocks = embedded(result)
+    assert blocks[by_path["out.txt"]["uri"]]["text"] == "hello"
+    assert base64.b64decode(blocks[by_path["img.bin"]["uri"]]["blob"]) == bytes(range(256))
+
+
+def test_a_big_file_comes_as_a_link_and_reads_back_the_same(server):
+    result, out = server.run("import hashlib, os\ndata = os.urandom(600_000)\n"
+                             "open('big.bin', 'wb').write(data)\nprint(hashlib.sha256(data).hexdigest())")
+    [info] = out["files"]
+    [link] = [b for b in result["content"] if b["type"] == "resource_link"]
+    assert link["uri"] == info["uri"] and link["name"] == "big.bin" and link["size"] == 600_000
+    read = server.request("resources/read", {"uri": info["uri"]})["result"]["contents"][0]
+    assert hashlib.sha256(base64.b64decode(read["blob"])).hexdigest() == out["stdout"].strip()
+    assert read["uri"] == info["uri"]
+    listed = server.request("resources/list")["result"]["resources"]
+    assert info["uri"] in [r["uri"] for r in listed]
+
+
+def test_no_resource_link_before_2025_06_18(start_server):
+    s = start_server()
+    s.initialize("2025-03-26")
+    result, out = s.run("open('big.txt', 'w').write('y' * 400_000)")
+    assert [b["type"] for b in result["content"]] == ["text"] and out["files"][0]["uri"]
+    assert s.request("resources/read", {"uri": out["files"][0]["uri"]})["result"]["contents"][0]["text"] == "y" * 400_000
+
+
+def test_an_expired_uri_is_resource_not_found(start_server):
+    s = start_server(OUTPUT_TTL=1)
+    s.initialize()
+    uri = s.run("open('x.txt', 'w').write('soon gone')")[1]["files"][0]["uri"]
+    time.sleep(1.5)
+    response = s.request("resources/read", {"uri": uri}, request_id=31)
+    assert_error(response, -32002, 31)
+    assert response["error"]["data"] == {"uri": uri}
+    assert_error(s.request("resources/read", {"uri": "mcp-exec://output/x/../../etc/passwd"}, request_id=32),
+                 -32002, 32)
+
+
+def test_a_symlink_the_code_made_is_listed_not_read(server):
+    result, out = server.run("import os\nos.symlink('/etc/passwd', 'pw')\nos.symlink('/etc', 'etcdir')")
+    by_path = {f["path"]: f for f in out["files"]}
+    assert "uri" not in by_path["pw"] and "symbolic link" in by_path["pw"]["note"]
+    assert "root:" not in json.dumps(result)
+
+
+def test_a_file_too_big_to_return_is_listed_and_memory_stays_flat(server):
+    before = rss_kb(server.proc.pid)
+    result, out = server.run("f = open('huge.bin', 'wb')\nfor _ in range(500):\n    f.write(b'z' * (1 << 20))\n",
+                             guard=120, timeout=120)
+    assert out["returncode"] == 0, out
+    [info] = out["files"]
+    assert info["size"] == 500 << 20 and "uri" not in info and "not returned" in info["note"]
+    assert rss_kb(server.proc.pid, "VmHWM") - before < 20 * 1024
+
+
+def rss_kb(pid, field="VmRSS"):
+    with open("/proc/%d/status" % pid) as f:
+        return int(next(line for line in f if line.startswith(field + ":")).split()[1])
+
+
+# ===== 8. Sessions =====
+
+def new_session(s, code="", **arguments):
+    result, out = s.run(code, session="new", **arguments)
+    assert out["session"].startswith("s-") and not result["isError"], out
+    return out["session"], out
+
+
+def test_a_session_keeps_globals_imports_and_files(server):
+    handle, _ = new_session(server, "import json\nx = 41\nopen('kept.txt', 'w').write('still here')")
+    out = server.run("x + 1", session=handle)[1]
+    assert out["value"] == "42" and out["session"] == handle and "session_ended" not in out
+    out = server.run("print(json.dumps(open('kept.txt').read()))", session=handle)[1]
+    assert out["stdout"] == '"still here"\n'
+    fresh = server.run("'x' in globals()")[1]
+    assert fresh["value"] == "False" and "session" not in fresh         # stateless calls see nothing
+
+
+def test_each_session_call_returns_only_its_own_output(server):
+    handle, out = new_session(server, "print('first')")
+    assert out["stdout"] == "first\n"
+    out = server.run("print('second')\nimport sys; print('err', file=sys.stderr)", session=handle)[1]
+    assert out["stdout"] == "second\n" and out["stderr"] == "err\n"
+
+
+def test_a_timeout_interrupts_the_code_and_keeps_the_state(server):
+    handle, _ = new_session(server, "kept = 'yes'")
+    result, out = server.run("while True:\n    pass", session=handle, timeout=1)
+    assert out["timed_out"] and result["isError"] and "KeyboardInterrupt" in out["stderr"]
+    assert "state was kept" in out["stderr"] and "session_ended" not in out
+    assert server.run("kept", session=handle)[1]["value"] == "'yes'"
+
+
+def test_code_that_ignores_the_interrupt_ends_its_session(server):
+    handle, _ = new_session(server, "import os\nprint(os.getpid())")
+    pid = int(server.run("import os\nprint(os.getpid())", session=handle)[1]["stdout"])
+    code = "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass\n"
+    result, out = server.run(code, session=handle, timeout=1, guard=30)
+    assert out["timed_out"] and out["session_ended"] is True and "state is lost" in out["stderr"]
+    assert wait_gone(pid)
+    result = server.call("1", session=handle)
+    assert result["isError"] and "Unknown or expired session" in tool_output(result)["stderr"]
+    assert '"session": "new"' in tool_output(result)["stderr"]
+
+
+def test_cancelling_a_session_call_interrupts_it_and_keeps_the_session(server, tmp_path):
+    handle, _ = new_session(server, "n = 1")
+    started = out_dir(tmp_path) / "started"
+    server.send({"jsonrpc": "2.0", "id": 61, "method": "tools/call", "params": {"name": TOOL, "arguments": {
+        "code": "open(%r, 'w').close()\nimport time\ntime.sleep(30)" % str(started), "session": handle}}})
+    assert wait_until(started.exists, seconds=15)
+    server.notify("notifications/cancelled", {"requestId": 61})
+    server.expect_silence(1.5)                        # no response for a cancelled request
+    assert server.run("n + 1", session=handle)[1]["value"] == "2"
+
+
+def test_end_session_ends_it(server):
+    handle, _ = new_session(server, "import os\nprint(os.getpid())")
+    pid = int(server.run("import os\nprint(os.getpid())", session=handle)[1]["stdout"])
+    out = server.run("", session=handle, end_session=True)[1]
+    assert out["session_ended"] is True and wait_gone(pid)
+    assert server.call("1", session=handle)["isError"]
+    assert server.call("1", end_session=True)["isError"]               # end_session needs a session
+
+
+def test_session_limit_and_idle_expiry(start_server, tmp_path):
+    s = start_server(SESSION_LIMIT=2, SESSION_IDLE=1)
+    s.initialize()
+    handles = [new_session(s, "import os\nprint(os.getpid())")[0] for _ in range(2)]
+    result = s.call("1", session="new")
+    assert result["isError"] and "SESSION_LIMIT" in result["content"][0]["text"]
+    pids = [int(s.run("import os\nprint(os.getpid())", session=h)[1]["stdout"]) for h in handles]
+    assert all(wait_gone(pid, guard=15) for pid in pids), "idle sessions did not end"
+    assert s.call("1", session=handles[0])["isError"]
+    assert wait_until(lambda: [d for d in leftovers(tmp_path)[0]] and not any(
+        n.startswith("session-") for d in leftovers(tmp_path)[0] for n in os.listdir(tmp_path / "state" / "run" / d)))
+    new_session(s)                                      # room again
+
+
+def test_calls_to_one_session_run_in_order_and_two_sessions_in_parallel(server):
+    a, _ = new_session(server, "log = []")
+    b, _ = new_session(server)
+    code = "import time\nlog.append(%d)\ntime.sleep(0.6)\nlog"
+    for n in range(3):
+        server.send({"jsonrpc": "2.0", "id": 70 + n, "method": "tools/call",
+                     "params": {"name": TOOL, "arguments": {"code": code % n, "session": a}}})
+    started = time.monotonic()
+    server.send({"jsonrpc": "2.0", "id": 80, "method": "tools/call",
+                 "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(0.6)\n'b'", "session": b}}})
+    assert tool_output(server.wait_for(80)["result"])["value"] == "'b'"
+    assert time.monotonic() - started < 1.7, "the other session waited for this one"    # a hang guard
+    values = [tool_output(server.wait_for(70 + n)["result"])["value"] for n in range(3)]
+    assert values == ["[0]", "[0, 1]", "[0, 1, 2]"]
+
+
+def test_a_session_over_streamable_http_stateful_stateless_and_modern(start_http):
+    for stateless in ("false", "true"):
+        web = start_http(MCP_STATELESS=stateless)
+        sid, _ = web.initialize("2025-11-25")
+        version = {"MCP-Protocol-Version": "2025-11-25"}
+        _, _, body = web.mcp(call_message("x = 5", 2, session="new"), sid, extra=version)
+        handle = tool_output(json.loads(body)["result"])["session"]
+        if stateless == "false":
+            assert web.request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": sid}))[0] == 204
+            sid, _ = web.initialize("2025-11-25")        # a new transport session: the code session lives on
+        _, _, body = web.mcp(call_message("x * 2", 3, session=handle), sid, extra=version)
+        assert tool_output(json.loads(body)["result"])["value"] == "10"
+        message = modern_message("tools/call", 4, name=TOOL, arguments={"code": "x * 3", "session": handle})
+        status, _, body = modern_post(web, message)
+        assert status == 200 and tool_output(json.loads(body)["result"])["value"] == "15"
+
+
+def test_a_handle_from_another_server_is_refused(start_server):
+    first, second = start_server(), start_server()
+    first.initialize()
+    second.initialize()
+    handle, _ = new_session(first)
+    result = second.call("1", session=handle)
+    assert result["isError"] and "valid only on the server process that made it" in result["content"][0]["text"]
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm"])
+def test_server_exit_ends_every_session(start_server, tmp_path, how):
+    s = start_server()
+    s.initialize()
+    pids = []
+    for _ in range(2):
+        handle, _ = new_session(s)
+        pids.append(int(s.run("import os, subprocess, sys\n"
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                              "print(os.getpid())", session=handle)[1]["stdout"]))
+    if how == "sigterm":
+        s.proc.send_signal(signal.SIGTERM)
+    assert s.close() == 0
+    assert all(wait_gone(pid) for pid in pids)
+    assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
+
+
+def test_packages_in_a_session(start_server, tmp_path, wheelhouse):
+    s = start_server(**install_env(wheelhouse, tmp_path))
+    s.initialize()
+    handle, _ = new_session(s, "import sys")
+    out = s.run("import mcpexec_testpkg\nmcpexec_testpkg.VALUE", session=handle, packages=["mcpexec_testpkg"],
+                guard=120)[1]
+    assert out["value"] == "42", out                        # installed into the workspace, seen at once
+    isolated, _ = new_session(s, "", packages=["mcpexec_testpkg"], use_temp_dir=True, guard=120)
+    result = s.call("1", session=isolated, packages=["flask"])
+    assert result["isError"] and "isolated environment" in result["content"][0]["text"]
+
+
+# ===== 6. Containment =====
+
+def landlock_abi():
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        return max(0, libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+    except (OSError, AttributeError, TypeError):
+        return 0
+
+
+LANDLOCK = landlock_abi()
+needs_landlock = pytest.mark.skipif(LANDLOCK < 6, reason="needs Landlock ABI 6 or newer (Linux 6.12+; this "
+                                                         "kernel has ABI %d): the sandbox is off here" % LANDLOCK)
+
+
+def start_victim(s, tmp_path, then="import time\ntime.sleep(3)\nprint('victim done')\n", request_id=91):
+    """A call that publishes its pid and directory, then runs `then`; -> (request id, pid, cwd)."""
+    info = out_dir(tmp_path) / ("victim-%d.json" % request_id)
+    code = ("import json, os\nopen(%r + '.tmp', 'w').write(json.dumps([os.getpid(), os.getcwd()]))\n"
+            "os.replace(%r + '.tmp', %r)\n" % (str(info), str(info), str(info))) + then
+    s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": TOOL, "arguments": {"code": code}}})
+    pid, cwd = json.loads(wait_for_file(info))
+    return request_id, pid, cwd
+
+
+ATTACK = "try:\n    %s\n    print('ALLOWED')\nexcept OSError as exc:\n    print('denied', exc.errno)\n"
+
+
+@needs_landlock
+@pytest.mark.parametrize("attack", [
+    "open('/proc/%d/mem' % VICTIM, 'rb').read(1)",                 # its memory: its code, its data
+    "open('/proc/%d/fd/1' % VICTIM, 'w').write('INJECTED')",        # its stdout: its result
+    "open('/proc/%d/fd/0' % VICTIM, 'w').write('INJECTED')",        # its stdin
+    "open('/proc/%d/fd/0' % os.getppid(), 'w').write('print(1)')",  # the template every call forks from
+    "os.kill(VICTIM, 9)",
+    "os.kill(os.getppid(), 9)",                                     # the template (or the server)
+])
+def test_a_call_cannot_touch_another_running_call(server, tmp_path, attack):
+    request_id, pid, _ = start_victim(server, tmp_path)
+    out = server.run("import os\nVICTIM = %d\n" % pid + ATTACK % attack)[1]
+    assert out["stdout"].startswith("denied"), out
+    victim = tool_output(server.wait_for(request_id)["result"])
+    assert victim["stdout"] == "victim done\n" and victim["returncode"] == 0, victim
+    assert server.run("print('still serving')")[1]["stdout"] == "still serving\n"
+
+
+@needs_landlock
+def test_a_call_cannot_plant_code_in_the_workspace(server):
+    plant = ("import site\npath = [p for p in site.getsitepackages() if 'workspace' in p][0]\n" +
+             ATTACK % "open(path + '/zz_evil.pth', 'w').write('import os; os.environ[\"PWNED\"] = \"1\"\\n')")
+    assert server.run(plant)[1]["stdout"].startswith("denied")
+    assert server.run("import os\n'PWNED' in os.environ")[1]["value"] == "False"
+
+
+@needs_landlock
+def test_over_http_a_call_cannot_read_another_calls_files_or_the_servers_secrets(tmp_path):
+    home = tmp_path / "app"
+    home.mkdir()
+    shutil.copy(SERVER, home / "mcp_exec.py")
+    (home / ".env").write_text("API_KEY=secret-in-dotenv\n")
+    web = HttpProcess(tmp_path, argv=[sys.executable, str(home / "mcp_exec.py"), "--http"])
+    try:
+        sid, _ = web.initialize("2025-11-25")
+        info = web.out / "victim.json"
+        victim = ("import json, os\nopen('secret.txt', 'w').write('victim secret')\n"
+                  "open(%r, 'w').write(json.dumps(os.path.abspath('secret.txt')))\nimport time\ntime.sleep(4)\n"
+                  % str(info))
+        conn = web.connect()
+        conn.request("POST", "/mcp", json.dumps(call_message(victim, 5)),
+                     dict(AUTH, Accept="application/json", **{"Mcp-Session-Id": sid}))
+        secret_path = json.loads(wait_for_file(info))
+        attacks = ["open(%r).read()" % secret_path,
+                   "open('/proc/%d/environ' % SERVER_PID, 'rb').read()",
+                   "open('/proc/%d/cmdline' % SERVER_PID, 'rb').read()",
+                   "open(%r).read()" % str(home / ".env"),
+                   "open(%r).read()" % str(home / "mcp_exec.py")]
+        for n, attack in enumerate(attacks):
+            code = ("import os\nSERVER_PID = %d\n" % web.proc.pid) + ATTACK % attack
+            _, _, body = web.mcp(call_message(code, 10 + n), sid)
+            out = tool_output(json.loads(body)["result"])
+            assert out["stdout"].startswith("denied"), (attack, out)
+        assert json.loads(conn.getresponse().read())["result"]["isError"] is False
+    finally:
+        web.stop()
+
+
+DAEMON_WAYS = {
+    # a new session, and an environment with nothing in it (an exec with env={})
+    "setsid-and-empty-environment": "os.execve(sys.executable, [sys.executable, '-c', BODY], {})",
+    # a new session, and not dumpable: its /proc files belong to root
+    "setsid-and-not-dumpable": "ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n        exec(BODY)",
+}
+
+
+def daemon_code(pid_file, way):
+    body = "import os, time\nopen(%r, 'w').write(str(os.getpid()))\ntime.sleep(60)\n" % str(pid_file)
+    return ("import ctypes, os, sys, time\nBODY = %r\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        %s\n"
+            "    os._exit(0)\n"
+            "time.sleep(0.5)\nprint('parent done')\n" % (body, DAEMON_WAYS[way]))
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="Linux: the server is the subreaper of what calls start")
+@pytest.mark.parametrize("fork", [1, 0])
+@pytest.mark.parametrize("way", sorted(DAEMON_WAYS))
+def test_a_daemon_that_detached_is_gone_when_its_call_ends(start_server, tmp_path, fork, way):
+    s = start_server(FORK_SERVER=fork)
+    s.initialize()
+    pid_file = out_dir(tmp_path) / "daemon.pid"
+    out = s.run(daemon_code(pid_file, way))[1]
+    assert out["stdout"] == "parent done\n", out
+    pid = int(wait_for_file(pid_file))
+    assert wait_gone(pid), "a daemon outlived its call"
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
+def test_memory_is_bounded_for_all_of_a_calls_processes_together(start_server):
+    s = start_server(EXEC_MEMORY_MB=2048)
+    s.initialize()
+    code = ("import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n"
+            "        block = bytearray(1 << 30)\n        time.sleep(30)\n        os._exit(0)\ntime.sleep(30)\n")
+    result, out = s.run(code, timeout=60, guard=60)
+    assert result["isError"] and not out["timed_out"]
+    assert "more than 2048 MB of memory together (EXEC_MEMORY_MB)" in out["stderr"], out
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
+def test_a_fork_loop_is_stopped_at_exec_max_procs(start_server):
+    s = start_server(EXEC_MAX_PROCS=32)
+    s.initialize()
+    s.send({"jsonrpc": "2.0", "id": 95, "method": "tools/call", "params": {"name": TOOL, "arguments": {
+        "code": "import os, time\nwhile True:\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n",
+        "timeout": 60}}})
+    assert s.request("ping", request_id=96, timeout=10)["result"] == {}        # answered meanwhile
+    out = tool_output(s.wait_for(95, timeout=30)["result"])
+    assert "more than 32 processes at once (EXEC_MAX_PROCS)" in out["stderr"], out
+    assert s.request("ping", request_id=97)["result"] == {}
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
+def test_disk_use_is_bounded_for_a_call(start_server):
+    s = start_server(EXEC_DISK_MB=200)
+    s.initialize()
+    code = ("for n in range(3):\n    with open('f%d' % n, 'wb') as f:\n        for _ in range(100):\n"
+            "            f.write(b'x' * (1 << 20))\n            f.flush()\nimport time\ntime.sleep(5)\n")
+    result, out = s.run(code, timeout=60, guard=60)
+    assert result["isError"] and "more than 200 MB in its directory (EXEC_DISK_MB)" in out["stderr"], out
+
+
+@pytest.mark.skipif(LANDLOCK < 4, reason="TCP rules need Landlock ABI 4 (Linux 6.7+); this kernel has %d" % LANDLOCK)
+def test_exec_network_off_refuses_tcp(start_server):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    code = "import socket\n" + ATTACK % ("socket.create_connection(('127.0.0.1', %d), timeout=5).close()"
+                                        % listener.getsockname()[1])
+    try:
+        for network, expected in (("on", "ALLOWED"), ("off", "denied")):
+            s = start_server(EXEC_NETWORK=network)
+            s.initialize()
+            assert s.run(code)[1]["stdout"].startswith(expected), network
+    finally:
+        listener.close()
+
+
+def slow_uv(tmp_path):
+    """A uv on PATH whose venv is real and whose install never ends: a server killed mid-install."""
+    bin_dir = tmp_path / "slow-bin"
+    bin_dir.mkdir()
+    uv = bin_dir / "uv"
+    uv.write_text("#!/bin/sh\nif [ \"$1\" = venv ]; then for last; do :; done; exec %s -m venv --without-pip \"$last\"; fi\n"
+                  "echo $$ > %s\nexec sleep 60\n" % (sys.executable, tmp_path / "out" / "uv.pid"))
+    uv.chmod(0o755)
+    return str(bin_dir) + os.pathsep + os.environ.get("PATH", "")
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="finds processes through /proc")
+@pytest.mark.parametrize("fork, during", [(1, "call"), (0, "call"), (1, "install")])
+def test_a_restart_after_kill_9_removes_what_the_dead_server_left(start_server, tmp_path, fork, during):
+    live = start_server(MCP_EXEC_DIR=tmp_path / "state")              # a server that stays alive
+    live.initialize()
+    handle = live.run("x = 'alive'", session="new")[1]["session"]
+    env = {"FORK_SERVER": fork, "PATH": slow_uv(tmp_path)} if during == "install" else {"FORK_SERVER": fork}
+    doomed = start_server(**env)
+    doomed.initialize()
+    if during == "call":
+        victim = start_victim(doomed, tmp_path, "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                                                 "'import time; time.sleep(60)'], start_new_session=True)\n"
+                                                 "import time\ntime.sleep(60)\n")[1]
+    else:
+        doomed.send({"jsonrpc": "2.0", "id": 92, "method": "tools/call", "params": {"name": TOOL, "arguments": {
+            "code": "1", "packages": ["anything"], "use_temp_dir": True}}})
+        victim = int(wait_for_file(out_dir(tmp_path) / "uv.pid"))
+    runs = set(os.listdir(tmp_path / "state" / "run"))
+    doomed.proc.kill()
+    doomed.proc.wait()
+    restarted = start_server()
+    restarted.initialize()
+    assert wait_until(lambda: not alive(victim)), "the dead server's process survived the restart"
+    left_runs = set(os.listdir(tmp_path / "state" / "run"))
+    assert len(runs - left_runs) == 1, (runs, left_runs)             # the dead one's, and only that
+    venvs = tmp_path / "state" / "venvs"
+    assert not venvs.exists() or [n for n in os.listdir(venvs) if not n.endswith(".ready")] == []
+    assert live.run("x", session=handle)[1]["value"] == "'alive'"     # the live server noticed nothing
+    assert restarted.run("print('ok')")[1]["stdout"] == "ok\n"
+
+
 # ===== 2. Executor: isolated environment cache (use_temp_dir) =====
 
 PREFIX_PROBE = "import sys\nimport mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE, sys.prefix)\n"
