@@ -32,6 +32,11 @@ def median(xs):
     return statistics.median(xs)
 
 
+def p99(xs):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+
+
 def p95(xs):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
@@ -200,32 +205,54 @@ def bench_startup(env, n):
         row(name, ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)))
 
 
-def bench_round_trip(env, n):
-    base = []
+def spawn_times(n, code="print(2+2)"):
+    """The baseline: seconds to spawn `python -c CODE` and wait for it, n times."""
+    times = []
     for _ in range(n):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "print(2+2)"], capture_output=True)
-        base.append(time.perf_counter() - t)
+        subprocess.run([sys.executable, "-c", code], capture_output=True)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def call_times(server, n, **arguments):
+    for _ in range(3):
+        server.call("print(2+2)", **arguments)      # the workspace exists, the template runs
+    times = []
+    for _ in range(n):
+        time.sleep(0.02)                            # a client thinks between calls
+        t = time.perf_counter()
+        assert server.call("print(2+2)", **arguments)["stdout"] == "4\n"
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def bench_round_trip(env, n, compare=None):
+    base = spawn_times(n)
     print("2. tools/call print(2+2) round trip, %d calls (baseline: spawning python -c \"print(2+2)\")" % n)
-    runs = [("stdio, warm interpreter", dict(env), Stdio), ("stdio, cold (WARM_INTERPRETER=0)",
-                                                            dict(env, WARM_INTERPRETER="0"), Stdio)]
+    runs = [("stdio, forked from a template", dict(env), Stdio, None),
+            ("stdio, spawned (FORK_SERVER=0)", dict(env, FORK_SERVER="0"), Stdio, None),
+            ("stdio, no sandbox (EXEC_SANDBOX=off)", dict(env, EXEC_SANDBOX="off"), Stdio, None)]
+    if compare:
+        runs.append(("stdio, %s" % os.path.basename(compare), dict(env), Stdio, [sys.executable, compare]))
     if have_http():
-        runs.append(("Streamable HTTP (JSON), warm", dict(env), Http))
-    for name, run_env, kind in runs:
-        server = kind(run_env)
+        runs.append(("Streamable HTTP (JSON)", dict(env), Http, None))
+    for name, run_env, kind, argv in runs:
+        server = kind(run_env, argv) if argv else kind(run_env)
         if kind is Stdio:
             server.initialize()
-        for _ in range(3):
-            server.call("print(2+2)")       # the workspace exists, a warm interpreter waits
-        times = []
-        for _ in range(n):
-            time.sleep(0.05)                # a client thinks between calls
-            t = time.perf_counter()
-            assert server.call("print(2+2)")["stdout"] == "4\n"
-            times.append(time.perf_counter() - t)
+        times = call_times(server, n)
         server.close()
         row(name + " median", ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)))
         row(name + " p95", ms(p95(times)), ms(p95(base)), "%.2fx" % (p95(times) / p95(base)))
+    server = Stdio(env)
+    server.initialize()
+    stateless = call_times(server, n)
+    handle = server.call("x = 1", session="new")["session"]
+    in_session = call_times(server, n, session=handle)
+    server.close()
+    row("stdio, in a session, median", ms(median(in_session)), ms(median(stateless)),
+        "%.2fx" % (median(in_session) / median(stateless)), "(baseline: a stateless call, same server; target <= 2 ms)")
 
 
 def wall_time_of_calls_together(server, n, code="import time; time.sleep(1)"):
@@ -324,6 +351,49 @@ def bench_http_throughput(env, seconds):
         "%.2fx" % (rates["tools/list"] / rates["/health"]), "(baseline: GET /health, same server)")
 
 
+def bench_http_calls(env, seconds):
+    """16 clients calling print(1) over Streamable HTTP, against spawning Python one at a time."""
+    if not have_http():
+        print("6. skipped: Flask/waitress not installed")
+        return
+    spawned = spawn_times(20, "print(1)")
+    spawn_rate = len(spawned) / sum(spawned)
+    server = Http(env)
+    server.call("pass")
+    latencies, errors = [], []
+    stop = threading.Event()
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        while not stop.is_set():
+            t = time.perf_counter()
+            try:
+                result = server.call("print(1)", conn)
+                ok = result["stdout"] == "1\n"
+            except Exception:       # a refused or broken request is an error, whatever it was
+                ok = False
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            (latencies if ok else errors).append(time.perf_counter() - t)
+    threads = [threading.Thread(target=client) for _ in range(16)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    time.sleep(seconds)
+    stop.set()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t
+    server.close()
+    rate = len(latencies) / elapsed
+    print("6. tools/call print(1) from 16 Streamable HTTP clients for %g s (baseline: serial spawns of python -c)"
+          % seconds)
+    row("calls per second", "%.1f /s" % rate, "%.1f /s" % spawn_rate, "%.2fx" % (rate / spawn_rate),
+        "(target >= 4x)")
+    row("latency p50 / p99", "%s / %s" % (ms(median(latencies)), ms(p99(latencies))), "", "",
+        "(target p99 <= 100 ms)")
+    row("errors", "%d" % len(errors), "", "", "(target 0)")
+
+
 def bench_memory(env):
     if not os.path.exists("/proc/self/status"):
         print("6. skipped: no /proc")
@@ -344,9 +414,66 @@ def bench_memory(env):
         assert result["truncated"]
         row("%s peak while printing 200 MB" % name, "%.1f MB" % (peak / 1024), "%.1f MB" % (idle / 1024),
             "+%.1f MB" % ((peak - idle) / 1024), "(baseline: the same server idle)")
+    server = Stdio(env)
+    server.initialize()
+    server.call("pass")
+    time.sleep(0.3)
+    idle = rss_kb(server.proc.pid)
+    result = server.call(FOUR_BIG_IMAGES)
+    peak = rss_kb(server.proc.pid, "VmHWM")
+    server.close()
+    row("stdio peak while returning %d images" % len(result["images"]),
+        "%.1f MB" % (peak / 1024), "%.1f MB" % (idle / 1024), "+%.1f MB" % ((peak - idle) / 1024),
+        "(%.1f MB of PNG: IMAGE_LIMIT x IMAGE_MAX_BYTES)" % (sum(i["bytes"] for i in result["images"]) / 1e6))
 
 
-SECTIONS = ("startup", "round_trip", "parallel", "packages", "http_throughput", "memory")
+# Four incompressible PNGs just under IMAGE_MAX_BYTES, shown as open matplotlib figures
+# (a stand-in module, so that this needs no matplotlib): the largest image set a call returns.
+FOUR_BIG_IMAGES = r"""
+import os, struct, sys, types, zlib
+def png(side):
+    raw = b"".join(b"\x00" + os.urandom(3 * side) for _ in range(side))
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 1)) + chunk(b"IEND", b""))
+class Figure:
+    dpi = 100
+    def __init__(self):
+        self.png = png(590)
+    def savefig(self, f, format, dpi):
+        f.write(self.png)
+plt = types.ModuleType("matplotlib.pyplot")
+figures = {n: Figure() for n in range(1, 5)}
+plt.get_fignums, plt.figure, plt.close = lambda: list(figures), figures.get, lambda *a: None
+sys.modules["matplotlib.pyplot"] = plt
+"""
+
+
+def bench_images(env):
+    """One 640x480 matplotlib figure returned, against the same code that closes its figure."""
+    print("8. a matplotlib figure (plt.plot + plt.show) returned as a PNG image")
+    server = Stdio(env)
+    server.initialize()
+    plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\n"
+    try:
+        server.call("import matplotlib", packages=["matplotlib"], use_temp_dir=True)
+    except RuntimeError as exc:
+        print("  skipped: matplotlib could not be installed (%s)" % str(exc)[-120:])
+        server.close()
+        return
+    shown, closed = [], []
+    for _ in range(5):
+        for code, times in ((plot, shown), (plot + "plt.close('all')\n", closed)):
+            t = time.perf_counter()
+            result = server.call(code, packages=["matplotlib"], use_temp_dir=True)
+            times.append(time.perf_counter() - t)
+    server.close()
+    assert "images" not in result and shown
+    row("call returning one 640x480 figure, median", ms(median(shown)), ms(median(closed)),
+        "%.2fx" % (median(shown) / median(closed)), "(baseline: the same code, figure closed)")
+
+
+SECTIONS = ("startup", "round_trip", "parallel", "packages", "http_throughput", "http_calls", "memory", "images")
 
 
 def parse_arguments(argv):
@@ -355,6 +482,8 @@ def parse_arguments(argv):
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: a smoke test, about a minute")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
                         help="run only these sections: %s" % ", ".join(SECTIONS))
+    parser.add_argument("--compare", metavar="OLD_MCP_EXEC_PY",
+                        help="also time print(2+2) on another copy of mcp_exec.py, in the same run")
     return parser.parse_args(argv)     # an unknown argument is an error (exit 2), not ignored
 
 
@@ -365,7 +494,7 @@ def main(argv):
     state = tempfile.mkdtemp(prefix="bench-mcp-exec-")
     wheels = tempfile.mkdtemp(prefix="bench-wheels-")
     make_wheel(wheels)
-    env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "WARM_INTERPRETER")}
+    env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "FORK_SERVER", "EXEC_SANDBOX")}
     env["MCP_EXEC_DIR"] = state
     print("mcp_exec benchmark: Python %s, %d cores, %s%s" % (
         sys.version.split()[0], os.cpu_count(), sys.platform, ", --quick" if quick else ""))
@@ -374,11 +503,13 @@ def main(argv):
     warmup.call("pass")      # builds the workspace environment once
     warmup.close()
     runs = {"startup": lambda: bench_startup(env, 5 if quick else 20),
-            "round_trip": lambda: bench_round_trip(env, 10 if quick else 60),
+            "round_trip": lambda: bench_round_trip(env, 10 if quick else 60, options.compare),
             "parallel": lambda: bench_parallel(env),
             "packages": lambda: bench_packages(env, wheels),
             "http_throughput": lambda: bench_http_throughput(env, 1.0 if quick else 5.0),
-            "memory": lambda: bench_memory(env)}
+            "http_calls": lambda: bench_http_calls(env, 3.0 if quick else 20.0),
+            "memory": lambda: bench_memory(env),
+            "images": lambda: bench_images(env)}
     try:
         for name in SECTIONS:
             if name in chosen:
@@ -391,3 +522,5 @@ def main(argv):
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+

@@ -39,6 +39,7 @@ import ast
 import atexit
 import base64
 import binascii
+import collections
 import gc
 import hashlib
 import hmac
@@ -159,9 +160,8 @@ SETTINGS = [
     Setting(HTTP, "HOST", str, lambda v: "0.0.0.0" if os.environ.get("DYNO") else "127.0.0.1",
             "the interface to listen on", "127.0.0.1; 0.0.0.0 when DYNO is set"),
     Setting(HTTP, "PORT", int, 8000, "the port to listen on"),
-    Setting(HTTP, "WEB_CONCURRENCY", int, 16, "waitress threads", minimum=1),
-    Setting(HTTP, "SSE_MAX_STREAMS", int, lambda v: max(1, v["WEB_CONCURRENCY"] - max(1, v["WEB_CONCURRENCY"] // 4)),
-            "open /sse streams allowed; more get 503", "3/4 of the threads"),
+    Setting(HTTP, "WEB_CONCURRENCY", int, 32, "waitress threads (waitress-serve's --threads wins); open SSE "
+            "streams and running tools/call may hold all but 2 + 1/8 of them", minimum=1),
     Setting(HTTP, "SSE_KEEPALIVE", float, 15.0, "seconds between keep-alive comments on event streams"),
     Setting(HTTP, "MCP_STATELESS", bool, False, "true = Streamable HTTP without sessions (several instances)", "false"),
     Setting(HTTP, "STDIO_MODE_ONLY", bool, False, "true = HTTP lists no tools and runs no code", "false"),
@@ -390,22 +390,28 @@ def handle_message(message, session, notify=None):
     return answer_request(request)
 
 
+def envelope_error(message):
+    """The -32600 error response for a message that is not JSON-RPC 2.0, or None."""
+    if not isinstance(message, dict):
+        return error_response(None, INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
+    if "method" not in message and "id" in message and ("result" in message or "error" in message):
+        return None   # a response
+    if "id" in message and not valid_id(message["id"]):
+        return error_response(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+    if message.get("jsonrpc") != "2.0":
+        return error_response(message.get("id"), INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
+    if not isinstance(message.get("method"), str):
+        return error_response(message.get("id"), INVALID_REQUEST, 'Invalid Request: "method" must be a string')
+    return None
+
+
 def parse_request(message, session, notify=None):
     """Check the JSON-RPC envelope -> a Request for a method handler, an error response, or
     None. Notifications are handled here, since they are never answered."""
-    if not isinstance(message, dict):
-        return error_response(None, INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
-    has_id = "id" in message
-    request_id = message.get("id")
-    if "method" not in message and has_id and ("result" in message or "error" in message):
-        return None   # a response; this server sends no requests, so there is nothing to match
-    if has_id and not valid_id(request_id):
-        return error_response(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
-    if message.get("jsonrpc") != "2.0":
-        return error_response(request_id, INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
-    method = message.get("method")
-    if not isinstance(method, str):
-        return error_response(request_id, INVALID_REQUEST, 'Invalid Request: "method" must be a string')
+    error = envelope_error(message)
+    if error or "method" not in message:
+        return error   # a response returns None: this server sends no requests to match it with
+    has_id, request_id, method = "id" in message, message.get("id"), message["method"]
     params = message.get("params", {})
     if not has_id:
         # Notifications never get a response, not even an error (basic/index.mdx).
@@ -907,34 +913,44 @@ def run_once(env, args, cancel, on_output):
 
 
 class CallSlots:
-    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are refused at
-    once, so that no client can pile up unbounded work (tools.mdx: rate limit invocations)."""
+    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait, first come first
+    served; more are refused at once, so that no client can pile up unbounded work
+    (tools.mdx: rate limit invocations). A freed slot goes straight to the oldest waiter."""
 
     def __init__(self, running, waiting):
         self.max_running, self.max_waiting = running, waiting
-        self.running = self.waiting = 0
-        self.cond = threading.Condition()
+        self.running = 0
+        self.waiters = collections.deque()       # one Event each, set when the slot is theirs
+        self.lock = threading.Lock()
 
     def acquire(self, cancel):
         """-> "ok" (a slot is ours), "busy" (refused) or "cancelled" (while waiting)."""
-        with self.cond:
-            if self.running >= self.max_running and self.waiting >= self.max_waiting:
-                return "busy"
-            self.waiting += 1
-            try:
-                while self.running >= self.max_running:
-                    if cancel.is_set():
-                        return "cancelled"
-                    self.cond.wait(0.1)          # notify() wakes us; 0.1 s to see a cancel
+        with self.lock:
+            if self.running < self.max_running and not self.waiters:
                 self.running += 1
                 return "ok"
-            finally:
-                self.waiting -= 1
+            if len(self.waiters) >= self.max_waiting:
+                return "busy"
+            turn = threading.Event()
+            self.waiters.append(turn)
+        while not turn.wait(0.1):                # 0.1 s to see a cancel
+            if cancel.is_set():
+                with self.lock:
+                    if not turn.is_set():
+                        self.waiters.remove(turn)
+                        return "cancelled"
+                break                            # the slot came just now: pass it on
+        if cancel.is_set():
+            self.release()
+            return "cancelled"
+        return "ok"
 
     def release(self):
-        with self.cond:
-            self.running -= 1
-            self.cond.notify()
+        with self.lock:
+            if self.waiters:
+                self.waiters.popleft().set()     # the slot changes hands: running stays
+            else:
+                self.running -= 1
 
 
 EXEC_SLOTS = CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE)
@@ -1131,14 +1147,18 @@ def child_env(env, call):
 
 def child_environment(extra=None, installer=False):
     """The allow-listed environment of executed code (and, wider, of the installer)."""
-    env = {}
-    for name, value in os.environ.items():
-        if (name in CHILD_ENV_ALLOW or name.startswith("LC_") or name in EXEC_ENV_PASSTHROUGH
-                or (installer and (name.startswith(INSTALLER_ENV_PREFIXES) or name in INSTALLER_ENV_ALLOW))):
-            env[name] = value
-    env["PYTHONIOENCODING"] = "utf-8"
-    env.update(extra or {})
-    return env
+    if installer or not _CHILD_ENV:
+        env = {name: value for name, value in os.environ.items()
+               if name in CHILD_ENV_ALLOW or name.startswith("LC_") or name in EXEC_ENV_PASSTHROUGH
+               or (installer and (name.startswith(INSTALLER_ENV_PREFIXES) or name in INSTALLER_ENV_ALLOW))}
+        env["PYTHONIOENCODING"] = "utf-8"
+        if installer:
+            return dict(env, **(extra or {}))
+        _CHILD_ENV.update(env)           # the server's environment is read once
+    return dict(_CHILD_ENV, **(extra or {}))
+
+
+_CHILD_ENV = {}
 
 
 # The child sees only these variables of the server's environment (plus LC_* and
@@ -1667,7 +1687,7 @@ class Environments:
             return [r for r in requirements if r not in installed and not _satisfied_here(r)]
         # The common case takes no lock: nothing to build, nothing to install. A call
         # without packages never waits behind another call's install.
-        if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not missing():
+        if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not (requirements and missing()):
             return _venv_python(venv), None
         with _Locked(self.workspace_lock, cancel, deadline) as got, \
                 _FileLock(venv + ".lock", cancel, deadline) as flocked:
@@ -1986,14 +2006,21 @@ class _FileLock:
 # FORK_SERVER=0, elsewhere, or while a template cannot start, calls are spawned.
 
 
+class _Reply:
+    """An answer awaited from a template (a pid, an exit status): set once it came, or
+    once the template is gone (value None)."""
+
+    def __init__(self):
+        self.event, self.value = threading.Event(), None
+
+
 class Template:
     """The server's side of one template process."""
 
     def __init__(self, python, generation):
         self.python, self.generation = python, generation
-        self.cond = threading.Condition()
-        self.pids = {}           # request id -> pid of the child forked for it
-        self.exits = {}          # pid -> exit status, as the template reaped it
+        self.lock = threading.Lock()
+        self.replies = {}        # ("pid", request id) or ("exit", pid) -> _Reply
         self.alive, self.retired, self.active, self.next_id = True, False, 0, 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps({"mode": "template", "socket_fd": theirs.fileno()})]
@@ -2016,47 +2043,56 @@ class Template:
 
     def fork(self, config, pipes, extra_fds):
         """Fork a child for a call -> ForkedChild, or None if this template is gone."""
-        with self.cond:
+        reply = _Reply()
+        with self.lock:
             if not self.alive:
                 return None
             self.next_id += 1
-            request_id = self.next_id
+            key = ("pid", self.next_id)
+            self.replies[key] = reply
             try:
-                socket.send_fds(self.sock, [json.dumps(dict(config, id=request_id)).encode()],
+                socket.send_fds(self.sock, [json.dumps(dict(config, id=self.next_id)).encode()],
                                 pipes.child + list(extra_fds))
             except OSError:
-                return None
-            self.cond.wait_for(lambda: request_id in self.pids or not self.alive, 30)
-            pid = self.pids.pop(request_id, None)
-            if pid is None:
+                reply.event.set()
+        reply.event.wait(30)
+        with self.lock:
+            self.replies.pop(key, None)
+            if reply.value is None:
                 return None
             self.active += 1
-        return ForkedChild(self, pid, pipes)
+            return ForkedChild(self, reply.value, pipes, self.replies[("exit", reply.value)])
 
     def _reader(self):
-        """Reader thread: the pids of new children and the exit statuses of finished ones."""
+        """Reader thread: the pids of new children and the exit statuses of finished ones,
+        each handed to the one thread waiting for it."""
         while True:
             try:
                 message = json.loads(self.sock.recv(65536) or b"null")
             except (OSError, ValueError):
                 message = None
-            with self.cond:
+            with self.lock:
                 if message is None:
                     self.alive = False
-                elif "pid" in message:
-                    self.pids[message["id"]] = message["pid"]
+                    for reply in self.replies.values():
+                        reply.event.set()
+                    break
+                if "pid" in message:
+                    self.replies[("exit", message["pid"])] = _Reply()
+                    key, value = ("pid", message["id"]), message["pid"]
                 else:
-                    self.exits[message["exit"]] = message["code"]
-                self.cond.notify_all()
-            if message is None:
-                break
+                    key, value = ("exit", message["exit"]), message["code"]
+                reply = self.replies.get(key)
+            if reply:
+                reply.value = value
+                reply.event.set()
         if not self.retired:
             log("the template for %s ended; calls are spawned until a new one starts" % self.python)
 
     def done(self, pid):
         """A child's call is over: forget it, and stop a retired template once it is idle."""
-        with self.cond:
-            self.exits.pop(pid, None)
+        with self.lock:
+            self.replies.pop(("exit", pid), None)
             self.active -= 1
             idle = self.retired and self.active == 0
         if idle:
@@ -2064,7 +2100,7 @@ class Template:
 
     def retire(self):
         """No new calls; stop once the running ones are over (a session may take a while)."""
-        with self.cond:
+        with self.lock:
             self.retired = True
             idle = self.active == 0
         if idle:
@@ -2090,32 +2126,24 @@ class ForkedChild:
 
     call = None
 
-    def __init__(self, template, pid, pipes):
-        self.template, self.pid, self.pipes = template, pid, pipes
-        self.code = None
+    def __init__(self, template, pid, pipes, exit_reply):
+        self.template, self.pid, self.pipes, self.exit = template, pid, pipes, exit_reply
 
     def exit_code(self):
-        if self.code is None:
-            t = self.template
-            with t.cond:
-                self.code = t.exits.get(self.pid, None if t.alive else -9)
-        return self.code
+        if not self.exit.event.is_set():
+            return None
+        return self.exit.value if self.exit.value is not None else -9     # its template died
 
     def wait(self, seconds):
-        t = self.template
-        with t.cond:
-            t.cond.wait_for(lambda: self.pid in t.exits or not t.alive, seconds)
+        self.exit.event.wait(seconds)
 
     def kill(self):
-        t = self.template
         if self.exit_code() is None:           # not reaped yet: the pid is still this child's
             kill_tree(self.pid)
-            with t.cond:
-                t.cond.wait_for(lambda: self.pid in t.exits or not t.alive, 5)
-        if not t.alive:
+            self.exit.event.wait(5)
+        if not self.template.alive:
             reap_orphans()                     # the template died: its children became ours
-        self.exit_code()
-        t.done(self.pid)
+        self.template.done(self.pid)
 
 
 class Templates:
@@ -2543,11 +2571,13 @@ class Monitor:
             self.watches.discard(watch)
 
     def _run(self):
+        idle_since = None
         while True:
             time.sleep(MONITOR_INTERVAL)
             with self.lock:
                 watches = list(self.watches)
-                if not watches:
+                idle_since = None if watches else idle_since or time.monotonic()
+                if idle_since and time.monotonic() - idle_since > 5:     # not restarted per call
                     self.running = False
                     return
             for watch in watches:
@@ -2571,6 +2601,12 @@ class CallDir:
         os.mkdir(self.tmp)
 
     def remove(self):
+        try:                               # the common case, three syscalls: nothing was left
+            for path in (self.work, self.tmp, self.root):
+                os.rmdir(path)
+            return
+        except OSError:
+            pass
         shutil.rmtree(self.root, ignore_errors=True)
         if os.path.exists(self.root):      # code made something unwritable: make it writable
             _remove_tree(self.root)
@@ -3575,18 +3611,18 @@ def sse_event(message):
     return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
 
 
-def drain(outbox, client_disconnected, keepalive, done=None):
+def drain(outbox, client_disconnected, keepalive, done=None, poll=0.25):
     """Yield what arrives in `outbox` until `done` arrives or the client leaves; None after
     every `keepalive` seconds of silence (the caller writes a keep-alive comment for it).
 
-    Never blocks for long: a client that vanished is noticed within 0.25 s through
+    Never blocks for long: a client that vanished is noticed within `poll` seconds through
     waitress's client_disconnected (needs channel_request_lookahead), or at the latest
     when a keep-alive write fails.
     """
     last_write = time.monotonic()
     while True:
         try:
-            message = outbox.get(timeout=0.25)
+            message = outbox.get(timeout=poll)
         except queue.Empty:
             if client_disconnected is not None and client_disconnected():
                 return
@@ -3632,16 +3668,71 @@ def _is_request(message):
     return isinstance(message, dict) and "method" in message and "id" in message
 
 
+class ThreadBudget:
+    """The waitress threads that requests may hold for long: open SSE streams and running
+    tools/call. It stays below the thread count by a reserve, so that /health, initialize,
+    ping, the POSTs that feed SSE streams and DELETE always find a thread: no load can
+    deadlock the server. Beyond it, requests are refused at once instead of queued.
+    """
+
+    def __init__(self, threads):
+        self.lock = threading.Lock()
+        self.held = {}               # token -> the holder's client_disconnected (or None)
+        self.resize(threads)
+
+    def resize(self, threads):
+        self.threads = threads
+        self.size = max(1, threads - 2 - threads // 8)
+
+    def take(self, client_disconnected=None):
+        """-> a token to give back with release(), or None when the budget is spent."""
+        with self.lock:
+            if len(self.held) >= self.size:      # first free what departed clients still hold
+                for token, gone in list(self.held.items()):
+                    if gone is not None and gone():
+                        del self.held[token]
+            if len(self.held) >= self.size:
+                return None
+            token = object()
+            self.held[token] = client_disconnected
+            return token
+
+    def release(self, token):
+        with self.lock:
+            self.held.pop(token, None)
+
+    def refusal(self):
+        return ("Server busy: all %d of the threads that open SSE streams and running calls may hold are in use "
+                "(WEB_CONCURRENCY=%d). Retry shortly; an operator can raise WEB_CONCURRENCY." % (self.size, self.threads))
+
+
 class HttpServer:
-    """The state behind the routes (sessions of both transports, stream slots) and their answers."""
+    """The state behind the routes (sessions of both transports, the thread budget) and their answers."""
 
     def __init__(self, settings):
         self.settings = settings
         self.lock = threading.Lock()
         self.sse_sessions = {}      # session_id -> SseSession
         self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
-        self.stream_slots = threading.BoundedSemaphore(settings.sse_max_streams)
+        self.budget = ThreadBudget(settings.web_concurrency)
+        self.waitress_checked = False
         self.workers = Workers()
+
+    def check_waitress(self, environ):
+        """At the first request: size the budget from waitress's real thread count (which
+        waitress-serve --threads sets, whatever WEB_CONCURRENCY says), and say what is off."""
+        self.waitress_checked = True
+        channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
+        adj = getattr(getattr(channel, "server", None), "adj", None)
+        if adj is None:
+            return                                   # not waitress: WEB_CONCURRENCY it is
+        if adj.threads != self.settings.web_concurrency:
+            log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress (%d)"
+                % (adj.threads, self.settings.web_concurrency, max(1, adj.threads - 2 - adj.threads // 8)))
+        if not adj.channel_request_lookahead:
+            log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed only when a "
+                "keep-alive fails; start it with --channel-request-lookahead=1 (python mcp_exec.py --http does)")
+        self.budget.resize(adj.threads)
 
     # -- guards ------------------------------------------------------------------------
     def check_request(self, headers):
@@ -3678,9 +3769,10 @@ class HttpServer:
     # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE) ----------------------------
     def open_stream(self, script_root, client_disconnected):
         """GET /sse: the endpoint event, then the session's messages, until the client leaves."""
-        if not self.stream_slots.acquire(blocking=False):
-            return error_reply(503, "Too many open SSE streams (%d); retry shortly, or use Streamable HTTP at /mcp"
-                               % self.settings.sse_max_streams, headers={"Retry-After": "5"})
+        token = self.budget.take(client_disconnected)
+        if token is None:
+            return error_reply(503, self.budget.refusal() + " Streamable HTTP at /mcp holds no thread between calls.",
+                               headers={"Retry-After": "2"})
         session = SseSession(allow_exec=not self.settings.stdio_mode_only)
         with self.lock:
             self.sse_sessions[session.session_id] = session
@@ -3692,13 +3784,13 @@ class HttpServer:
                 with self.lock:
                     self.sse_sessions.pop(session.session_id, None)
                 session.close()          # its running executions are killed
-                self.stream_slots.release()
+                self.budget.release(token)
 
         def events():
             # The first event tells the client where to POST (a relative URI; clients
             # resolve it against the stream's URL and refuse other origins).
             yield "event: endpoint\ndata: %s/messages/?session_id=%s\n\n" % (script_root, session.session_id)
-            for message in drain(session.outbox, client_disconnected, self.settings.sse_keepalive):
+            for message in drain(session.outbox, client_disconnected, self.settings.sse_keepalive, poll=0.05):
                 yield ": keep-alive\n\n" if message is None else sse_event(message)
         return sse_reply(events(), on_close)
 
@@ -3720,7 +3812,9 @@ class HttpServer:
     def mcp_post(self, headers, body, client_disconnected):
         """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) -> JSON, SSE or 202."""
         payload, error = parse_frame(body)
-        if error:
+        if not error and not isinstance(payload, list):
+            error = envelope_error(payload)
+        if error:          # the error stdio would send, with 400 (it names no request to answer)
             return json_reply(error, 400)
         first = payload if isinstance(payload, dict) else {}
         first_id = first.get("id") if valid_id(first.get("id")) else None
@@ -3738,13 +3832,14 @@ class HttpServer:
             return session
         accept = headers.get("Accept", "")
         messages = payload if isinstance(payload, list) else [payload]
-        if not any(_is_request(m) for m in messages):
-            handle_payload(payload, session)     # notifications and responses: accepted, no body
-            return HttpReply(202, content_type="text/plain")
-        if needs_worker(payload):
-            return self.stream_reply(lambda notify: handle_payload(payload, session, notify), session,
-                                     accept, client_disconnected, modern=False)
-        return self.quick_reply(handle_payload(payload, session), accept)
+        if isinstance(payload, dict) and needs_worker(payload):
+            return self.stream_reply(lambda notify: handle_payload(payload, session, notify), session, accept,
+                                     client_disconnected, False, self.busy_reply(payload, session.protocol_version))
+        reply = handle_payload(payload, session)   # a batch (2025-03-26) is answered here, all of it
+        if reply is None:
+            return HttpReply(202, content_type="text/plain")   # notifications and responses: accepted
+        refused = isinstance(reply, dict) and "error" in reply and reply["id"] is None
+        return self.quick_reply(reply, accept, 400 if refused or not any(_is_request(m) for m in messages) else 200)
 
     def initialize_post(self, payload):
         """initialize opens a session, named in the Mcp-Session-Id header of the answer."""
@@ -3799,28 +3894,44 @@ class HttpServer:
         def work(notify):
             request.notify = notify
             return answer_request(request)
-        return self.stream_reply(work, session, accept, client_disconnected, modern=True)
+        return self.stream_reply(work, session, accept, client_disconnected, True,
+                                 self.busy_reply(payload, request.version, modern=True))
 
-    def quick_reply(self, reply, accept):
+    def quick_reply(self, reply, accept, status=200):
         """A request answered at once: JSON, or one SSE event for a client accepting only that."""
-        if "application/json" in accept or "*/*" in accept or not accept:
-            return json_reply(reply)
+        if "application/json" in accept or "*/*" in accept or not accept or status != 200:
+            return json_reply(reply, status)
         return sse_reply(iter([sse_event(reply)]))
 
-    def stream_reply(self, work, session, accept, client_disconnected, modern):
-        """Run work(notify) -> reply on a worker while this thread watches the client. With SSE
-        (preferred) progress and keep-alives flow; on 2026-07-28 closing it cancels the call."""
+    def busy_reply(self, message, version, modern=False):
+        """The answer to a tools/call when the thread budget is spent: a tool error that says so."""
+        result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1), version)
+        if modern:
+            decorate_modern_result(result, version)
+        return {"jsonrpc": "2.0", "id": message["id"], "result": result}
+
+    def stream_reply(self, work, session, accept, client_disconnected, modern, busy):
+        """Run work(notify) -> reply on a worker while this thread watches the client, if the
+        thread budget allows (else `busy` at once). With SSE (preferred) progress and
+        keep-alives flow; on 2026-07-28, closing the stream cancels the call."""
+        token = self.budget.take(client_disconnected)
+        if token is None:
+            return json_reply(busy)
         stream = self.worker_messages(work, session, client_disconnected, modern)
         wants_json = "application/json" in accept or "*/*" in accept or not accept
         if "text/event-stream" in accept or not wants_json:
-            return sse_reply(_sse_stream(stream), on_close=session.close if modern else None)
-        reply = None
-        for message in stream:
-            if message is not None and "id" in message:
-                reply = message
-        if reply is None:                    # cancelled: no JSON-RPC response exists
+            def on_close():
+                self.budget.release(token)
+                if modern:
+                    session.close()
+            return sse_reply(_sse_stream(stream), on_close=on_close)
+        try:
+            replies = [m for m in stream if m is not None and "id" in m]
+        finally:
+            self.budget.release(token)
+        if not replies:                      # cancelled: no JSON-RPC response exists
             return HttpReply(202, content_type="text/plain")
-        return json_reply(reply)
+        return json_reply(replies[-1])
 
     def worker_messages(self, work, session, client_disconnected, modern):
         """Yield the worker's notifications and its reply as they come, and None after every
@@ -3960,6 +4071,8 @@ def create_app(settings=None):
 
     @app.before_request
     def guard():
+        if not server.waitress_checked:
+            server.check_waitress(request.environ)
         if request.path == "/health":
             return None
         if request.path.startswith("/.well-known/"):
@@ -3982,7 +4095,8 @@ def create_app(settings=None):
     app.register_error_handler(500, lambda exc: respond(
         error_reply(500, "Internal error (details are in the server's log)", INTERNAL_ERROR)))
     disconnected = lambda: request.environ.get("waitress.client_disconnected")   # noqa: E731
-    app.add_url_rule("/health", "health", lambda: respond(json_reply({"status": "ok"})))
+    health = {"status": "ok", "sandbox": "landlock" if SANDBOX.abi else "off"}     # nothing secret
+    app.add_url_rule("/health", "health", lambda: respond(json_reply(health)))
     app.add_url_rule("/sse", "sse", lambda: respond(server.open_stream(request.script_root, disconnected())))
     app.add_url_rule("/messages/", "messages", methods=["POST"], view_func=lambda: respond(
         server.post_message(request.args.get("session_id"), request.get_data())))
@@ -4027,16 +4141,51 @@ def serve_http(args):
         return 2
     app = create_app(settings)
     import waitress
-    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
-        "at most %d SSE streams%s%s" % (settings.host, settings.port, settings.web_concurrency, settings.sse_max_streams,
-                                        ", stateless" if settings.mcp_stateless else "",
-                                        ", STDIO_MODE_ONLY: no code execution over HTTP" if settings.stdio_mode_only else ""))
-    # channel_request_lookahead lets waitress notice a client that went away while its
-    # stream is open (environ["waitress.client_disconnected"]); without it, never.
+    server = app.extensions["mcp_exec"]
+    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, of which open "
+        "SSE streams and running calls may hold %d%s%s" % (
+            settings.host, settings.port, settings.web_concurrency, server.budget.size,
+            ", stateless" if settings.mcp_stateless else "",
+            ", STDIO_MODE_ONLY: no code execution over HTTP" if settings.stdio_mode_only else ""))
+    _raise_open_files_limit(WAITRESS_OPTIONS["connection_limit"] + 256)
+    gc.freeze()     # the app's objects live forever: the collector need not walk them per call
     waitress.serve(app, host=settings.host, port=settings.port, threads=settings.web_concurrency,
-                   channel_request_lookahead=1, max_request_body_size=2 * settings.max_body_bytes + 65536,
-                   ident="mcp-exec")
+                   max_request_body_size=max(WAITRESS_OPTIONS["max_request_body_size"], 2 * settings.max_body_bytes),
+                   **{k: v for k, v in WAITRESS_OPTIONS.items() if k != "max_request_body_size"})
     return 0
+
+
+# How waitress must run for this app (the Procfile says the same on waitress-serve's
+# command line). Measured on 2 cores with waitress 3.0.2:
+WAITRESS_OPTIONS = {
+    # lets waitress see a client leave while its stream is open (client_disconnected);
+    # without it, only a failed keep-alive write tells
+    "channel_request_lookahead": 1,
+    # 100 (the default) slow connections starve everyone, key or no key; 1,000 idle or
+    # trickling ones cost ~2.6 MB and kept /health under 40 ms
+    "connection_limit": 1000,
+    # select() fails past file descriptor 1024 and takes the whole server down: use poll()
+    "asyncore_use_poll": True,
+    # drops connections silent this long: above the 90 s idle time Heroku's router keeps
+    # (it must close first), below waitress's 120 s; checked every 10 s, not 30
+    "channel_timeout": 95, "cleanup_interval": 10,
+    # waitress answers a body over its own limit with a plain-text 413 (or a reset) before
+    # the app runs; far above MAX_BODY_BYTES, the app answers with a JSON-RPC 413 instead
+    "max_request_body_size": 64 * 1024 * 1024,
+    "ident": "mcp-exec",
+}
+
+
+def _raise_open_files_limit(wanted):
+    """Every connection is a file descriptor: lift the soft limit towards the hard one."""
+    try:
+        import resource   # POSIX only
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY
+                                                        else min(wanted, hard), hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 # =============================================================================

@@ -2466,14 +2466,19 @@ def free_port():
 class HttpProcess:
     """`python mcp_exec.py --http` on a free loopback port, stopped by stop()."""
 
-    def __init__(self, tmp_path, argv=None, **env):
+    def __init__(self, tmp_path, argv=None, waitress=None, **env):
+        """waitress: run `python -m waitress WAITRESS... mcp_exec:app` instead of --http."""
         self.port = free_port()
-        full_env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "MCP_STATELESS", "STDIO_MODE_ONLY")}
+        full_env = {k: v for k, v in os.environ.items()
+                    if k not in ("API_KEY", "MCP_STATELESS", "STDIO_MODE_ONLY", "WEB_CONCURRENCY")}
         self.out = out_dir(tmp_path)          # the code of tests may write here (EXEC_WRITE_PATHS)
         full_env.update({"API_KEY": KEY, "MCP_EXEC_DIR": str(tmp_path / "state"), "HOST": "127.0.0.1",
                          "PORT": str(self.port), "EXEC_WRITE_PATHS": str(self.out)})
         full_env.update({k: str(v) for k, v in env.items()})
         argv = argv or [sys.executable, os.path.join(HERE, "mcp_exec.py"), "--http"]
+        if waitress is not None:
+            argv = [sys.executable, "-m", "waitress", "--host=127.0.0.1", "--port=%d" % self.port] + waitress + [
+                "mcp_exec:app"]
         self.log = open(tmp_path / ("http-%d.log" % self.port), "w+b")
         self.proc = subprocess.Popen(argv, cwd=HERE, env=full_env, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 20
@@ -2640,7 +2645,7 @@ def test_http_refuses_to_start_without_api_key(tmp_path):
 def test_health_needs_no_key_and_reveals_nothing(web):
     status, headers, body = web.request("GET", "/health", headers={})
     assert status == 200
-    assert json.loads(body) == {"status": "ok"}
+    assert json.loads(body) == {"status": "ok", "sandbox": "landlock" if LANDLOCK else "off"}
 
 
 @pytest.mark.parametrize("headers, expected", [
@@ -2786,29 +2791,39 @@ def test_sse_tool_call_does_not_block_the_post(web):
     client.kill()
 
 
-def test_full_house_of_streams_still_serves_posts_and_a_killed_client_frees_its_slot(start_http):
-    server = start_http(WEB_CONCURRENCY="4")        # 4 threads -> at most 3 streams
-    clients = [SseClient(server) for _ in range(3)]
-    assert all(c.resp.status == 200 for c in clients)
-    extra = SseClient(server)
-    assert extra.resp.status == 503 and extra.resp.getheader("Retry-After")
-    extra.conn.close()
-    for n, client in enumerate(clients):             # every POST and tools/call goes through
-        assert client.post(init_message())[0] == 202
-        assert client.next_message()["id"] == 1
-        assert client.post(call_message("print(%d)" % n))[0] == 202
-        assert json.loads(client.next_message()["result"]["content"][0]["text"])["stdout"] == "%d\n" % n
-    assert server.request("GET", "/health", headers={})[0] == 200
-    clients[0].kill()
+def test_waitress_threads_not_web_concurrency_size_the_budget(tmp_path):
+    # waitress-serve --threads=4, WEB_CONCURRENCY unset (the app would think 32): it must
+    # still refuse the streams that would take the last threads.
+    server = HttpProcess(tmp_path, waitress=["--threads=4", "--channel-request-lookahead=1"])
+    try:
+        clients = [SseClient(server, timeout=10) for _ in range(6)]
+        assert [c.resp.status for c in clients] == [200, 200, 503, 503, 503, 503]
+        assert all(c.resp.getheader("Retry-After") for c in clients[2:])
+        assert "WEB_CONCURRENCY" in json.loads(clients[2].resp.read())["error"]["message"]
+        for n, client in enumerate(clients[:2]):           # a tools/call on an open stream is answered
+            assert client.post(init_message())[0] == 202
+            assert client.next_message()["id"] == 1
+            assert client.post(call_message("print(%d)" % n))[0] == 202
+            assert json.loads(client.next_message()["result"]["content"][0]["text"])["stdout"] == "%d\n" % n
+        assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
+        for c in clients:
+            c.kill()
+        server.log.seek(0)
+        assert b"waitress runs 4 threads, WEB_CONCURRENCY says 32" in server.log.read()
+    finally:
+        server.stop()
 
-    def slot_free():
-        c = SseClient(server, timeout=5)
-        ok = c.resp.status == 200
-        c.conn.close()
-        return ok
-    assert wait_until(slot_free, seconds=10, step=0.2), "the killed client's slot was not freed"
-    for c in clients[1:]:
-        c.kill()
+
+def test_a_stream_slot_is_free_as_soon_as_its_client_is_gone(start_http):
+    server = start_http(WEB_CONCURRENCY="4")            # 4 threads: 2 may be held
+    keeper = SseClient(server)
+    refused = 0
+    for _ in range(60):
+        client = SseClient(server, timeout=10)
+        refused += client.resp.status != 200
+        client.kill()                                   # and reconnect at once
+    assert refused == 0, "%d of 60 reconnects were refused" % refused
+    keeper.kill()
 
 
 def test_disconnect_kills_the_sessions_running_execution(web, tmp_path):
@@ -2917,13 +2932,16 @@ def test_stdio_mode_only_keeps_code_off_the_web(start_http):
 
 
 def test_waitress_serve_runs_the_procfile_app(tmp_path):
-    port = free_port()
-    argv = [sys.executable, "-m", "waitress", "--host=127.0.0.1", "--port=%d" % port, "--threads=4",
-            "--channel-request-lookahead=1", "mcp_exec:app"]
+    # The Procfile's web line as a shell runs it, but on loopback and with this Python's waitress.
+    line = next(l for l in open(os.path.join(REPO, "Procfile")) if l.startswith("web:"))
+    command = line[4:].strip().replace("--host=0.0.0.0", "--host=127.0.0.1").replace(
+        "waitress-serve", "%s -m waitress" % sys.executable)
     server = HttpProcess.__new__(HttpProcess)
-    server.port = port
-    env = dict(os.environ, API_KEY=KEY, MCP_EXEC_DIR=str(tmp_path / "s"))
-    server.proc = subprocess.Popen(argv, cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server.port = free_port()
+    env = dict(os.environ, API_KEY=KEY, MCP_EXEC_DIR=str(tmp_path / "s"), PORT=str(server.port))
+    env.pop("WEB_CONCURRENCY", None)
+    server.proc = subprocess.Popen(["sh", "-c", "exec " + command], cwd=HERE, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server.log = open(os.devnull, "wb")
     try:
         assert wait_until(lambda: _health(server), seconds=20)
@@ -3106,6 +3124,103 @@ def test_a_2025_disconnect_is_not_a_cancellation(web, tmp_path):
     sock.shutdown(socket.SHUT_RDWR)
     sock.close()
     assert wait_until(done_file.exists, seconds=15), "the call was killed by a 2025-era disconnect"
+
+
+# --- Liveness under load ------------------------------------
+
+def health_times(server, stop, times):
+    """Poll /health until `stop` is set, recording how long each answer took."""
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            status = server.request("GET", "/health", headers={}, timeout=10)[0]
+        except OSError:
+            status = None
+        times.append((time.monotonic() - started, status))
+        time.sleep(0.05)
+
+
+def test_a_burst_of_calls_is_answered_and_health_stays_quick(start_http):
+    server = start_http(WEB_CONCURRENCY="4", MCP_STATELESS="true")
+    results, stop, health = [], threading.Event(), []
+    poller = threading.Thread(target=health_times, args=(server, stop, health))
+    poller.start()
+
+    def call(n):
+        started = time.monotonic()
+        status, _, body = server.mcp(call_message("import time\ntime.sleep(2)\nprint(%d)" % n, n + 1),
+                                     extra={"MCP-Protocol-Version": "2025-11-25"})
+        results.append((time.monotonic() - started, status, json.loads(body)))
+    callers = [threading.Thread(target=call, args=(n,)) for n in range(100)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(60)
+    stop.set()
+    poller.join()
+    assert len(results) == 100 and all(status == 200 for _, status, _ in results)
+    ran = [r for _, _, r in results if not r["result"]["isError"]]
+    busy = [(took, r) for took, _, r in results if r["result"]["isError"]]
+    assert ran and all(tool_output(r["result"])["stdout"].strip().isdigit() for r in ran)
+    assert all("Server busy" in tool_output(r["result"])["stderr"] for _, r in busy)
+    assert len(ran) + len(busy) == 100 and sorted(took for took, _ in busy)[len(busy) // 2] < 1.0
+    assert health and all(status == 200 and took < 1.0 for took, status in health), max(health)
+
+
+def test_slow_connections_do_not_starve_health(start_http):
+    server = start_http()
+    slow = []
+    try:
+        for _ in range(300):
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: localhost\r\n")
+            slow.append(sock)
+        for _ in range(3):
+            for n, sock in enumerate(slow):
+                sock.sendall(b"X-Slow-%d: 1\r\n" % n)     # a header line now and then, never the end
+            started = time.monotonic()
+            assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
+            assert time.monotonic() - started < 1.0
+            time.sleep(0.5)
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+@pytest.mark.parametrize("body, code", [
+    (b'"just a string"', INVALID_REQUEST), (b"null", INVALID_REQUEST), (b"[]", INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":7}', INVALID_REQUEST), (b"{", PARSE_ERROR), (b"3", INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', INVALID_REQUEST),
+])
+def test_every_invalid_frame_gets_400_and_the_stdio_error(web, start_server, body, code):
+    sid, _ = web.initialize("2025-11-25")
+    status, _, reply = web.request("POST", "/mcp", body, dict(AUTH, Accept=ACCEPT_BOTH, **{
+        "Content-Type": "application/json", "Mcp-Session-Id": sid}))
+    assert status == 400, (status, reply)
+    reply = json.loads(reply)
+    assert reply["error"]["code"] == code
+    stdio = start_server()
+    stdio.initialize()
+    stdio.send(body)
+    assert stdio.recv()["error"]["code"] == code             # the same error over stdio
+
+
+def test_a_batch_under_2025_11_25_is_400_over_http(web):
+    sid, _ = web.initialize("2025-11-25")
+    status, _, reply = web.mcp([{"jsonrpc": "2.0", "id": 1, "method": "ping"}], sid,
+                               extra={"MCP-Protocol-Version": "2025-11-25"})
+    assert status == 400 and json.loads(reply)["error"]["code"] == INVALID_REQUEST
+
+
+def test_a_20_mb_body_gets_the_json_rpc_413(web):
+    sid, _ = web.initialize("2025-11-25")
+    body = json.dumps(call_message("x = '%s'" % ("y" * (20 << 20)))).encode()
+    conn = web.connect(timeout=60)
+    conn.request("POST", "/mcp", body, dict(AUTH, Accept=ACCEPT_BOTH, **{
+        "Content-Type": "application/json", "Mcp-Session-Id": sid}))
+    resp = conn.getresponse()
+    assert resp.status == 413
+    assert "MAX_BODY_BYTES" in json.loads(resp.read())["error"]["message"]
 
 
 # --- Progress over HTTP --------------------------------------------------------------
@@ -3370,3 +3485,4 @@ def test_a_terminal_on_stdin_gets_a_hint_on_stderr(tmp_path):
         proc.wait()
         os.close(master)
         os.close(slave)
+
