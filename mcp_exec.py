@@ -2974,6 +2974,7 @@ class OutputStore:
         self.root = root
         self.lock = threading.Lock()
         self.calls = {}          # token -> [created, bytes], oldest first
+        self.swept = 0.0
 
     def keep(self, token, work, rel, move):
         target = os.path.join(self.root, token, *rel.split("/"))
@@ -3024,6 +3025,14 @@ class OutputStore:
 
     def expire(self):
         now = time.time()
+        if now - self.swept > 60:              # also what servers gone before us left on disk
+            self.swept = now
+            for token in os.listdir(self.root) if os.path.isdir(self.root) else []:
+                try:
+                    if now - os.path.getmtime(os.path.join(self.root, token)) > OUTPUT_TTL:
+                        shutil.rmtree(os.path.join(self.root, token), ignore_errors=True)
+                except OSError:
+                    pass
         with self.lock:
             total = sum(size for _, size in self.calls.values())
             doomed = []
@@ -4470,7 +4479,8 @@ class McpClient:
 CLIENT_HELP = """\
 usage: python mcp_exec.py client [options] list
        python mcp_exec.py client [options] call (CODE | --file FILE | -) [--packages P ...]
-                                 [--use-temp-dir] [--timeout S]
+                                 [--use-temp-dir] [--timeout S] [--session new|HANDLE] [--save DIR]
+       python mcp_exec.py client [options] read URI [--save DIR]
 options: [--url URL] [--api-key KEY] [--protocol VERSION] [--format text|json]
          [--trace] [--progress] [-- COMMAND ...]
 
@@ -4480,8 +4490,10 @@ or else `python mcp_exec.py` started here (stdio). The API key comes from --api-
 API_KEY. Code comes as an argument, from --file, or from stdin with "-".
 --format text (the default on a terminal) prints the code's stdout, its stderr (on
 stderr) and a status line; json (the default otherwise) prints the tool's JSON result.
+--save DIR writes the images and files a call returned (or the resource read) into DIR.
+--session new starts a session (its handle is printed); --session HANDLE reuses one.
 call exits 0, or 1 when the call failed (isError); errors reaching or talking to the
-server exit 2.
+server exit 2. read fetches a file a call returned (resources/read).
 --trace writes every frame to stderr: --> sent, <-- received.
 --progress asks for progress notifications (shown on stderr).
 --protocol picks the version to speak [%s]; 2026-07-28 speaks the stateless era.
@@ -4501,22 +4513,22 @@ def client_arguments(args):
         args, command = args[:args.index("--")], args[args.index("--") + 1:]
     parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
     parser.add_argument("-h", "--help", action="store_true")
-    parser.add_argument("action", nargs="?", choices=("list", "call"))
+    parser.add_argument("action", nargs="?", choices=("list", "call", "read"))
     parser.add_argument("code", nargs="?")
-    parser.add_argument("--url")
+    for flag in ("--url", "--file", "--session", "--save"):
+        parser.add_argument(flag)
     parser.add_argument("--api-key", default=os.environ.get("API_KEY"))
     parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION, choices=SUPPORTED_VERSIONS)
-    parser.add_argument("--format", choices=("text", "json"),
-                        default="text" if sys.stdout.isatty() else "json")
-    parser.add_argument("--trace", action="store_true")
-    parser.add_argument("--progress", action="store_true")
-    parser.add_argument("--file")
+    parser.add_argument("--format", choices=("text", "json"), default="text" if sys.stdout.isatty() else "json")
+    for flag in ("--trace", "--progress", "--use-temp-dir"):
+        parser.add_argument(flag, action="store_true")
     parser.add_argument("--packages", nargs="+", default=[])
-    parser.add_argument("--use-temp-dir", action="store_true")
     parser.add_argument("--timeout", type=float)
     options = parser.parse_intermixed_args(args)    # options may come after the code too
     if options.action == "call" and options.code is None and options.file is None:
         parser.error('call needs code: an argument, --file FILE, or "-" to read stdin')
+    if options.action == "read" and not options.code:
+        parser.error("read needs the URI of a file a call returned")
     if options.url and "://" not in options.url:
         options.url = "http://" + options.url
     return options, command
@@ -4537,7 +4549,7 @@ def client_transport(options, command):
 
 
 def client_main(args):
-    """`python mcp_exec.py client ...`: list the tools or run code on any MCP server."""
+    """`python mcp_exec.py client ...`: list the tools, run code, or read a returned file."""
     options, command = client_arguments(args)
     if options.help or not options.action:
         (sys.stdout if options.help else sys.stderr).write(CLIENT_HELP)
@@ -4550,21 +4562,23 @@ def client_main(args):
             if options.action == "list":
                 print(json.dumps(client.list_tools(), indent=2, ensure_ascii=False))
                 return 0
+            if options.action == "read":
+                return client_read(client, options)
             arguments = {"code": client_code(options)}
-            if options.packages:
-                arguments["packages"] = options.packages
-            if options.use_temp_dir:
-                arguments["use_temp_dir"] = True
-            if options.timeout:
-                arguments["timeout"] = options.timeout
+            for name, value in (("packages", options.packages), ("use_temp_dir", options.use_temp_dir),
+                                ("timeout", options.timeout), ("session", options.session)):
+                if value:
+                    arguments[name] = value
             started = time.monotonic()
             result = client.call(arguments, options.progress)
+            seconds = time.monotonic() - started
+            saved = save_outputs(client, result, options.save) if options.save else []
         finally:
             transport.close()
     except ClientError as exc:
         sys.stderr.write("mcp-exec client: %s\n" % exc)
         return 2
-    show_result(result, options.format, time.monotonic() - started)
+    show_result(result, options.format, seconds, saved)
     return 1 if result.get("isError") else 0
 
 
@@ -4578,7 +4592,45 @@ def client_code(options):
     return sys.stdin.read() if options.code == "-" else options.code
 
 
-def show_result(result, form, seconds):
+def client_read(client, options):
+    """`client read URI`: the file's bytes to stdout, or into --save DIR."""
+    contents = client.request("resources/read", {"uri": options.code})["contents"][0]
+    data = contents["text"].encode("utf-8") if "text" in contents else base64.b64decode(contents["blob"])
+    if options.save:
+        path = _save(options.save, urllib.parse.unquote(options.code.rsplit("/", 1)[-1]), data)
+        sys.stderr.write("%s, %d bytes -> %s\n" % (contents.get("mimeType"), len(data), path))
+    else:
+        sys.stdout.buffer.write(data)
+    return 0
+
+
+def save_outputs(client, result, directory):
+    """Write a result's images and files into directory -> one line for each, for a person."""
+    obj = result.get("structuredContent") or {}
+    lines, images = [], [b for b in result.get("content", []) if b["type"] == "image"]
+    for n, (block, info) in enumerate(zip(images, obj.get("images", [{}] * len(images))), 1):
+        path = _save(directory, "image-%d.png" % n, base64.b64decode(block["data"]))
+        lines.append("image %d: %sx%s PNG, %d KB -> %s" % (n, info.get("width", "?"), info.get("height", "?"),
+                                                        os.path.getsize(path) // 1024, path))
+    for info in obj.get("files", []):
+        if "uri" not in info:
+            lines.append("file %s: %s" % (info["path"], info.get("note", "not returned")))
+            continue
+        contents = client.request("resources/read", {"uri": info["uri"]})["contents"][0]
+        data = contents["text"].encode("utf-8") if "text" in contents else base64.b64decode(contents["blob"])
+        lines.append("file %s: %d bytes -> %s" % (info["path"], len(data), _save(directory, info["path"], data)))
+    return lines
+
+
+def _save(directory, relative, data):
+    path = os.path.join(directory, *(_relative_path(relative) or "unnamed").split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def show_result(result, form, seconds, saved=()):
     """Print a tools/call result: the JSON object, or (text) as a person reads a terminal."""
     text = result["content"][0]["text"] if result.get("content") else ""
     try:
@@ -4589,15 +4641,23 @@ def show_result(result, form, seconds):
         (sys.stderr if form == "text" else sys.stdout).write(text + "\n")
     elif form == "json":
         print(json.dumps(obj, indent=2, ensure_ascii=False))
+        for line in saved:
+            sys.stderr.write(line + "\n")
     else:
         sys.stdout.write(obj.get("stdout", ""))
+        if "value" in obj:
+            sys.stdout.write(obj["value"] + "\n")
         sys.stdout.flush()
         sys.stderr.write(obj.get("stderr", ""))
-        if obj.get("timed_out"):
-            status = "timed out after %.2f s" % seconds
-        else:
-            status = "exit %s in %.2f s" % (obj.get("returncode"), seconds)
-        sys.stderr.write("[%s%s]\n" % (status, ", output truncated" if obj.get("truncated") else ""))
+        for line in list(saved) or ["%d image(s), %d file(s): --save DIR writes them" % (
+                len(obj.get("images", [])), len(obj.get("files", [])))] * bool(obj.get("images") or obj.get("files")):
+            sys.stderr.write(line + "\n")
+        status = ("timed out after %.2f s" % seconds if obj.get("timed_out")
+                  else "exit %s in %.2f s" % (obj.get("returncode"), seconds))
+        extras = [", output truncated"] * bool(obj.get("truncated"))
+        if obj.get("session"):
+            extras.append(", session %s%s" % (obj["session"], " (ended)" if obj.get("session_ended") else ""))
+        sys.stderr.write("[%s%s]\n" % (status, "".join(extras)))
 
 
 # =============================================================================

@@ -1991,7 +1991,7 @@ ATTACK = "try:\n    %s\n    print('ALLOWED')\nexcept OSError as exc:\n    print(
 
 @needs_landlock
 @pytest.mark.parametrize("attack", [
-    "open('/proc/%d/mem' % VICTIM, 'rb').read(1)",                 # its memory: its code, its data
+    "open('/proc/%d/mem' % VICTIM, 'rb')",                         # its memory: its code, its data
     "open('/proc/%d/fd/1' % VICTIM, 'w').write('INJECTED')",        # its stdout: its result
     "open('/proc/%d/fd/0' % VICTIM, 'w').write('INJECTED')",        # its stdin
     "open('/proc/%d/fd/0' % os.getppid(), 'w').write('print(1)')",  # the template every call forks from
@@ -2001,7 +2001,7 @@ ATTACK = "try:\n    %s\n    print('ALLOWED')\nexcept OSError as exc:\n    print(
 def test_a_call_cannot_touch_another_running_call(server, tmp_path, attack):
     request_id, pid, _ = start_victim(server, tmp_path)
     out = server.run("import os\nVICTIM = %d\n" % pid + ATTACK % attack)[1]
-    assert out["stdout"].startswith("denied"), out
+    assert out["stdout"].split()[:2] in (["denied", "13"], ["denied", "1"]), out     # EACCES, EPERM
     victim = tool_output(server.wait_for(request_id)["result"])
     assert victim["stdout"] == "victim done\n" and victim["returncode"] == 0, victim
     assert server.run("print('still serving')")[1]["stdout"] == "still serving\n"
@@ -2011,7 +2011,7 @@ def test_a_call_cannot_touch_another_running_call(server, tmp_path, attack):
 def test_a_call_cannot_plant_code_in_the_workspace(server):
     plant = ("import site\npath = [p for p in site.getsitepackages() if 'workspace' in p][0]\n" +
              ATTACK % "open(path + '/zz_evil.pth', 'w').write('import os; os.environ[\"PWNED\"] = \"1\"\\n')")
-    assert server.run(plant)[1]["stdout"].startswith("denied")
+    assert server.run(plant)[1]["stdout"].split()[:2] == ["denied", "13"]
     assert server.run("import os\n'PWNED' in os.environ")[1]["value"] == "False"
 
 
@@ -2041,7 +2041,7 @@ def test_over_http_a_call_cannot_read_another_calls_files_or_the_servers_secrets
             code = ("import os\nSERVER_PID = %d\n" % web.proc.pid) + ATTACK % attack
             _, _, body = web.mcp(call_message(code, 10 + n), sid)
             out = tool_output(json.loads(body)["result"])
-            assert out["stdout"].startswith("denied"), (attack, out)
+            assert out["stdout"].split()[:2] in (["denied", "13"], ["denied", "1"]), (attack, out)
         assert json.loads(conn.getresponse().read())["result"]["isError"] is False
     finally:
         web.stop()
