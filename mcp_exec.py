@@ -2331,7 +2331,7 @@ SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/
                      "/etc/ssl/openssl.cnf", "/etc/ca-certificates", "/etc/pki", "/etc/resolv.conf",
                      "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf",
                      "/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group",
-                     "/etc/mime.types", "/dev/urandom", "/dev/zero")
+                     "/etc/mime.types", "/etc/fonts", "/dev/urandom", "/dev/zero")
 
 
 def landlock_abi():
@@ -4479,7 +4479,8 @@ class McpClient:
 CLIENT_HELP = """\
 usage: python mcp_exec.py client [options] list
        python mcp_exec.py client [options] call (CODE | --file FILE | -) [--packages P ...]
-                                 [--use-temp-dir] [--timeout S] [--session new|HANDLE] [--save DIR]
+                                 [--use-temp-dir] [--timeout S] [--session new|HANDLE [--end-session]]
+                                 [--put FILE]... [--save DIR]
        python mcp_exec.py client [options] read URI [--save DIR]
 options: [--url URL] [--api-key KEY] [--protocol VERSION] [--format text|json]
          [--trace] [--progress] [-- COMMAND ...]
@@ -4490,8 +4491,11 @@ or else `python mcp_exec.py` started here (stdio). The API key comes from --api-
 API_KEY. Code comes as an argument, from --file, or from stdin with "-".
 --format text (the default on a terminal) prints the code's stdout, its stderr (on
 stderr) and a status line; json (the default otherwise) prints the tool's JSON result.
+--put FILE sends local files into the code's working directory (under their names);
 --save DIR writes the images and files a call returned (or the resource read) into DIR.
---session new starts a session (its handle is printed); --session HANDLE reuses one.
+--session new starts a session (its handle is printed); --session HANDLE reuses one,
+and --end-session ends it after the call. A session lives in one server process: reuse
+its handle against a server that stays up (--url), not a stdio server started per call.
 call exits 0, or 1 when the call failed (isError); errors reaching or talking to the
 server exit 2. read fetches a file a call returned (resources/read).
 --trace writes every frame to stderr: --> sent, <-- received.
@@ -4520,9 +4524,10 @@ def client_arguments(args):
     parser.add_argument("--api-key", default=os.environ.get("API_KEY"))
     parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION, choices=SUPPORTED_VERSIONS)
     parser.add_argument("--format", choices=("text", "json"), default="text" if sys.stdout.isatty() else "json")
-    for flag in ("--trace", "--progress", "--use-temp-dir"):
+    for flag in ("--trace", "--progress", "--use-temp-dir", "--end-session"):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--packages", nargs="+", default=[])
+    parser.add_argument("--put", action="append", default=[])
     parser.add_argument("--timeout", type=float)
     options = parser.parse_intermixed_args(args)    # options may come after the code too
     if options.action == "call" and options.code is None and options.file is None:
@@ -4565,8 +4570,11 @@ def client_main(args):
             if options.action == "read":
                 return client_read(client, options)
             arguments = {"code": client_code(options)}
+            files = [{"path": os.path.basename(path), "encoding": "base64",
+                      "content": base64.b64encode(_read_bytes(path)).decode("ascii")} for path in options.put]
             for name, value in (("packages", options.packages), ("use_temp_dir", options.use_temp_dir),
-                                ("timeout", options.timeout), ("session", options.session)):
+                                ("timeout", options.timeout), ("session", options.session), ("files", files),
+                                ("end_session", options.end_session)):
                 if value:
                     arguments[name] = value
             started = time.monotonic()
@@ -4584,12 +4592,16 @@ def client_main(args):
 
 def client_code(options):
     if options.file:
-        try:
-            with open(options.file, encoding="utf-8") as f:
-                return f.read()
-        except OSError as exc:
-            raise ClientError("cannot read %s: %s" % (options.file, exc))
+        return _read_bytes(options.file).decode("utf-8")
     return sys.stdin.read() if options.code == "-" else options.code
+
+
+def _read_bytes(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ClientError("cannot read %s: %s" % (path, exc))
 
 
 def client_read(client, options):
@@ -4648,7 +4660,8 @@ def show_result(result, form, seconds, saved=()):
         if "value" in obj:
             sys.stdout.write(obj["value"] + "\n")
         sys.stdout.flush()
-        sys.stderr.write(obj.get("stderr", ""))
+        stderr = obj.get("stderr", "")
+        sys.stderr.write(stderr + ("\n" if stderr and not stderr.endswith("\n") else ""))
         for line in list(saved) or ["%d image(s), %d file(s): --save DIR writes them" % (
                 len(obj.get("images", [])), len(obj.get("files", [])))] * bool(obj.get("images") or obj.get("files")):
             sys.stderr.write(line + "\n")
@@ -4715,7 +4728,7 @@ def demo():
     client = McpClient(transport)
     try:
         for step in (client.start, client.list_tools,
-                     lambda: client.call({"code": "import sys\nprint(sum(range(101)), sys.version.split()[0])"}),
+                     lambda: client.call({"code": "import sys\nprint(sys.version.split()[0])\nsum(range(101))"}),
                      lambda: client.call({"code": "1/0"})):
             step()
             print()

@@ -489,8 +489,9 @@ def test_inprocess_settings_table_is_the_one_source():
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     for setting in mcp_exec.SETTINGS:
         assert setting.name in help_text and "`%s`" % setting.name in readme, setting.name
-    settings = mcp_exec.HttpSettings({"WEB_CONCURRENCY": "8"})
-    assert settings.web_concurrency == 8 and settings.sse_max_streams == 6   # derived from the threads
+    settings = mcp_exec.HttpSettings({"WEB_CONCURRENCY": "8", "EXEC_TIMEOUT": "1"})
+    assert settings.web_concurrency == 8 and not hasattr(settings, "exec_timeout")   # HTTP settings only
+    assert mcp_exec.ThreadBudget(8).size == 5 and mcp_exec.ThreadBudget(32).size == 26   # 2 + 1/8 kept back
 
 
 # ===== 3. Protocol: JSON-RPC framing =====
