@@ -3057,15 +3057,24 @@ def handle_resources_read(request):
         raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
                             "Resource not found: %s expired (files are kept %g s, OUTPUT_TTL) or never existed; "
                             "run the code again to make it" % (uri, OUTPUT_TTL), {"uri": uri})
-    return {"contents": [resource_contents(uri, mimetypes.guess_type(uri)[0] or "application/octet-stream", data)]}
+    return _cacheable(request, {"contents": [resource_contents(uri, mimetypes.guess_type(uri)[0]
+                                                              or "application/octet-stream", data)]})
 
 
 def handle_resources_list(request):
     if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
-    return {"resources": [{"uri": uri, "name": name, "size": size,
-                           "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
-                          for uri, name, size in OUTPUTS.live()[:200]]}
+    return _cacheable(request, {"resources": [
+        {"uri": uri, "name": name, "size": size, "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
+        for uri, name, size in OUTPUTS.live()[:200]]})
+
+
+def _cacheable(request, result):
+    """2026-07-28 resource results say how long they may be cached: not at all, and only by
+    this client (server/utilities/caching.mdx)."""
+    if request.modern:
+        result.update(ttlMs=0, cacheScope="private")
+    return result
 
 INPUT_SCHEMA["properties"]["files"] = {
     "type": "array", "maxItems": FILES_IN_MAX,

@@ -431,6 +431,9 @@ def test_inprocess_modern_request_needs_its_meta():
                                      "params": {"_meta": meta}}, session)
     assert reply["result"]["resultType"] == "complete" and reply["result"]["cacheScope"] == "public"
     assert session.protocol_version is None          # served statelessly: nothing was negotiated
+    reply = mcp_exec.handle_message({"jsonrpc": "2.0", "id": 5, "method": "resources/list",
+                                     "params": {"_meta": meta}}, session)
+    assert reply["result"]["ttlMs"] == 0 and reply["result"]["cacheScope"] == "private"   # required there
 
 
 @pytest.mark.parametrize("arguments, hint", [
