@@ -40,6 +40,7 @@ import atexit
 import base64
 import binascii
 import collections
+import errno
 import gc
 import hashlib
 import hmac
@@ -1126,7 +1127,8 @@ def child_config(mode):
     """What a child is told about its call, besides its pipes, directory and environment."""
     cpu = int(EXEC_TIMEOUT_MAX) + 5      # a backstop; the wall clock is the real limit
     limits = {"RLIMIT_AS": EXEC_MEMORY_MB << 20, "RLIMIT_FSIZE": EXEC_FILE_MB << 20,
-              "RLIMIT_NOFILE": EXEC_MAX_FILES, "RLIMIT_CPU": cpu, "RLIMIT_NPROC": NPROC_LIMIT}
+              "RLIMIT_NOFILE": EXEC_MAX_FILES, "RLIMIT_NPROC": NPROC_LIMIT,
+              "RLIMIT_CPU": cpu if mode != "session" else 0}     # a session's CPU adds up over calls
     limits = dict({name: value for name, value in limits.items() if value > 0}, RLIMIT_CORE=0)
     return {"mode": mode, "limits": limits, "value_limit": OUTPUT_LIMIT,
             "image_limit": IMAGE_LIMIT, "image_max_bytes": IMAGE_MAX_BYTES}
@@ -1194,6 +1196,13 @@ class Pipes:
             os.close(fd)
         self.child = []
 
+    def close_all(self):
+        """When no child got them: close every end."""
+        self.close_child_ends()
+        for fd in (self.code, self.stdout, self.stderr, self.results):
+            if fd >= 0:
+                os.close(fd)
+
 
 def start_child(env, call, mode="run", extra_fds=()):
     """Start a child interpreter for a call -> ForkedChild (from the environment's template,
@@ -1207,8 +1216,10 @@ def start_child(env, call, mode="run", extra_fds=()):
             config.update(results_fd=pipes.child[3], extra_fds=list(extra_fds))
             argv = [env.python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
             child = SpawnedChild(argv, environment, call.work, pipes, [pipes.child[3]] + list(extra_fds))
-    finally:
-        pipes.close_child_ends()
+    except BaseException:
+        pipes.close_all()
+        raise
+    pipes.close_child_ends()
     child.call = call
     return child
 
@@ -1243,8 +1254,10 @@ def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
     pipes = Pipes(code=False)
     try:
         child = SpawnedChild(argv, env, cwd, pipes)
-    finally:
-        pipes.close_child_ends()
+    except BaseException:
+        pipes.close_all()
+        raise
+    pipes.close_child_ends()
     return supervise(child, b"", timeout, cancel or threading.Event(), on_output)
 
 
@@ -1319,8 +1332,9 @@ def supervise(child, code, timeout, cancel, on_output, until_results=False):
 def finish(child, stop, interrupted, out, err, results, timeout, until_results):
     """The Result of a supervised child, after killing whatever of it may still run."""
     record = _parse_results(results)
-    if stop or not until_results:
-        child.kill()       # nothing is left of a child that exited: this kills what escaped
+    if stop or not until_results or "status" not in record:
+        child.kill()       # nothing is left of a child that exited: this kills what escaped;
+                           # a session that closed its results without a word is ended
     status = record.get("status") if until_results else child.exit_code()
     ended_by = interrupted or stop
     result = Result(status if isinstance(status, int) else -9, out.text(), err.text(),
@@ -1517,15 +1531,15 @@ def reap_orphans():
     """Kill and reap the server's children that it did not start itself (Linux)."""
     if not LINUX:
         return
-    with _SPAWN_LOCK:
+    with _SPAWN_LOCK:               # no spawn() between the two lists
         ours = {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
         orphans = [p for p in children_of(os.getpid()) if p not in ours]
-        for pid in orphans:
-            kill_tree(pid)
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+    for pid in orphans:             # our children, not yet reaped: their pids cannot be reused
+        kill_tree(pid)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 # --- 4.4 Package environments ------------------------------------------------------------
@@ -1610,8 +1624,8 @@ def _create_venv(path, layered, deadline, cancel):
         return result
     # Ask the venv's own interpreter where its packages go: distributions patch
     # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages here).
-    site_dir = subprocess.run([_venv_python(path), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                              capture_output=True, text=True, env=child_environment()).stdout.strip()
+    site_dir = run_process([_venv_python(path), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                           env=child_environment(), cwd=STATE_DIR, timeout=60).stdout.strip()
     if not os.path.isdir(site_dir):
         return Result.refusal("no site-packages in %s" % path)
     server_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
@@ -1755,18 +1769,17 @@ class Environments:
             _flock(building, shared=False)
             try:
                 failure = self._fill(venv, requirements, deadline, cancel, report)
+                if not failure:
+                    # Publish atomically: a crash before this line leaves no entry that a
+                    # later call would trust, only a directory that recover() removes.
+                    tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
+                    with open(tmp, "w") as f:
+                        f.write(os.path.basename(venv))
+                    with self.lock:
+                        os.replace(tmp, pointer)
             finally:
-                os.unlink(venv + ".building")
-        if failure:
-            return failure
-        # Publish atomically: a crash before this line leaves no entry that a later
-        # call would trust, only a directory that recover() removes.
-        tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
-        with open(tmp, "w") as f:
-            f.write(os.path.basename(venv))
-        with self.lock:
-            os.replace(tmp, pointer)
-        return None
+                os.unlink(venv + ".building")      # only now: a directory has one or the other
+        return failure
 
     def _fill(self, venv, requirements, deadline, cancel, report):
         result = _create_venv(venv, False, deadline, cancel)
@@ -1833,20 +1846,22 @@ class Environments:
                         doomed[venv] = held
                     except OSError:
                         held.close()
-            live = {_read_text(os.path.join(cache, n)) for _, n in pointers}
         for venv, held in doomed.items():
             TEMPLATES.discard(_venv_python(os.path.join(cache, venv)))
             _remove_tree(os.path.join(cache, venv))
             held.close()
-        # A directory no entry names, not being built, is a failed or abandoned build.
+        # A directory no entry names, not being built, is a failed or abandoned build. The
+        # builder publishes its entry before it drops .building: look in the same order.
         for name in os.listdir(cache):
             path = os.path.join(cache, name)
-            if (os.path.isdir(path) and name not in live and name not in doomed
-                    and not os.path.exists(path + ".building")):
-                held = _Lease.exclusive(path)
-                if held:
-                    _remove_tree(path)
-                    held.close()
+            if not os.path.isdir(path) or name in doomed or os.path.exists(path + ".building"):
+                continue
+            with self.lock:
+                live = {_read_text(os.path.join(cache, n)) for n in os.listdir(cache) if n.endswith(".ready")}
+            held = name not in live and _Lease.exclusive(path)
+            if held:
+                _remove_tree(path)
+                held.close()
 
 
 class Environment:
@@ -2019,7 +2034,7 @@ class Template:
 
     def __init__(self, python, generation):
         self.python, self.generation = python, generation
-        self.lock = threading.Lock()
+        self.lock, self.send_lock = threading.Lock(), threading.Lock()
         self.replies = {}        # ("pid", request id) or ("exit", pid) -> _Reply
         self.alive, self.retired, self.active, self.next_id = True, False, 0, 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -2050,12 +2065,14 @@ class Template:
             self.next_id += 1
             key = ("pid", self.next_id)
             self.replies[key] = reply
+        with self.send_lock:
             try:
-                socket.send_fds(self.sock, [json.dumps(dict(config, id=self.next_id)).encode()],
+                socket.send_fds(self.sock, [json.dumps(dict(config, id=key[1])).encode()],
                                 pipes.child + list(extra_fds))
             except OSError:
                 reply.event.set()
-        reply.event.wait(30)
+        if not reply.event.wait(30):
+            self.close()                    # it forked nothing in 30 s: it may not fork onto these pipes later
         with self.lock:
             self.replies.pop(key, None)
             if reply.value is None:
@@ -2260,8 +2277,9 @@ def serve_template(config, fresh_modules):
 
 
 def _reap_children(sock, roots):
-    """Reap every child that ended; report the calls' children; kill the orphans they left."""
-    ended = False
+    """Reap every child that ended; kill the orphans the calls' children left; only then report
+    their exits, so that nothing of a call still runs when the server hears it is over."""
+    ended = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -2271,12 +2289,13 @@ def _reap_children(sock, roots):
             break
         if pid in roots:
             roots.discard(pid)
-            ended = True
-            sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+            ended.append({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
     if ended:
         for pid in children_of(os.getpid()):
             if pid not in roots:       # an orphan: its call's child ended, so its call is over
                 kill_tree(pid)
+    for message in ended:
+        sock.send(json.dumps(message).encode())
 
 # =============================================================================
 # 6. Containment: a call cannot reach another call, the server, or its secret
@@ -2847,8 +2866,13 @@ def check_files(arguments, clean):
 
 
 def _relative_path(path):
-    """'a/./b.csv' -> 'a/b.csv'; None for anything that could leave the directory."""
+    """'a/./b.csv' -> 'a/b.csv'; None for anything that could leave the directory, or that
+    is not UTF-8 (a lone surrogate, a file name in another encoding)."""
     if not path or "\0" in path or "\\" in path or path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+        return None
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
         return None
     normal = posixpath.normpath(path)
     if normal in (".", "..") or normal.startswith("../"):
@@ -2856,14 +2880,15 @@ def _relative_path(path):
     return normal
 
 
-def _open_inside(root, path, flags, mode=0o644):
-    """Open root/path without following a symbolic link anywhere on the way (O_NOFOLLOW at
-    every step): code may have planted links, and nothing outside root is touched."""
+def _directory_inside(root, path, create=False):
+    """-> (fd of the directory holding root/path, last name), reached without following a
+    symbolic link anywhere on the way (O_NOFOLLOW at every step): code may have planted
+    links, and nothing outside root is touched. Close the fd."""
     parts = path.split("/")
-    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for part in parts[:-1]:
-            if flags & os.O_CREAT:
+            if create:
                 try:
                     os.mkdir(part, dir_fd=fd)
                 except FileExistsError:
@@ -2871,9 +2896,25 @@ def _open_inside(root, path, flags, mode=0o644):
             inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = inner
-        return os.open(parts[-1], flags | os.O_NOFOLLOW, mode, dir_fd=fd)
-    finally:
+    except OSError:
         os.close(fd)
+        raise
+    return fd, parts[-1]
+
+
+def _open_inside(root, path, flags):
+    """Open root/path, a regular file (never a link, a FIFO or a device: opening those could
+    block or reach outside), without following links on the way -> fd."""
+    parent, name = _directory_inside(root, path, create=bool(flags & os.O_CREAT))
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=parent)
+    finally:
+        os.close(parent)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def write_input_files(work, files):
@@ -2932,18 +2973,20 @@ def collect_files(result, work, before, move=True):
         if kind == "link":
             entry["note"] = "a symbolic link: listed, not read"
             continue
-        if size > FILE_KEEP_MAX:
-            entry["note"] = "larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20)
+        if size > FILE_KEEP_MAX or _relative_path(rel) is None:
+            entry["path"] = os.fsencode(rel).decode("utf-8", "backslashreplace")
+            entry["note"] = ("larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20) if size > FILE_KEEP_MAX
+                             else "its name is not UTF-8: not returned")
             continue
         uri = OUTPUTS.keep(token, work, rel, move)
+        data = OUTPUTS.read(uri) if uri and size <= FILE_INLINE_BYTES else None
         if uri is None:
-            entry["note"] = "could not be read"
+            entry["note"] = "could not be read (not a regular file any more)"
             continue
         entry["uri"] = uri
-        if size <= FILE_INLINE_BYTES and inline + size <= FILES_INLINE_TOTAL:
-            inline += size
-            result.blocks.append((None, {"type": "resource", "resource": resource_contents(uri, entry["mimeType"],
-                                                                                          OUTPUTS.read(uri))}))
+        if data is not None and inline + len(data) <= FILES_INLINE_TOTAL:
+            inline += len(data)
+            result.blocks.append((None, {"type": "resource", "resource": resource_contents(uri, entry["mimeType"], data)}))
         else:   # ResourceLink content arrived in 2025-06-18; before it, the list in the text is all
             result.blocks.append(("2025-06-18", {"type": "resource_link", "uri": uri, "name": rel,
                                                  "mimeType": entry["mimeType"], "size": size}))
@@ -2977,20 +3020,25 @@ class OutputStore:
         self.swept = 0.0
 
     def keep(self, token, work, rel, move):
+        """Keep work/rel (moved, or copied from a session's directory) -> its URI, or None."""
         target = os.path.join(self.root, token, *rel.split("/"))
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             if move:
-                os.rename(os.path.join(work, *rel.split("/")), target)   # not a link: we checked
+                parent, name = _directory_inside(work, rel)
+                try:
+                    os.rename(name, target, src_dir_fd=parent)
+                finally:
+                    os.close(parent)
             else:
                 with os.fdopen(_open_inside(work, rel, os.O_RDONLY), "rb") as src, open(target, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
+                    dst.write(src.read(FILE_KEEP_MAX + 1))     # the file may have grown meanwhile
             size = os.path.getsize(target)
         except OSError:
             return None
         with self.lock:
             self.calls.setdefault(token, [time.time(), 0])[1] += size
-        self.expire()
+        self.expire(keep=token)
         return self.PREFIX + token + "/" + urllib.parse.quote(rel)
 
     def _path(self, uri):
@@ -3009,7 +3057,7 @@ class OutputStore:
         try:
             with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                 return f.read()
-        except (OSError, TypeError):
+        except (OSError, TypeError, ValueError):
             return None
 
     def live(self):
@@ -3023,7 +3071,9 @@ class OutputStore:
                 found.append((self.PREFIX + token + "/" + urllib.parse.quote(rel), rel, info[1]))
         return found
 
-    def expire(self):
+    def expire(self, keep=None):
+        """Forget what is older than OUTPUT_TTL, and the oldest beyond OUTPUT_STORE_MB
+        (never `keep`: the call being stored)."""
         now = time.time()
         if now - self.swept > 60:              # also what servers gone before us left on disk
             self.swept = now
@@ -3037,7 +3087,7 @@ class OutputStore:
             total = sum(size for _, size in self.calls.values())
             doomed = []
             for token, (created, size) in list(self.calls.items()):
-                if now - created > OUTPUT_TTL or total > OUTPUT_STORE_MB << 20:
+                if token != keep and (now - created > OUTPUT_TTL or total > OUTPUT_STORE_MB << 20):
                     doomed.append(token)
                     total -= size
                     del self.calls[token]
@@ -3154,25 +3204,28 @@ class CodeSession:
             self.last_used = time.monotonic()
             self.cond.notify_all()
 
-    def run(self, args, cancel, on_output, first=False):
-        """Run one call's code in the session -> Result (session_ended if it had to die)."""
-        problem = write_input_files(self.call.work, args["files"])
-        if problem:
-            return Result.refusal(problem)
-        before = snapshot_files(self.call.work)
-        if first:
-            child = SessionCall(self, self.child.pipes)   # its pipes came with the process
+    def run(self, args, cancel, on_output, before=None):
+        """Run one call's code in the session -> Result. The first call's files and pipes
+        came with the interpreter (`before` is its directory's snapshot); a later call
+        writes its files, then sends its pipes over the control socket."""
+        if before is not None:
+            child = SessionCall(self, self.child.pipes)
         else:
+            problem = write_input_files(self.call.work, args["files"])
+            if problem:
+                return Result.refusal(problem)
+            before = snapshot_files(self.call.work)
             pipes = Pipes()
             try:
                 socket.send_fds(self.control, [b"run"], pipes.child)
             except OSError:
-                return None                   # the session's process is gone
-            finally:
-                pipes.close_child_ends()
+                pipes.close_all()
+                SESSIONS.end(self)
+                return Result.refusal("The session's interpreter is gone.")
+            pipes.close_child_ends()
             child = SessionCall(self, pipes)
         result = supervise(child, args["code"].encode("utf-8", "surrogatepass"), args["timeout"], cancel,
-                           on_output, until_results=True)
+                           on_output, until_results=True)   # an interpreter that died ends its session
         if not self.ended:
             collect_files(result, self.call.work, before, move=False)
         return result
@@ -3215,12 +3268,16 @@ class Sessions:
                     "one, or call without \"session\"." % SESSION_LIMIT)
             handle = "s-" + secrets.token_urlsafe(12)
             self.live[handle] = None                  # reserved while it starts
-        env = Environment(args["packages"], args["use_temp_dir"], cancel, on_output).__enter__()
-        session = None
+        env = call = ours = session = None
         try:
+            env = Environment(args["packages"], args["use_temp_dir"], cancel, on_output).__enter__()
             if env.failure:
                 return None, env.failure
             call = CallDir(os.path.join(RUN_DIR.path(), "session-" + secrets.token_hex(6)))
+            problem = write_input_files(call.work, args["files"])
+            if problem:
+                return None, Result.refusal(problem)
+            before = snapshot_files(call.work)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 child = start_child(env, call, "session", [theirs.fileno()])
@@ -3232,10 +3289,12 @@ class Sessions:
                 if self.reaper is None:
                     self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
                     self.reaper.start()
-            return session, session.run(args, cancel, on_output, first=True)
+            return session, session.run(args, cancel, on_output, before)
         finally:
-            if session is None:
-                env.__exit__()
+            if session is None:           # it never started: nothing of it may stay
+                for part in (ours and ours.close, call and call.remove, env and env.__exit__):
+                    if part:
+                        part()
                 with self.lock:
                     self.live.pop(handle, None)
 
@@ -3289,7 +3348,7 @@ def run_in_session(args, cancel, on_output):
             "cannot be interrupted, with end_session, or when the server restarts, and a handle is valid only "
             "on the server process that made it. Start a new one with \"session\": \"new\" and redo its setup."
             % (json.dumps(args["session"]), SESSION_IDLE))
-    refusal = None if new else (_session_packages(session, args) or session.enter(cancel))
+    refusal = None if new else (_session_packages(session, args, cancel) or session.enter(cancel))
     if refusal:
         return refusal
     slot = EXEC_SLOTS.acquire(cancel)
@@ -3303,7 +3362,7 @@ def run_in_session(args, cancel, on_output):
             if session is None:
                 return result
         else:
-            result = session.run(args, cancel, on_output) or Result.refusal("The session's interpreter is gone.")
+            result = session.run(args, cancel, on_output)
     finally:
         if slot == "ok":
             EXEC_SLOTS.release()
@@ -3313,14 +3372,14 @@ def run_in_session(args, cancel, on_output):
     if args.get("end_session") and not session.ended:
         SESSIONS.end(session)
     elif session.ended:
-        result.note("The session %s ended (its code did not stop within %g s of the interrupt, or it crossed a "
-                    "limit); its state is lost. Start a new one with \"session\": \"new\"."
+        result.note("The session %s ended (its code did not stop within %g s of the interrupt, crossed a "
+                    "limit, or its interpreter exited); its state is lost. Start a new one with \"session\": \"new\"."
                     % (session.handle, SESSION_INTERRUPT_GRACE))
     result.session_ended = session.ended
     return result
 
 
-def _session_packages(session, args):
+def _session_packages(session, args, cancel):
     """Packages asked for in a session call: installed into a workspace session's environment;
     an isolated session's are fixed -> None, or a refusal Result."""
     if not args["packages"]:
@@ -3331,7 +3390,7 @@ def _session_packages(session, args):
         return Result.refusal("This session runs in an isolated environment with %s; its packages cannot "
                               "change. Start a new session with the packages you need."
                               % (", ".join(session.packages) or "no packages"))
-    with Environment(args["packages"], False, threading.Event()) as env:
+    with Environment(args["packages"], False, cancel) as env:
         return env.failure
 
 
@@ -3662,7 +3721,14 @@ class SseSession(Session):
         # a dual-era client falls back to initialize (2026-07-28 basic/versioning.mdx).
         super().__init__(allow_exec, modern=False)
         self.session_id = secrets.token_hex(16)   # unguessable (transports.mdx, Security)
-        self.outbox = queue.Queue()
+        self.outbox = queue.Queue(maxsize=1000)
+
+    def deliver(self, message):
+        """Queue a message for the stream; a client that stopped reading loses its session."""
+        try:
+            self.outbox.put_nowait(message)
+        except queue.Full:
+            self.close()
 
 
 class HttpSession(Session):
@@ -3823,7 +3889,7 @@ class HttpServer:
         payload, error = parse_frame(body)
         if error:
             return error_reply(400, error["error"]["message"], PARSE_ERROR)
-        dispatch(payload, session, session.outbox.put, self.workers)
+        dispatch(payload, session, session.deliver, self.workers)
         return HttpReply(202, b"Accepted", content_type="text/plain")
 
     # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP) -------------------
@@ -3853,7 +3919,13 @@ class HttpServer:
         if isinstance(payload, dict) and needs_worker(payload):
             return self.stream_reply(lambda notify: handle_payload(payload, session, notify), session, accept,
                                      client_disconnected, False, self.busy_reply(payload, session.protocol_version))
-        reply = handle_payload(payload, session)   # a batch (2025-03-26) is answered here, all of it
+        token = self.budget.take(client_disconnected) if needs_worker(payload) else None
+        if needs_worker(payload) and token is None:         # a batch (2025-03-26) holding a tools/call
+            return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
+        try:
+            reply = handle_payload(payload, session)   # a batch is answered here, all of it
+        finally:
+            self.budget.release(token)
         if reply is None:
             return HttpReply(202, content_type="text/plain")   # notifications and responses: accepted
         refused = isinstance(reply, dict) and "error" in reply and reply["id"] is None

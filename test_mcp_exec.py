@@ -1962,6 +1962,54 @@ def test_packages_in_a_session(start_server, tmp_path, wheelhouse):
     assert result["isError"] and "isolated environment" in result["content"][0]["text"]
 
 
+# --- what a second read found ---------------------------------------------------------------
+
+def test_a_fifo_in_a_session_cannot_block_the_files_argument(server):
+    handle, _ = new_session(server, "import os\nos.mkfifo('data.csv')")
+    result = server.call("1", session=handle, files=[{"path": "data.csv", "content": "a,b\n"}], guard=15)
+    assert result["isError"] and "Could not write data.csv" in tool_output(result)["stderr"]
+    assert server.run("2", session=handle)[1]["value"] == "2"          # the session still serves
+
+
+def test_bad_files_on_a_new_session_start_no_session(server):
+    result = server.call("1", session="new", files=[{"path": "a", "content": "x"}, {"path": "a/b", "content": "y"}])
+    assert result["isError"] and "session" not in tool_output(result)
+    handle, out = new_session(server, "print('fine')")
+    assert out["stdout"] == "fine\n" and not out["timed_out"]
+
+
+def test_a_session_whose_interpreter_exits_ends(server):
+    handle, _ = new_session(server)
+    out = server.run("import os\nos._exit(3)", session=handle)[1]
+    assert out["session_ended"] is True and "its state is lost" in out["stderr"]
+    assert server.call("1", session=handle)["isError"]
+
+
+def test_a_sessions_cpu_time_adds_up_without_killing_it(start_server):
+    s = start_server(EXEC_TIMEOUT_MAX=2)                   # the per-call CPU backstop is 7 s
+    s.initialize()
+    handle, _ = new_session(s)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.8:\n    pass\n'ok'"
+    for _ in range(5):                                     # 9 s of CPU in one interpreter
+        assert s.run(burn, session=handle, timeout=2, guard=30)[1]["value"] == "'ok'"
+
+
+def test_names_that_are_not_utf_8_are_refused_not_crashed_on(server):
+    result = server.call("print(1)", files=[{"path": "\ud800x", "content": "a"}])
+    assert result["isError"] and "relative path" in result["content"][0]["text"]
+    result, out = server.run("open(b'\\xff.txt', 'wb').write(b'x')\nopen('ok.txt', 'w').write('y')")
+    notes = {f["path"]: f.get("note") for f in out["files"]}
+    assert "not UTF-8" in notes["\\xff.txt"] and notes["ok.txt"] is None
+    assert_error(server.request("resources/read", {"uri": "mcp-exec://output/abc/\ud800"}, request_id=41), -32002, 41)
+
+
+def test_a_store_too_small_for_a_call_still_answers_it(start_server):
+    s = start_server(OUTPUT_STORE_MB=0)
+    s.initialize()
+    result, out = s.run("for i in range(3):\n    open('f%d.txt' % i, 'w').write('x' * 1000)")
+    assert not result["isError"] and len(out["files"]) == 3
+
+
 # ===== 6. Containment =====
 
 def landlock_abi():
@@ -3214,6 +3262,18 @@ def test_a_batch_under_2025_11_25_is_400_over_http(web):
     status, _, reply = web.mcp([{"jsonrpc": "2.0", "id": 1, "method": "ping"}], sid,
                                extra={"MCP-Protocol-Version": "2025-11-25"})
     assert status == 400 and json.loads(reply)["error"]["code"] == INVALID_REQUEST
+
+
+def test_a_batch_with_a_call_stays_within_the_thread_budget(start_http, tmp_path):
+    server = start_http(WEB_CONCURRENCY="4")             # 2 threads may be held
+    streams = [SseClient(server) for _ in range(2)]       # ... and are
+    sid, _ = server.initialize("2025-03-26")
+    status, headers, body = server.mcp([call_message("print(1)", 5)], sid, extra={"MCP-Protocol-Version": "2025-03-26"})
+    assert status == 503 and headers.get("retry-after") and "WEB_CONCURRENCY" in json.loads(body)["error"]["message"]
+    streams[0].kill()
+    assert wait_until(lambda: server.mcp([call_message("print(2)", 6)], sid, extra={
+        "MCP-Protocol-Version": "2025-03-26"})[0] == 200)
+    streams[1].kill()
 
 
 def test_a_20_mb_body_gets_the_json_rpc_413(web):
