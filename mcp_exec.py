@@ -7,14 +7,18 @@
 
 Reading guide. The server comes first, then what it stands on:
 
-    1. Settings          one table: every environment variable, its default and meaning
-    2. The wire format   JSON-RPC framing; initialize, ping, tools/list, tools/call; the tool
-    3. stdio             the transport MCP clients launch
-    4. Executor          run_code(): a fresh interpreter per call, bounded in every way
-    5. Protocol extras   cancellation, progress, batches, the 2026-07-28 era
-    6. HTTP              Streamable HTTP and HTTP+SSE, on Flask and waitress
-    7. Client            the other side of the wire
-    8. Command line
+     1. Settings          one table: every environment variable, its default and meaning
+     2. The wire format   JSON-RPC framing; initialize, ping, tools/list, tools/call; the tool
+     3. stdio             the transport MCP clients launch
+     4. Executor          run_code(): a fresh interpreter per call, and what it stands on
+     5. Fork server       a template interpreter per environment forks each call
+     6. Containment       the Landlock sandbox, per-call totals, recovery after a crash
+     7. What the model sees   the last value, images, files in and out (resources)
+     8. Sessions          state across calls, when the model asks for it
+     9. Protocol extras   cancellation, progress, batches, the 2026-07-28 era
+    10. HTTP              Streamable HTTP and HTTP+SSE, on Flask and waitress
+    11. Client            the other side of the wire
+    12. Command line
 
 One tools/call over stdio, hop by hop:
 
@@ -24,22 +28,24 @@ One tools/call over stdio, hop by hop:
                                 cancellation are answered while the code runs
     handle_message()            checks the JSON-RPC envelope and picks the method handler
     handle_tools_call()         validate_arguments(), then run_code()
-    run_code()                  waits for a slot, prepares the environment, runs the code
-    tool_result()               the Result as a text block and as structuredContent
+    run_code()                  waits for a slot, readies the environment, runs the code:
+      start_child()               a child interpreter, forked from a template (section 5)
+      supervise()                 code in; stdout, stderr and results out, until it exits
+    tool_result()               the Result as content blocks and as structuredContent
     StdioServer.send()          one JSON line on stdout
 
 Sections 1-3 are a complete handshake-era stdio MCP server but for run_code(). On a first
-reading, skip package environments (4.3), warm interpreters (4.4), section 5, HTTP and the
-client. References such as "lifecycle.mdx" point into the MCP specification,
-docs/specification/<version>/ in github.com/modelcontextprotocol/modelcontextprotocol.
-The stdio path imports only the standard library; Flask and waitress load only for HTTP.
-"""
+reading, skip package environments (4.4) and sections 5-10. References such as
+"lifecycle.mdx" point into the MCP specification, docs/specification/<version>/ in
+github.com/modelcontextprotocol/modelcontextprotocol. The stdio path imports only the
+standard library; Flask and waitress load only for HTTP."""
 
 import ast
 import atexit
 import base64
 import binascii
 import collections
+import contextlib
 import errno
 import gc
 import hashlib
@@ -86,8 +92,7 @@ class Setting:
     """One environment variable: its kind, default, and one line of meaning.
 
     `default` may be a function of the values read before it (derived defaults);
-    `shown` is how --help prints such a default.
-    """
+    `shown` is how --help prints such a default."""
 
     def __init__(self, group, name, kind, default, meaning, shown=None, minimum=None):
         self.group, self.name, self.kind, self.default = group, name, kind, default
@@ -184,36 +189,22 @@ def read_settings(group, env=os.environ):
 
 
 _EXEC = read_settings(EXECUTION)
-EXEC_TIMEOUT_MAX = _EXEC["EXEC_TIMEOUT_MAX"]
+# The settings as constants, by topic (the table says what each one means).
+EXEC_TIMEOUT_MAX, INSTALL_TIMEOUT = _EXEC["EXEC_TIMEOUT_MAX"], _EXEC["INSTALL_TIMEOUT"]
 EXEC_TIMEOUT = min(_EXEC["EXEC_TIMEOUT"], EXEC_TIMEOUT_MAX)   # the cap holds for the default too
-INSTALL_TIMEOUT = _EXEC["INSTALL_TIMEOUT"]
-OUTPUT_LIMIT = _EXEC["OUTPUT_LIMIT"]
-EXEC_MEMORY_MB = _EXEC["EXEC_MEMORY_MB"]
-EXEC_FILE_MB = _EXEC["EXEC_FILE_MB"]
-EXEC_MAX_FILES = _EXEC["EXEC_MAX_FILES"]
-EXEC_CONCURRENCY = _EXEC["EXEC_CONCURRENCY"]
-EXEC_QUEUE = _EXEC["EXEC_QUEUE"]
-EXEC_ENV_PASSTHROUGH = _EXEC["EXEC_ENV_PASSTHROUGH"]
-EXEC_MAX_PROCS = _EXEC["EXEC_MAX_PROCS"]
-EXEC_DISK_MB = _EXEC["EXEC_DISK_MB"]
-EXEC_SANDBOX = _EXEC["EXEC_SANDBOX"].lower()
-EXEC_NETWORK = _EXEC["EXEC_NETWORK"].lower()
+OUTPUT_LIMIT, EXEC_ENV_PASSTHROUGH = _EXEC["OUTPUT_LIMIT"], _EXEC["EXEC_ENV_PASSTHROUGH"]
+EXEC_MEMORY_MB, EXEC_FILE_MB, EXEC_MAX_FILES = _EXEC["EXEC_MEMORY_MB"], _EXEC["EXEC_FILE_MB"], _EXEC["EXEC_MAX_FILES"]
+EXEC_CONCURRENCY, EXEC_QUEUE = _EXEC["EXEC_CONCURRENCY"], _EXEC["EXEC_QUEUE"]
+EXEC_MAX_PROCS, EXEC_DISK_MB = _EXEC["EXEC_MAX_PROCS"], _EXEC["EXEC_DISK_MB"]
+EXEC_SANDBOX, EXEC_NETWORK = _EXEC["EXEC_SANDBOX"].lower(), _EXEC["EXEC_NETWORK"].lower()
 EXEC_READ_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_READ_PATHS"]]
 EXEC_WRITE_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_WRITE_PATHS"]]
-FORK_SERVER = _EXEC["FORK_SERVER"]
-IMAGE_LIMIT = _EXEC["IMAGE_LIMIT"]
-IMAGE_MAX_BYTES = _EXEC["IMAGE_MAX_BYTES"]
-FILE_INLINE_BYTES = _EXEC["FILE_INLINE_BYTES"]
-OUTPUT_TTL = _EXEC["OUTPUT_TTL"]
-OUTPUT_STORE_MB = _EXEC["OUTPUT_STORE_MB"]
-SESSION_LIMIT = _EXEC["SESSION_LIMIT"]
-SESSION_IDLE = _EXEC["SESSION_IDLE"]
-PROGRESS_INTERVAL = _EXEC["PROGRESS_INTERVAL"]
-STATE_DIR = os.path.abspath(_EXEC["MCP_EXEC_DIR"])
-VENV_CACHE_SIZE = _EXEC["VENV_CACHE_SIZE"]
-INSTALLER = _EXEC["MCP_EXEC_INSTALLER"].lower()
-MAX_MESSAGE_BYTES = _EXEC["MAX_MESSAGE_BYTES"]
-TRACE = _EXEC["MCP_TRACE"]
+FORK_SERVER, PROGRESS_INTERVAL = _EXEC["FORK_SERVER"], _EXEC["PROGRESS_INTERVAL"]
+IMAGE_LIMIT, IMAGE_MAX_BYTES = _EXEC["IMAGE_LIMIT"], _EXEC["IMAGE_MAX_BYTES"]
+FILE_INLINE_BYTES, OUTPUT_TTL, OUTPUT_STORE_MB = _EXEC["FILE_INLINE_BYTES"], _EXEC["OUTPUT_TTL"], _EXEC["OUTPUT_STORE_MB"]
+SESSION_LIMIT, SESSION_IDLE = _EXEC["SESSION_LIMIT"], _EXEC["SESSION_IDLE"]
+STATE_DIR, VENV_CACHE_SIZE = os.path.abspath(_EXEC["MCP_EXEC_DIR"]), _EXEC["VENV_CACHE_SIZE"]
+INSTALLER, MAX_MESSAGE_BYTES, TRACE = _EXEC["MCP_EXEC_INSTALLER"].lower(), _EXEC["MAX_MESSAGE_BYTES"], _EXEC["MCP_TRACE"]
 
 # Fixed values, not settings.
 EOF_GRACE = 5.0       # seconds running calls get to finish after stdin closes
@@ -252,7 +243,7 @@ def log(message):
 
 # Protocol versions, newest first (see the changelog.mdx of each). Two eras
 # (2026-07-28 basic/versioning.mdx): "handshake" versions open with initialize; the
-# "modern" one carries its version and capabilities in every request's _meta (5.4).
+# "modern" one carries its version and capabilities in every request's _meta (9.4).
 MODERN_VERSIONS = ("2026-07-28",)
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
@@ -297,8 +288,7 @@ def encode_message(message):
     """Compact JSON on one line (stdio framing forbids embedded newlines, transports.mdx).
 
     Non-ASCII stays readable; a lone surrogate (only possible if a client sent one) is
-    written as its \\uXXXX escape, which is still valid JSON.
-    """
+    written as its \\uXXXX escape, which is still valid JSON."""
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
 
 
@@ -317,8 +307,7 @@ class Session:
 
     Holds the negotiated protocol version (None until initialize) and the running tool
     calls, each with the Event that cancels it, so that notifications/cancelled and the
-    end of the session can stop them.
-    """
+    end of the session can stop them."""
 
     def __init__(self, allow_exec=True, modern=True):
         self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
@@ -383,8 +372,7 @@ class Request:
 def handle_message(message, session, notify=None):
     """One JSON-RPC message -> one response object, or None (notifications, responses).
 
-    notify(message) sends a notification to this client (progress); it may be None.
-    """
+    notify(message) sends a notification to this client (progress); it may be None."""
     request = parse_request(message, session, notify)
     if not isinstance(request, Request):
         return request                  # an error response, or None
@@ -558,9 +546,10 @@ def limits_text():
             "that is deleted afterwards; nothing in Python's memory survives between calls. "
             "Limits: %g s per call by default (argument \"timeout\", at most %g s), %d KiB of stdout and of "
             "stderr each (the middle of longer output is cut), %s of memory, no stdin. "
-            "Code gets a minimal environment, without the server's secrets."
+            "Code gets a minimal environment, without the server's secrets. %s"
             % (sys.version_info[0], sys.version_info[1], EXEC_TIMEOUT, EXEC_TIMEOUT_MAX,
-               OUTPUT_LIMIT // 1024, "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"))
+               OUTPUT_LIMIT // 1024, "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap",
+               SANDBOX.for_the_model()))
 
 
 def tool_description():
@@ -687,8 +676,7 @@ class StdioServer:
     """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio).
 
     The reading loop is synchronous; tool calls run on worker threads so that ping and
-    notifications/cancelled are answered while code runs. Writes are serialized.
-    """
+    notifications/cancelled are answered while code runs. Writes are serialized."""
 
     def __init__(self, infile, outfile):
         self.infile, self.outfile = infile, outfile
@@ -763,7 +751,7 @@ def dispatch(payload, session, send, workers):
 
 
 def handle_payload(payload, session, notify=None):
-    """A parsed frame -> its response, a list of responses (a batch, 5.3), or None."""
+    """A parsed frame -> its response, a list of responses (a batch, 9.3), or None."""
     if isinstance(payload, list):
         return handle_batch(payload, session, notify)
     return handle_message(payload, session, notify)
@@ -840,8 +828,7 @@ class Result:
 
     `cancelled` is internal: a cancelled call gets no response at all (cancellation.mdx).
     The optional fields (value, images, files, session) appear only when they have
-    something to say; `blocks` are the extra MCP content blocks (images, resources).
-    """
+    something to say; `blocks` are the extra MCP content blocks (images, resources)."""
 
     FIELDS = ("returncode", "stdout", "stderr", "timed_out", "truncated")
     OPTIONAL = ("value", "images", "files", "session", "session_ended")
@@ -877,16 +864,13 @@ def run_code(args, cancel=None, on_output=None):
 
     The call waits for one of EXEC_CONCURRENCY slots; the timeout starts when the code
     does. on_output(stream, line) hears the latest line of output and of the installer,
-    for progress. A call with a "session" argument runs in that session (section 8).
-    """
+    for progress. A call with a "session" argument runs in that session (section 8)."""
     cancel = cancel or threading.Event()
     if args.get("session"):
         return run_in_session(args, cancel, on_output)
     slot = EXEC_SLOTS.acquire(cancel)
     if slot != "ok":
-        return Result.refusal("Server busy: %d calls are running and %d waiting; try again shortly."
-                              % (EXEC_CONCURRENCY, EXEC_QUEUE) if slot == "busy" else "cancelled",
-                              returncode=-1, cancelled=slot == "cancelled")
+        return EXEC_SLOTS.refusal(slot)
     try:
         with Environment(args["packages"], args["use_temp_dir"], cancel, on_output) as env:
             if env.failure:
@@ -953,6 +937,12 @@ class CallSlots:
             else:
                 self.running -= 1
 
+    def refusal(self, slot):
+        """The Result of a call that got no slot ("busy" or "cancelled")."""
+        return Result.refusal("Server busy: %d calls are running and %d waiting; try again shortly."
+                              % (self.max_running, self.max_waiting) if slot == "busy" else "cancelled",
+                              returncode=-1, cancelled=slot == "cancelled")
+
 
 EXEC_SLOTS = CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE)
 
@@ -984,11 +974,7 @@ def child_main(fresh_modules):
         sys.modules.pop(name, None)                  # re-imported if the code wants them
     if config["mode"] == "session":
         serve_session(config, results)                # section 8; never returns
-    import __main__
-    namespace = __main__.__dict__
-    namespace.clear()
-    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
-                     __spec__=None, __builtins__=__builtins__)
+    namespace = fresh_main()
     status, value = run_cell(sys.stdin.buffer.read(), namespace)
     child_report(results, config, status, value)
     child_exit(status, namespace)
@@ -1009,6 +995,23 @@ def child_exit(status, namespace):
         except (OSError, ValueError, AttributeError):
             pass
     os._exit(status & 0xFF if isinstance(status, int) else 1)
+
+
+def fresh_main():
+    """__main__'s namespace, emptied as `python -c` leaves it: the code's globals."""
+    import __main__
+    namespace = __main__.__dict__
+    namespace.clear()
+    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
+                     __spec__=None, __builtins__=__builtins__)
+    return namespace
+
+
+def use_as_stdio(fds):
+    """fds[0], fds[1], fds[2] become this process's stdin, stdout and stderr."""
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
 
 
 def forgettable_modules(fresh_modules):
@@ -1044,8 +1047,7 @@ def run_cell(source, namespace):
     """Run source in namespace, like a notebook cell -> (exit status, value of the last expression).
 
     If the last statement is an expression, it is evaluated on its own and its value
-    returned (None otherwise). Tracebacks show the user's lines, never this function's.
-    """
+    returned (None otherwise). Tracebacks show the user's lines, never this function's."""
     text = source.decode("utf-8", "replace")
     linecache.cache[CODE_FILENAME] = (len(text), None, text.splitlines(True), CODE_FILENAME)
     try:
@@ -1089,9 +1091,7 @@ def child_report(fd, config, status, value):
 
 def adopt_fds(config, fds):
     """In a forked child: the call's pipes become stdin/stdout/stderr; -> the results fd."""
-    for target, fd in enumerate(fds[:3]):
-        os.dup2(fd, target)
-        os.close(fd)
+    use_as_stdio(fds)
     os.chdir(config["cwd"])
     os.environ.clear()
     os.environ.update(config["env"])
@@ -1117,7 +1117,6 @@ def _libc():
             lib = None
         _LIBC.append(lib)
     return _LIBC[0]
-
 
 
 # --- 4.3 Supervision ----------------------------------------------------------------------
@@ -1183,8 +1182,7 @@ class Pipes:
     """A child's four pipes: code in (its stdin), stdout, stderr, and results (JSON).
 
     `child` holds the ends the child gets, in that order; the server keeps the others.
-    Without code (an installer), the child's stdin is /dev/null.
-    """
+    Without code (an installer), the child's stdin is /dev/null."""
 
     def __init__(self, code=True):
         code_in, self.code = os.pipe() if code else (os.open(os.devnull, os.O_RDONLY), -1)
@@ -1263,14 +1261,9 @@ def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
 
 def supervise(child, code, timeout, cancel, on_output, until_results=False):
     """Feed a started child its code, collect its output and results, and never leave a
-    process behind -> Result. The timeout starts now, when the child gets its code.
-
-    One thread, one selector: the code goes in while stdout, stderr and the results come
-    out, each capped (OUTPUT_LIMIT head and tail; the results at RESULTS_LIMIT). The call
+    process behind -> Result. One thread, one selector; the timeout starts now. The call
     is over when the child has exited (a session's call: has sent its results) and its
-    pipes are closed; a background process still holding them gets EXIT_GRACE, no more.
-    A session's call is interrupted before it is killed (section 8).
-    """
+    pipes are closed; a background process still holding them gets EXIT_GRACE, no more."""
     out, err, results = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT), bytearray()
     latest = {"stdout": LatestLine(), "stderr": LatestLine()} if on_output else None
     pipes, sel = child.pipes, selectors.DefaultSelector()
@@ -1386,8 +1379,7 @@ class OutputBuffer:
     """Keep the first and last `limit // 2` bytes of a stream, count the rest.
 
     The server's memory stays flat however much the code prints: the middle is dropped
-    as it arrives, and a marker says how much.
-    """
+    as it arrives, and a marker says how much."""
 
     def __init__(self, limit):
         self.head_limit = limit // 2
@@ -1426,8 +1418,7 @@ class LatestLine:
 
     Output arrives in arbitrary pieces (`print("tick", 2)` under `python -u` is several
     writes), so the unfinished line is kept until its newline comes. Before the first
-    newline, the unfinished line is the latest there is.
-    """
+    newline, the unfinished line is the latest there is."""
 
     def __init__(self):
         self.partial = b""
@@ -1498,8 +1489,7 @@ def kill_tree(pid):
     """SIGKILL a process, its process group, and every descendant, wherever it went.
 
     Descendants are stopped first, round after round, so that none can fork while the
-    tree is being collected; then everything dies at once.
-    """
+    tree is being collected; then everything dies at once."""
     if not POSIX:
         subprocess.run(["taskkill", "/F", "/T", "/PID", str(pid)], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
@@ -1575,12 +1565,9 @@ def _uv():
 
 
 def _installer_argv(python, requirements):
-    """pip (or uv, when on PATH) installing requirements into the environment of `python`.
-
-    pip's --python option (pip >= 22.3) installs into another interpreter's environment,
-    so the environments we create need no pip of their own. "--" ends the options:
-    even a requirement that slipped past validation could not become an option.
-    """
+    """pip (or uv, when on PATH) installing requirements into the environment of `python`:
+    pip's --python (pip >= 22.3), so our environments need no pip. "--" ends the options:
+    even a requirement that slipped past validation could not become one."""
     uv = _uv()
     if uv:
         # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
@@ -1593,10 +1580,7 @@ def _installer_argv(python, requirements):
 
 def installer_environment():
     """The installer's environment: the child's, plus pip/uv settings, proxies, CA bundles.
-
-    uv does not read PIP_*; the operator's pip settings are translated so that a mirror
-    or a local wheel folder works whichever installer runs.
-    """
+    uv does not read PIP_*: the operator's pip settings are translated for it."""
     env = child_environment(installer=True)
     if _uv():
         for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS"):
@@ -1606,13 +1590,9 @@ def installer_environment():
 
 
 def _create_venv(path, layered, deadline, cancel):
-    """Create a virtual environment without pip -> Result; `layered` also sees the server's
-    packages.
-
-    A layered environment (the shared workspace) gets a .pth file that adds the server's
-    site-packages *after* its own: code sees what the server has, and what it installs
-    lands in the workspace, never in the server's environment.
-    """
+    """Create a virtual environment without pip -> Result. A `layered` one (the workspace)
+    gets a .pth that adds the server's site-packages *after* its own: code sees what the
+    server has, and what it installs lands in the workspace, never in the server's."""
     uv = _uv()
     if uv:
         argv = [uv, "venv", "--quiet", "--python", sys.executable, path]
@@ -1648,9 +1628,12 @@ def _satisfied_here(requirement):
     return m.group(2) is None or version == m.group(2)
 
 
-def _install_reporter(report):
-    """The installer's output lines, passed on as progress of the "install" stream."""
-    return None if report is None else (lambda stream, line: report("install", line))
+def _install(python, requirements, deadline, cancel, report):
+    """Install requirements into python's environment -> Result. The installer's output
+    lines are passed on as progress of the "install" stream."""
+    return run_process(_installer_argv(python, requirements), env=installer_environment(), cwd=STATE_DIR,
+                       timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
+                       on_output=report and (lambda stream, line: report("install", line)))
 
 
 def _install_failed(result, what):
@@ -1669,16 +1652,10 @@ def _waited(cancel):
 
 class Environments:
     """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
-
-    Layout under STATE_DIR, which several server processes may share:
-        workspace/              layered venv; installs accumulate (the default mode)
-        workspace.installed     requirements already installed there, one per line
-        workspace.lock          held (flock) while the workspace is built or installed into
-        venvs/<key>-<random>/   isolated venvs (use_temp_dir), built in place, then read-only
-        venvs/<key>.ready       published only once its venv is complete: the cache entry
-    A call running in an isolated venv holds a shared flock on its lease file; eviction
-    takes it exclusively without waiting, so no server removes a venv in use anywhere.
-    """
+    Under STATE_DIR, which several server processes may share: workspace/ (installs
+    accumulate; .installed lists them; .lock is flocked while it changes), venvs/<key>-<random>/
+    (built in place, then read-only) and venvs/<key>.ready (published once complete). A
+    call in an isolated venv holds a shared flock on its lease file: none is evicted in use."""
 
     def __init__(self, root):
         self.root = root
@@ -1703,8 +1680,11 @@ class Environments:
         # without packages never waits behind another call's install.
         if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not (requirements and missing()):
             return _venv_python(venv), None
-        with _Locked(self.workspace_lock, cancel, deadline) as got, \
-                _FileLock(venv + ".lock", cancel, deadline) as flocked:
+        os.makedirs(self.root, exist_ok=True)
+        thread_lock = self.workspace_lock     # our threads, then other server processes (flock)
+        with open(venv + ".lock", "a") as lock_file, \
+                _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline, thread_lock.release) as got, \
+                _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel, deadline) as flocked:
             if not (got and flocked):
                 return None, _install_failed(_waited(cancel), "waiting for another install into the workspace")
             if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
@@ -1723,10 +1703,7 @@ class Environments:
                 self.generation += 1
             todo = missing()
             if todo:   # pip is not even started when everything asked for is there
-                result = run_process(_installer_argv(_venv_python(venv), todo),
-                                     env=installer_environment(), cwd=self.root,
-                                     timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
-                                     on_output=_install_reporter(report))
+                result = _install(_venv_python(venv), todo, deadline, cancel, report)
                 if result.failed:
                     return None, _install_failed(result, "pip install " + " ".join(todo))
                 with open(record, "a") as f:
@@ -1743,7 +1720,7 @@ class Environments:
         pointer = os.path.join(cache, key + ".ready")
         with self.lock:
             key_lock = self.key_locks.setdefault(key, threading.Lock())
-        with _Locked(key_lock, cancel, deadline) as got:   # same set, same moment: built once
+        with _waiting(lambda: key_lock.acquire(blocking=False), cancel, deadline, key_lock.release) as got:
             if not got:
                 return None, None, _install_failed(_waited(cancel), "waiting for the same environment to be built")
             lease = self._lease(cache, pointer)
@@ -1761,8 +1738,7 @@ class Environments:
         """Build an isolated venv in place and publish it -> None, or the failure Result.
 
         While it builds, <dir>.building is locked: a directory nobody publishes and nobody
-        builds is a dead server's leftover, and recover() removes it (section 6).
-        """
+        builds is a dead server's leftover, and recover() removes it (section 6)."""
         os.makedirs(cache, exist_ok=True)
         venv = os.path.join(cache, "%s-%s" % (key, secrets.token_hex(4)))
         with open(venv + ".building", "w") as building:
@@ -1784,10 +1760,7 @@ class Environments:
     def _fill(self, venv, requirements, deadline, cancel, report):
         result = _create_venv(venv, False, deadline, cancel)
         if not result.failed and requirements:
-            result = run_process(_installer_argv(_venv_python(venv), requirements),
-                                 env=installer_environment(), cwd=os.path.dirname(venv),
-                                 timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
-                                 on_output=_install_reporter(report))
+            result = _install(_venv_python(venv), requirements, deadline, cancel, report)
         if result.failed:
             _remove_tree(venv)
             return _install_failed(result, "building an isolated environment for %s"
@@ -1929,8 +1902,7 @@ class _Lease:
     """A call's claim on a cached venv: a shared flock on its lease file (POSIX).
 
     flock locks belong to open files, so leases from threads of this process and from
-    other server processes all count, and they end with their process.
-    """
+    other server processes all count, and they end with their process."""
 
     def __init__(self, venv):
         self.venv = venv
@@ -1968,43 +1940,19 @@ def _flock(file, shared, wait=True):
         return False
 
 
-class _Locked:
-    """`with _Locked(lock, cancel, deadline) as got:` waits for a threading lock while the
-    call is neither cancelled nor past its deadline; got says whether it was taken."""
-
-    def __init__(self, lock, cancel, deadline):
-        self.lock, self.cancel, self.deadline, self.got = lock, cancel, deadline, False
-
-    def __enter__(self):
-        while not (self.cancel.is_set() or time.monotonic() > self.deadline):
-            if self.lock.acquire(timeout=0.1):
-                self.got = True
-                break
-        return self.got
-
-    def __exit__(self, *exc):
-        if self.got:
-            self.lock.release()
-
-
-class _FileLock:
-    """An exclusive flock between server processes sharing STATE_DIR, waited for like _Locked."""
-
-    def __init__(self, path, cancel, deadline):
-        self.path, self.cancel, self.deadline, self.file = path, cancel, deadline, None
-
-    def __enter__(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.file = open(self.path, "a")
-        while not (self.cancel.is_set() or time.monotonic() > self.deadline):
-            if _flock(self.file, shared=False, wait=False):
-                return True
-            time.sleep(0.1)
-        return False
-
-    def __exit__(self, *exc):
-        self.file.close()
-
+@contextlib.contextmanager
+def _waiting(try_lock, cancel, deadline, release=None):
+    """`with _waiting(try_lock, cancel, deadline, release) as got:` calls try_lock() every
+    0.1 s while the call is neither cancelled nor past its deadline; got says whether it
+    locked, and release() unlocks at the end."""
+    got = False
+    while not (got or cancel.is_set() or time.monotonic() > deadline):
+        got = try_lock() or time.sleep(0.1)
+    try:
+        yield bool(got)
+    finally:
+        if got and release:
+            release()
 
 
 # =============================================================================
@@ -2106,22 +2054,20 @@ class Template:
         if not self.retired:
             log("the template for %s ended; calls are spawned until a new one starts" % self.python)
 
-    def done(self, pid):
-        """A child's call is over: forget it, and stop a retired template once it is idle."""
+    def done(self, pid=None):
+        """A child's call is over: forget it. A retired template stops once it is idle."""
         with self.lock:
-            self.replies.pop(("exit", pid), None)
-            self.active -= 1
+            if pid is not None:
+                self.replies.pop(("exit", pid), None)
+                self.active -= 1
             idle = self.retired and self.active == 0
         if idle:
             self.close()
 
     def retire(self):
         """No new calls; stop once the running ones are over (a session may take a while)."""
-        with self.lock:
-            self.retired = True
-            idle = self.active == 0
-        if idle:
-            self.close()
+        self.retired = True
+        self.done()
 
     def close(self):
         """Stop the template: seeing its socket close, it kills its children and exits."""
@@ -2172,7 +2118,7 @@ class Templates:
         self.lock = threading.Lock()
         self.by_python = {}                    # python -> Template, least recently used first
         self.starting = {}                     # python -> lock held while one starts
-        self.failed = set()
+        self.failed = {}                       # python -> until when not to try again
 
     def fork(self, env, config, pipes, extra_fds=()):
         """A ForkedChild for this environment's call, or None: the caller spawns instead."""
@@ -2180,27 +2126,28 @@ class Templates:
         return template.fork(config, pipes, extra_fds) if template else None
 
     def get(self, python, generation):
+        """The live template of this environment and generation (started if need be), or None."""
         with self.lock:
-            template = self.by_python.get(python)
-            if template and template.alive and template.generation == generation:
-                self.by_python[python] = self.by_python.pop(python)      # now the most recent
-                return template
+            if time.monotonic() < self.failed.get(python, 0):
+                return None                    # it failed to start lately: spawn for a while
             start_lock = self.starting.setdefault(python, threading.Lock())
         with start_lock:                       # one start at a time per environment
             with self.lock:
-                template = self.by_python.get(python)
-                if template and template.alive and template.generation == generation:
-                    return template
-            try:
-                template = Template(python, generation)
-            except OSError as exc:
-                if python not in self.failed:
-                    self.failed.add(python)
-                    log("no template for %s (%s); its calls are spawned" % (python, exc))
-                return None
+                template = self.by_python.pop(python, None)
+            stale = [template] if template else []
+            if template and template.alive and template.generation == generation:
+                stale = []                     # still good: it becomes the most recent
+            else:
+                try:
+                    template = Template(python, generation)
+                except OSError as exc:
+                    log("no template for %s (%s); its calls are spawned for a minute" % (python, exc))
+                    with self.lock:
+                        self.failed[python] = time.monotonic() + 60
+                    template = None
             with self.lock:
-                stale = [self.by_python.pop(python)] if python in self.by_python else []
-                self.by_python[python] = template
+                if template:
+                    self.by_python[python] = template
                 while len(self.by_python) > self.size:
                     stale.append(self.by_python.pop(next(iter(self.by_python))))
         for old in stale:
@@ -2231,8 +2178,7 @@ def serve_template(config, fresh_modules):
 
     Single-threaded on purpose: fork() copies only the calling thread. SIGCHLD wakes the
     loop through a pipe; every child is reaped here, and each time a call's child ends,
-    whatever it orphaned (now ours: we are a subreaper) is killed.
-    """
+    whatever it orphaned (now ours: we are a subreaper) is killed."""
     sock = socket.socket(fileno=config["socket_fd"])
     libc = _libc()                 # loaded here once, so that no forked child pays for ctypes
     if libc is not None:
@@ -2366,8 +2312,7 @@ class Sandbox:
     """What the children are restricted to, decided once (EXEC_SANDBOX, EXEC_NETWORK).
 
     read_everywhere: over stdio the local user's files are the point; create_app()
-    turns it off, so that over HTTP code reads only what it needs.
-    """
+    turns it off, so that over HTTP code reads only what it needs."""
 
     def __init__(self, mode, network):
         self.mode, self.network, self.read_everywhere = mode, network, True
@@ -2381,6 +2326,13 @@ class Sandbox:
                 raise SystemExit("mcp-exec: EXEC_SANDBOX=landlock, but this kernel has no Landlock "
                                  "(Linux 5.13 or newer with landlock in the lsm= list); use auto or off")
         return self._abi
+
+    def for_the_model(self):
+        if not self.abi:
+            return "The code is not sandboxed: it runs with the server user's rights."
+        return ("The code is sandboxed (Landlock): it can write only in its working directory and TMPDIR%s%s."
+                % ("" if self.read_everywhere else ", read only Python and system files",
+                   ", and open no TCP connection" if self.network == "off" and self.abi >= 4 else ""))
 
     def describe(self):
         if not self.abi:
@@ -2417,7 +2369,6 @@ def apply_sandbox(spec):
     process and all it will start. A failure ends the child: code never runs unconfined
     where confinement was promised."""
     import ctypes
-    import struct
     libc, abi = _libc(), spec["abi"]
     try:
         if spec["drop_caps"]:
@@ -2454,7 +2405,6 @@ def _landlock(value):
 def _landlock_rule(libc, ruleset, path, access):
     """Allow `access` beneath `path` (on a file, only the rights a file can have)."""
     import ctypes
-    import struct
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
@@ -2472,7 +2422,6 @@ def _drop_capabilities(libc):
     """For a child running as root: drop CAP_SYS_ADMIN and CAP_PERFMON. Either one lets a
     process read any other's /proc/<pid>/environ (and mem) past Landlock's domain check."""
     import ctypes
-    import struct
     for cap in (21, 38):
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)      # exec cannot bring them back
     header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0))   # version 3, this process
@@ -2545,24 +2494,30 @@ def _memory_kb(pid):
         return 0
 
 
-def _disk_kb(directory, limit=50000):
-    """Kilobytes allocated under a directory (the first `limit` entries; links not followed)."""
-    total, todo, seen = 0, [directory], 0
+def walk_tree(top, limit):
+    """(path relative to top, lstat) of the first `limit` entries under top, links not followed."""
+    seen, todo = 0, [""]
     while todo and seen < limit:
+        base = todo.pop()
         try:
-            entries = list(os.scandir(todo.pop()))
+            entries = list(os.scandir(os.path.join(top, base)))
         except OSError:
             continue
         for entry in entries:
-            seen += 1
+            rel = posixpath.join(base, entry.name) if base else entry.name
             try:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            total += getattr(info, "st_blocks", info.st_size // 512) // 2
-            if entry.is_dir(follow_symlinks=False):
-                todo.append(entry.path)
-    return total
+            seen += 1
+            yield rel, info
+            if stat.S_ISDIR(info.st_mode):
+                todo.append(rel)
+
+
+def _disk_kb(directory):
+    """Kilobytes allocated under a directory (links not followed)."""
+    return sum(getattr(info, "st_blocks", info.st_size // 512) // 2 for _, info in walk_tree(directory, 50000))
 
 
 class Monitor:
@@ -2638,8 +2593,7 @@ class RunDir:
     server started (pid and start time). A server that finds a run directory whose lock
     is free knows its server died: recover() kills what that server started (and
     whatever sits in its directories) and removes it all. A live server's run directory
-    is never touched.
-    """
+    is never touched."""
 
     def __init__(self, state_dir):
         self.base = os.path.join(state_dir, "run")
@@ -2759,7 +2713,8 @@ def describe_value(value, config):
     if plt is not None:
         numbers = plt.get_fignums()
         for number in numbers[:limit]:
-            png = _render_figure(plt.figure(number), max_bytes)
+            figure = plt.figure(number)
+            png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s), max_bytes)
             (images.append(png) if png else notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) "
                                                          "even at a low resolution" % (number, max_bytes)))
         if len(numbers) > limit:
@@ -2779,16 +2734,16 @@ def describe_value(value, config):
     return record
 
 
-def _render_figure(figure, max_bytes):
-    """A matplotlib figure as PNG, at a lower resolution until it fits (None if it never does)."""
-    dpi = figure.dpi
+def _fit_png(render, max_bytes):
+    """render(file, scale) writes a PNG; smaller and smaller until it fits (None if never)."""
+    scale = 1.0
     for _ in range(4):
         buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=dpi)
+        render(buffer, scale)
         png = buffer.getvalue()
         if len(png) <= max_bytes:
             return png
-        dpi *= max(0.25, 0.9 * (max_bytes / len(png)) ** 0.5)
+        scale *= max(0.25, 0.9 * (max_bytes / len(png)) ** 0.5)
     return None
 
 
@@ -2797,14 +2752,8 @@ def _value_png(value, max_bytes):
     if isinstance(value, type):
         return None
     if type(value).__module__.startswith("PIL.") and hasattr(value, "save"):
-        image = value
-        for _ in range(4):
-            buffer = io.BytesIO()
-            image.save(buffer, format="PNG")
-            if buffer.tell() <= max_bytes:
-                return buffer.getvalue()
-            image = image.resize((max(1, image.width // 2), max(1, image.height // 2)))
-        return None
+        return _fit_png(lambda f, s: (value if s == 1 else value.resize(
+            (max(1, int(value.width * s)), max(1, int(value.height * s))))).save(f, format="PNG"), max_bytes)
     render = getattr(value, "_repr_png_", None)
     png = render() if callable(render) else None
     png = png[0] if isinstance(png, tuple) else png
@@ -2932,27 +2881,10 @@ def write_input_files(work, files):
 # --- Files out ----------------------------------------------------------------------------
 
 
-def snapshot_files(work, limit=10000):
-    """{relative path: (kind, size, mtime, inode)} of what is in a directory, links not followed."""
-    found, todo = {}, [""]
-    while todo and len(found) < limit:
-        base = todo.pop()
-        try:
-            entries = list(os.scandir(os.path.join(work, base)))
-        except OSError:
-            continue
-        for entry in entries:
-            rel = posixpath.join(base, entry.name) if base else entry.name
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(info.st_mode):
-                todo.append(rel)
-            elif stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode):
-                found[rel] = ("link" if stat.S_ISLNK(info.st_mode) else "file", info.st_size,
-                              info.st_mtime_ns, info.st_ino)
-    return found
+def snapshot_files(work):
+    """{relative path: (kind, size, mtime, inode)} of the files and links in a directory."""
+    return {rel: ("link" if stat.S_ISLNK(info.st_mode) else "file", info.st_size, info.st_mtime_ns, info.st_ino)
+            for rel, info in walk_tree(work, 10000) if stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)}
 
 
 def collect_files(result, work, before, move=True):
@@ -2960,8 +2892,7 @@ def collect_files(result, work, before, move=True):
 
     Every one is listed; each regular file up to FILE_KEEP_MAX is kept for resources/read
     (moved out of a directory about to be removed, copied out of a session's); small
-    ones are also embedded. A symbolic link is listed, never read.
-    """
+    ones are also embedded. A symbolic link is listed, never read."""
     after = snapshot_files(work)
     changed = sorted(rel for rel, info in after.items() if before.get(rel) != info)
     inline = 0
@@ -3008,8 +2939,7 @@ class OutputStore:
     """Files the code wrote, kept for resources/read: STATE_DIR/outputs/<token>/<path>.
 
     A URI (mcp-exec://output/<token>/<path>) is unguessable. Files live OUTPUT_TTL
-    seconds, and at most OUTPUT_STORE_MB together: the oldest calls' files go first.
-    """
+    seconds, and at most OUTPUT_STORE_MB together: the oldest calls' files go first."""
 
     PREFIX = "mcp-exec://output/"
 
@@ -3354,9 +3284,7 @@ def run_in_session(args, cancel, on_output):
     slot = EXEC_SLOTS.acquire(cancel)
     try:
         if slot != "ok":
-            return Result.refusal("Server busy: %d calls are running and %d waiting; try again shortly."
-                                  % (EXEC_CONCURRENCY, EXEC_QUEUE) if slot == "busy" else "cancelled",
-                                  returncode=-1, cancelled=slot == "cancelled")
+            return EXEC_SLOTS.refusal(slot)
         if new:
             session, result = SESSIONS.start(args, cancel, on_output)
             if session is None:
@@ -3400,11 +3328,7 @@ def serve_session(config, results):
     calls bring theirs over the control socket. Between calls, stdio is /dev/null."""
     control = socket.socket(fileno=config["extra_fds"][0])
     signal.signal(signal.SIGINT, signal.default_int_handler)     # the server's interrupt
-    import __main__
-    namespace = __main__.__dict__
-    namespace.clear()
-    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
-                     __spec__=None, __builtins__=__builtins__)
+    namespace = fresh_main()
     while True:
         try:
             importlib.invalidate_caches()     # packages installed since the last call are found
@@ -3424,9 +3348,7 @@ def serve_session(config, results):
                 continue
         if not data:
             sys.exit(0)
-        for target, fd in enumerate(fds[:3]):
-            os.dup2(fd, target)
-            os.close(fd)
+        use_as_stdio(fds)
         results = fds[3]
 
 
@@ -3480,8 +3402,7 @@ class Progress:
     A background thread reports every PROGRESS_INTERVAL seconds, and sooner (at most every
     PROGRESS_MIN_GAP) when new output appears. `progress` is the seconds elapsed, strictly
     increasing; `message` (2025-03-26 and later) is the latest line of output or install
-    step. stop() returns only when no notification can follow.
-    """
+    step. stop() returns only when no notification can follow."""
 
     @classmethod
     def for_request(cls, request):
@@ -3694,8 +3615,7 @@ def drain(outbox, client_disconnected, keepalive, done=None, poll=0.25):
 
     Never blocks for long: a client that vanished is noticed within `poll` seconds through
     waitress's client_disconnected (needs channel_request_lookahead), or at the latest
-    when a keep-alive write fails.
-    """
+    when a keep-alive write fails."""
     last_write = time.monotonic()
     while True:
         try:
@@ -3756,8 +3676,7 @@ class ThreadBudget:
     """The waitress threads that requests may hold for long: open SSE streams and running
     tools/call. It stays below the thread count by a reserve, so that /health, initialize,
     ping, the POSTs that feed SSE streams and DELETE always find a thread: no load can
-    deadlock the server. Beyond it, requests are refused at once instead of queued.
-    """
+    deadlock the server. Beyond it, requests are refused at once instead of queued."""
 
     def __init__(self, threads):
         self.lock = threading.Lock()
@@ -3810,13 +3729,13 @@ class HttpServer:
         adj = getattr(getattr(channel, "server", None), "adj", None)
         if adj is None:
             return                                   # not waitress: WEB_CONCURRENCY it is
+        self.budget.resize(adj.threads)
         if adj.threads != self.settings.web_concurrency:
             log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress (%d)"
-                % (adj.threads, self.settings.web_concurrency, max(1, adj.threads - 2 - adj.threads // 8)))
+                % (adj.threads, self.settings.web_concurrency, self.budget.size))
         if not adj.channel_request_lookahead:
             log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed only when a "
                 "keep-alive fails; start it with --channel-request-lookahead=1 (python mcp_exec.py --http does)")
-        self.budget.resize(adj.threads)
 
     # -- guards ------------------------------------------------------------------------
     def check_request(self, headers):
@@ -4126,8 +4045,8 @@ def header_mismatch(message, headers):
 
 
 def _stop_on_sigterm(cleanup):
-    """On SIGTERM (Heroku's restart, `kill`), kill running code and remove warm interpreters
-    before exiting; waitress has no shutdown hook of its own. Also on normal exit."""
+    """On SIGTERM (Heroku's restart, `kill`), kill running code, sessions and templates before
+    exiting; waitress has no shutdown hook of its own. Also on normal exit."""
     atexit.register(cleanup)
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
         return
@@ -4219,7 +4138,7 @@ def serve_http(args):
     parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
     parser.add_argument("--host", help="interface to bind (HOST) [127.0.0.1]")
     parser.add_argument("--port", type=int, help="port (PORT) [8000]")
-    parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [16]")
+    parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [32]")
     options = parser.parse_args(args)
     env = dict(os.environ)
     for name, value in (("HOST", options.host), ("PORT", options.port), ("WEB_CONCURRENCY", options.threads)):
@@ -4687,11 +4606,10 @@ def _read_bytes(path):
 
 def client_read(client, options):
     """`client read URI`: the file's bytes to stdout, or into --save DIR."""
-    contents = client.request("resources/read", {"uri": options.code})["contents"][0]
-    data = contents["text"].encode("utf-8") if "text" in contents else base64.b64decode(contents["blob"])
+    data = _read_resource(client, options.code)
     if options.save:
         path = _save(options.save, urllib.parse.unquote(options.code.rsplit("/", 1)[-1]), data)
-        sys.stderr.write("%s, %d bytes -> %s\n" % (contents.get("mimeType"), len(data), path))
+        sys.stderr.write("%d bytes -> %s\n" % (len(data), path))
     else:
         sys.stdout.buffer.write(data)
     return 0
@@ -4709,10 +4627,14 @@ def save_outputs(client, result, directory):
         if "uri" not in info:
             lines.append("file %s: %s" % (info["path"], info.get("note", "not returned")))
             continue
-        contents = client.request("resources/read", {"uri": info["uri"]})["contents"][0]
-        data = contents["text"].encode("utf-8") if "text" in contents else base64.b64decode(contents["blob"])
+        data = _read_resource(client, info["uri"])
         lines.append("file %s: %d bytes -> %s" % (info["path"], len(data), _save(directory, info["path"], data)))
     return lines
+
+
+def _read_resource(client, uri):
+    contents = client.request("resources/read", {"uri": uri})["contents"][0]
+    return contents["text"].encode("utf-8") if "text" in contents else base64.b64decode(contents["blob"])
 
 
 def _save(directory, relative, data):
@@ -4741,17 +4663,17 @@ def show_result(result, form, seconds, saved=()):
         if "value" in obj:
             sys.stdout.write(obj["value"] + "\n")
         sys.stdout.flush()
-        stderr = obj.get("stderr", "")
-        sys.stderr.write(stderr + ("\n" if stderr and not stderr.endswith("\n") else ""))
-        for line in list(saved) or ["%d image(s), %d file(s): --save DIR writes them" % (
-                len(obj.get("images", [])), len(obj.get("files", [])))] * bool(obj.get("images") or obj.get("files")):
-            sys.stderr.write(line + "\n")
+        lines = [obj.get("stderr", "").rstrip("\n")] + list(saved)
+        if not saved and (obj.get("images") or obj.get("files")):
+            lines.append("%d image(s), %d file(s): --save DIR writes them" % (len(obj.get("images", [])),
+                                                                             len(obj.get("files", []))))
         status = ("timed out after %.2f s" % seconds if obj.get("timed_out")
                   else "exit %s in %.2f s" % (obj.get("returncode"), seconds))
-        extras = [", output truncated"] * bool(obj.get("truncated"))
+        if obj.get("truncated"):
+            status += ", output truncated"
         if obj.get("session"):
-            extras.append(", session %s%s" % (obj["session"], " (ended)" if obj.get("session_ended") else ""))
-        sys.stderr.write("[%s%s]\n" % (status, "".join(extras)))
+            status += ", session %s%s" % (obj["session"], " (ended)" if obj.get("session_ended") else "")
+        sys.stderr.write("".join(line + "\n" for line in lines if line) + "[%s]\n" % status)
 
 
 # =============================================================================
@@ -4785,7 +4707,7 @@ def main(argv=None):
         if not args:
             return serve_stdio()
         if args[0] in ("-h", "--help", "help"):
-            sys.stdout.write(HELP + settings_help())
+            sys.stdout.write(HELP + settings_help() + "\nHere, the sandbox: %s\n" % SANDBOX.describe())
             return 0
         if args[0] in ("-V", "--version"):
             print("mcp-exec %s (MCP %s)" % (SERVER_VERSION, ", ".join(reversed(SUPPORTED_VERSIONS))))
