@@ -603,7 +603,17 @@ OUTPUT_SCHEMA = {
 
 
 def tool_definition(version):
-    """The one tool, with only the fields the negotiated version knows (tools.mdx)."""
+    """The one tool, with only the fields the negotiated version knows (tools.mdx). It never
+    changes while the server runs, so it is built once per version."""
+    if version not in _TOOLS:
+        _TOOLS[version] = _tool_definition(version)
+    return _TOOLS[version]
+
+
+_TOOLS = {}
+
+
+def _tool_definition(version):
     tool = {"name": TOOL_NAME, "description": tool_description(), "inputSchema": INPUT_SCHEMA}
     if at_least(version, "2025-03-26"):        # ToolAnnotations arrived in 2025-03-26
         tool["annotations"] = {"title": "Run Python code", "readOnlyHint": False,
@@ -1302,15 +1312,10 @@ def supervise(child, code, timeout, cancel, on_output, until_results=False):
                 finished_at = finished_at or time.monotonic()
                 if not reading or time.monotonic() - finished_at > EXIT_GRACE:
                     break
-            now = time.monotonic()
-            stop = watch.reason if watch else None
-            if interrupted:
-                stop = stop or ("unresponsive" if now >= deadline else None)
-            else:
-                stop = stop or ("cancelled" if cancel.is_set() else "timeout" if now >= deadline else None)
-                if stop and until_results and stop in ("cancelled", "timeout"):
-                    interrupted, stop, deadline = stop, None, now + SESSION_INTERRUPT_GRACE
-                    child.interrupt()           # a session keeps its state if the code stops
+            stop = _stop_reason(watch, cancel, deadline, interrupted)
+            if stop in ("cancelled", "timeout") and until_results and not interrupted:
+                interrupted, stop, deadline = stop, None, time.monotonic() + SESSION_INTERRUPT_GRACE
+                child.interrupt()               # a session keeps its state if the code stops
             if stop:
                 break
     finally:
@@ -1320,6 +1325,15 @@ def supervise(child, code, timeout, cancel, on_output, until_results=False):
             _close(sel, key.fd)
         sel.close()
     return finish(child, stop, interrupted, out, err, results, timeout, until_results)
+
+
+def _stop_reason(watch, cancel, deadline, interrupted):
+    """Why a supervised call must stop now, or None: a per-call total (section 6), a cancel,
+    the timeout; once interrupted, only code that did not stop within the grace."""
+    reason = watch.reason if watch else None
+    if interrupted:
+        return reason or ("unresponsive" if time.monotonic() >= deadline else None)
+    return reason or ("cancelled" if cancel.is_set() else "timeout" if time.monotonic() >= deadline else None)
 
 
 def finish(child, stop, interrupted, out, err, results, timeout, until_results):
@@ -3738,6 +3752,17 @@ class HttpServer:
                 "keep-alive fails; start it with --channel-request-lookahead=1 (python mcp_exec.py --http does)")
 
     # -- guards ------------------------------------------------------------------------
+    def guard(self, path, headers, environ):
+        """Before every route: None to go on, or the refusal (an HttpReply)."""
+        if not self.waitress_checked:
+            self.check_waitress(environ)
+        if path == "/health":
+            return None
+        if path.startswith("/.well-known/"):
+            # No OAuth metadata here: a 404 tells clients that probe after a 401 to stop.
+            return error_reply(404, "Not found: this server uses a static API key, not OAuth")
+        return self.check_request(headers)
+
     def check_request(self, headers):
         """-> None if the request may proceed, else the refusal (an HttpReply)."""
         s = self.settings
@@ -4080,20 +4105,11 @@ def create_app(settings=None):
 
     @app.before_request
     def guard():
-        if not server.waitress_checked:
-            server.check_waitress(request.environ)
-        if request.path == "/health":
-            return None
-        if request.path.startswith("/.well-known/"):
-            # No OAuth metadata here: a 404 tells clients that probe after a 401 to stop.
-            return respond(error_reply(404, "Not found: this server uses a static API key, not OAuth"))
-        refusal = server.check_request(request.headers)
-        if refusal is not None:
-            return respond(refusal)
-        if TRACE and request.method == "POST":
+        refusal = server.guard(request.path, request.headers, request.environ)
+        if refusal is None and TRACE and request.method == "POST":
             log("--> %s %s %s" % (request.method, request.full_path.rstrip("?"),
                                   request.get_data()[:2000].decode("utf-8", "replace")))
-        return None
+        return respond(refusal) if refusal else None
 
     app.register_error_handler(404, lambda exc: respond(
         error_reply(404, "Not found: the endpoints are /mcp, /sse and /messages/")))
