@@ -90,7 +90,6 @@ POSIX = os.name == "posix"
 
 class Setting:
     """One environment variable: its kind, default, and one line of meaning.
-
     `default` may be a function of the values read before it (derived defaults);
     `shown` is how --help prints such a default."""
 
@@ -128,8 +127,7 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_TIMEOUT_MAX", float, lambda v: max(300.0, v["EXEC_TIMEOUT"]),
             'the largest per-call "timeout"; larger ones (and the default) are clamped', 300),
     Setting(EXECUTION, "INSTALL_TIMEOUT", float, 300.0, "seconds for creating an environment and installing packages"),
-    Setting(EXECUTION, "OUTPUT_LIMIT", int, 64 * 1024, "bytes of stdout and of stderr kept per call, head and tail",
-            minimum=256),
+    Setting(EXECUTION, "OUTPUT_LIMIT", int, 64 * 1024, "bytes of stdout, of stderr kept per call (head, tail)", minimum=256),
     Setting(EXECUTION, "EXEC_MEMORY_MB", int, 2048,
             "memory of a call's processes together, MB (each one's address space too); 0 = none"),
     Setting(EXECUTION, "EXEC_FILE_MB", int, 1024, "largest file the code may write, MB; 0 = none (POSIX)"),
@@ -147,8 +145,7 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
     Setting(EXECUTION, "FORK_SERVER", bool, True, "fork each call from a template interpreter (Linux); 0 = spawn", 1),
     Setting(EXECUTION, "IMAGE_LIMIT", int, 4, "images (plots) returned per call", minimum=0),
-    Setting(EXECUTION, "IMAGE_MAX_BYTES", int, 1024 * 1024, "bytes of one PNG; larger are re-rendered smaller",
-            minimum=1024),
+    Setting(EXECUTION, "IMAGE_MAX_BYTES", int, 1024 * 1024, "bytes of one PNG (larger: drawn smaller)", minimum=1024),
     Setting(EXECUTION, "FILE_INLINE_BYTES", int, 256 * 1024, "files up to this size are embedded in the result"),
     Setting(EXECUTION, "OUTPUT_TTL", float, 3600.0, "seconds returned files stay readable (resources/read)"),
     Setting(EXECUTION, "OUTPUT_STORE_MB", int, 512, "returned files kept together, MB; the oldest go first"),
@@ -157,8 +154,7 @@ SETTINGS = [
     Setting(EXECUTION, "PROGRESS_INTERVAL", float, 3.0, "seconds between progress notifications, when a call asks"),
     Setting(EXECUTION, "MCP_EXEC_DIR", str, _default_state_dir,
             "state: workspace environment, isolated-environment cache", "~/.cache/mcp-exec"),
-    Setting(EXECUTION, "VENV_CACHE_SIZE", int, 8, "isolated environments kept, least recently used evicted",
-            minimum=1),
+    Setting(EXECUTION, "VENV_CACHE_SIZE", int, 8, "isolated environments kept (least recently used go)", minimum=1),
     Setting(EXECUTION, "MCP_EXEC_INSTALLER", str, "auto", "auto (uv when on PATH, else pip) or pip"),
     Setting(EXECUTION, "MAX_MESSAGE_BYTES", int, 16 * 1024 * 1024, "the largest stdio message"),
     Setting(EXECUTION, "MCP_TRACE", bool, False, "1 = log every frame in (-->) and out (<--) on stderr", "off"),
@@ -257,7 +253,6 @@ CANCELLED = object()   # a handler's answer for a request that must get no respo
 
 class ProtocolError(Exception):
     """Raised by a method handler to answer with a JSON-RPC error."""
-
     def __init__(self, code, message, data=None):
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
@@ -286,7 +281,6 @@ def parse_frame(data):
 
 def encode_message(message):
     """Compact JSON on one line (stdio framing forbids embedded newlines, transports.mdx).
-
     Non-ASCII stays readable; a lone surrogate (only possible if a client sent one) is
     written as its \\uXXXX escape, which is still valid JSON."""
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
@@ -304,7 +298,6 @@ def at_least(version, minimum):
 
 class Session:
     """One conversation: a stdio process, an HTTP+SSE stream, or a Streamable HTTP session.
-
     Holds the negotiated protocol version (None until initialize) and the running tool
     calls, each with the Event that cancels it, so that notifications/cancelled and the
     end of the session can stop them."""
@@ -363,7 +356,6 @@ class Session:
 
 class Request:
     """One request on its way to a method handler: what a handler may look at."""
-
     def __init__(self, request_id, method, params, session, version, modern, notify):
         self.id, self.method, self.params, self.session = request_id, method, params, session
         self.version, self.modern, self.notify = version, modern, notify
@@ -371,7 +363,6 @@ class Request:
 
 def handle_message(message, session, notify=None):
     """One JSON-RPC message -> one response object, or None (notifications, responses).
-
     notify(message) sends a notification to this client (progress); it may be None."""
     request = parse_request(message, session, notify)
     if not isinstance(request, Request):
@@ -684,7 +675,6 @@ NOTIFICATION_HANDLERS = {
 
 class StdioServer:
     """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio).
-
     The reading loop is synchronous; tool calls run on worker threads so that ping and
     notifications/cancelled are answered while code runs. Writes are serialized."""
 
@@ -775,7 +765,6 @@ def needs_worker(payload):
 
 class Workers:
     """The worker threads a transport started, so that shutdown can wait for them."""
-
     def __init__(self):
         self.threads = set()
         self.lock = threading.Lock()
@@ -835,7 +824,6 @@ def serve_stdio():
 
 class Result:
     """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError.
-
     `cancelled` is internal: a cancelled call gets no response at all (cancellation.mdx).
     The optional fields (value, images, files, session) appear only when they have
     something to say; `blocks` are the extra MCP content blocks (images, resources)."""
@@ -871,7 +859,6 @@ class Result:
 
 def run_code(args, cancel=None, on_output=None):
     """Run one tools/call -> Result. `args` is validate_arguments()'s clean dict.
-
     The call waits for one of EXEC_CONCURRENCY slots; the timeout starts when the code
     does. on_output(stream, line) hears the latest line of output and of the installer,
     for progress. A call with a "session" argument runs in that session (section 8)."""
@@ -1055,7 +1042,6 @@ def child_setup(config):
 
 def run_cell(source, namespace):
     """Run source in namespace, like a notebook cell -> (exit status, value of the last expression).
-
     If the last statement is an expression, it is evaluated on its own and its value
     returned (None otherwise). Tracebacks show the user's lines, never this function's."""
     text = source.decode("utf-8", "replace")
@@ -1190,7 +1176,6 @@ INSTALLER_ENV_ALLOW = (
 
 class Pipes:
     """A child's four pipes: code in (its stdin), stdout, stderr, and results (JSON).
-
     `child` holds the ends the child gets, in that order; the server keeps the others.
     Without code (an installer), the child's stdin is /dev/null."""
 
@@ -1391,7 +1376,6 @@ def _parse_results(data):
 
 class OutputBuffer:
     """Keep the first and last `limit // 2` bytes of a stream, count the rest.
-
     The server's memory stays flat however much the code prints: the middle is dropped
     as it arrives, and a marker says how much."""
 
@@ -1429,7 +1413,6 @@ class OutputBuffer:
 
 class LatestLine:
     """The latest complete, non-blank line of a stream, for progress messages.
-
     Output arrives in arbitrary pieces (`print("tick", 2)` under `python -u` is several
     writes), so the unfinished line is kept until its newline comes. Before the first
     newline, the unfinished line is the latest there is."""
@@ -1501,7 +1484,6 @@ def descendants(pid):
 
 def kill_tree(pid):
     """SIGKILL a process, its process group, and every descendant, wherever it went.
-
     Descendants are stopped first, round after round, so that none can fork while the
     tree is being collected; then everything dies at once."""
     if not POSIX:
@@ -1750,7 +1732,6 @@ class Environments:
 
     def _build(self, cache, pointer, key, requirements, deadline, cancel, report):
         """Build an isolated venv in place and publish it -> None, or the failure Result.
-
         While it builds, <dir>.building is locked: a directory nobody publishes and nobody
         builds is a dead server's leftover, and recover() removes it (section 6)."""
         os.makedirs(cache, exist_ok=True)
@@ -1914,7 +1895,6 @@ LEASE_FILE = ".mcp-exec-lease"
 
 class _Lease:
     """A call's claim on a cached venv: a shared flock on its lease file (POSIX).
-
     flock locks belong to open files, so leases from threads of this process and from
     other server processes all count, and they end with their process."""
 
@@ -1993,7 +1973,6 @@ class _Reply:
 
 class Template:
     """The server's side of one template process."""
-
     def __init__(self, python, generation):
         self.python, self.generation = python, generation
         self.lock, self.send_lock = threading.Lock(), threading.Lock()
@@ -2100,7 +2079,6 @@ class Template:
 
 class ForkedChild:
     """A child forked by a template: its parent is the template, which tells us how it ended."""
-
     call = None
 
     def __init__(self, template, pid, pipes, exit_reply):
@@ -2324,7 +2302,6 @@ def landlock_abi():
 
 class Sandbox:
     """What the children are restricted to, decided once (EXEC_SANDBOX, EXEC_NETWORK).
-
     read_everywhere: over stdio the local user's files are the point; create_app()
     turns it off, so that over HTTP code reads only what it needs."""
 
@@ -2474,7 +2451,6 @@ def _owner(pid):
 
 class Watch:
     """One call's processes (pid and its descendants) and directory, and why it must end."""
-
     def __init__(self, pid, directory):
         self.pid, self.directory, self.reason = pid, directory, None
 
@@ -2581,7 +2557,6 @@ MONITOR = Monitor()
 
 class CallDir:
     """A call's directory: root/work (the working directory) and root/tmp (TMPDIR)."""
-
     def __init__(self, root):
         self.root, self.work, self.tmp = root, os.path.join(root, "work"), os.path.join(root, "tmp")
         os.mkdir(root)
@@ -2602,7 +2577,6 @@ class CallDir:
 
 class RunDir:
     """This server's directory: STATE_DIR/run/<pid>-<random>/, holding the calls' directories.
-
     Its `lock` is flocked for the server's whole life and `pids` lists every process the
     server started (pid and start time). A server that finds a run directory whose lock
     is free knows its server died: recover() kills what that server started (and
@@ -2903,7 +2877,6 @@ def snapshot_files(work):
 
 def collect_files(result, work, before, move=True):
     """The files the code created or changed in `work` -> result.files and content blocks.
-
     Every one is listed; each regular file up to FILE_KEEP_MAX is kept for resources/read
     (moved out of a directory about to be removed, copied out of a session's); small
     ones are also embedded. A symbolic link is listed, never read."""
@@ -2951,7 +2924,6 @@ def resource_contents(uri, mime_type, data):
 
 class OutputStore:
     """Files the code wrote, kept for resources/read: STATE_DIR/outputs/<token>/<path>.
-
     A URI (mcp-exec://output/<token>/<path>) is unguessable. Files live OUTPUT_TTL
     seconds, and at most OUTPUT_STORE_MB together: the oldest calls' files go first."""
 
@@ -3114,7 +3086,6 @@ SESSION_QUEUE = 8            # calls that may wait for their session; more are r
 
 class CodeSession:
     """One session: its interpreter (a child in "session" mode), directory and environment."""
-
     def __init__(self, handle, env, call, child, control):
         self.handle, self.env, self.call, self.child, self.control = handle, env, call, child, control
         self.packages = sorted(env.packages)
@@ -3177,7 +3148,6 @@ class CodeSession:
 
 class SessionCall:
     """One call of a session, as supervise() sees it: done when the results arrive."""
-
     def __init__(self, session, pipes):
         self.session, self.pipes, self.pid, self.call = session, pipes, session.child.pid, session.call
 
@@ -3412,7 +3382,6 @@ def notify_cancelled(params, session):
 
 class Progress:
     """notifications/progress for one tools/call that asked for it with _meta.progressToken.
-
     A background thread reports every PROGRESS_INTERVAL seconds, and sooner (at most every
     PROGRESS_MIN_GAP) when new output appears. `progress` is the seconds elapsed, strictly
     increasing; `message` (2025-03-26 and later) is the latest line of output or install
@@ -3649,7 +3618,6 @@ def drain(outbox, client_disconnected, keepalive, done=None, poll=0.25):
 
 class SseSession(Session):
     """An HTTP+SSE conversation: messages for the client wait in `outbox` for the stream."""
-
     def __init__(self, allow_exec):
         # HTTP+SSE is a handshake-era transport: a modern probe gets a legacy answer, and
         # a dual-era client falls back to initialize (2026-07-28 basic/versioning.mdx).
@@ -3667,7 +3635,6 @@ class SseSession(Session):
 
 class HttpSession(Session):
     """A Streamable HTTP session, identified by the Mcp-Session-Id header (None: stateless)."""
-
     def __init__(self, allow_exec, session_id=None):
         super().__init__(allow_exec)
         self.session_id = session_id
@@ -3725,7 +3692,6 @@ class ThreadBudget:
 
 class HttpServer:
     """The state behind the routes (sessions of both transports, the thread budget) and their answers."""
-
     def __init__(self, settings):
         self.settings = settings
         self.lock = threading.Lock()
@@ -4228,7 +4194,6 @@ class ClientError(Exception):
 
 class ClientTransport:
     """What every client transport shares: ids, tracing, and passing notifications on."""
-
     def __init__(self, trace):
         self.trace = trace
         self.next_id = 0
@@ -4254,7 +4219,6 @@ class ClientTransport:
 
 class StdioClient(ClientTransport):
     """Launch a server command and speak newline-delimited JSON-RPC to it."""
-
     def __init__(self, command, trace=None, env=None):
         super().__init__(trace)
         try:
@@ -4342,7 +4306,6 @@ def _sse_events(resp):
 
 class StreamableHttpClient(ClientTransport):
     """Streamable HTTP: every message is a POST to the MCP endpoint."""
-
     def __init__(self, url, api_key, trace=None):
         super().__init__(trace)
         self.url, self.api_key = url, api_key
@@ -4389,7 +4352,6 @@ class StreamableHttpClient(ClientTransport):
 
 class SseClient(ClientTransport):
     """HTTP+SSE (2024-11-05): one GET stream for replies, POSTs to the endpoint it names."""
-
     def __init__(self, url, api_key, trace=None):
         super().__init__(trace)
         self.api_key = api_key
@@ -4452,7 +4414,6 @@ class SseClient(ClientTransport):
 
 class McpClient:
     """The conversation: initialize (handshake era) or per-request _meta (2026-07-28)."""
-
     def __init__(self, transport, version=LATEST_HANDSHAKE_VERSION):
         self.transport, self.version = transport, version
         self.modern = version in MODERN_VERSIONS
