@@ -337,18 +337,24 @@ def bench_http_throughput(env, seconds):
     rates = {}
     for kind in ("/health", "tools/list"):
         stop = threading.Event()
-        threads = [threading.Thread(target=client, args=(kind, stop)) for _ in range(16)]
-        t = time.perf_counter()
-        for th in threads:
-            th.start()
-        time.sleep(seconds)
-        stop.set()
-        for th in threads:
-            th.join()
-        rates[kind] = counts[kind] / (time.perf_counter() - t)
+        elapsed = run_clients(16, lambda: client(kind, stop), stop, seconds)
+        rates[kind] = counts[kind] / elapsed
     server.close()
     row("tools/list", "%.0f req/s" % rates["tools/list"], "%.0f req/s" % rates["/health"],
         "%.2fx" % (rates["tools/list"] / rates["/health"]), "(baseline: GET /health, same server)")
+
+
+def run_clients(n, client, stop, seconds):
+    """Run n client threads for `seconds`, then set `stop` and wait for them -> seconds elapsed."""
+    threads = [threading.Thread(target=client) for _ in range(n)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    time.sleep(seconds)
+    stop.set()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t
 
 
 def bench_http_calls(env, seconds):
@@ -374,15 +380,7 @@ def bench_http_calls(env, seconds):
                 ok = False
                 conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
             (latencies if ok else errors).append(time.perf_counter() - t)
-    threads = [threading.Thread(target=client) for _ in range(16)]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    time.sleep(seconds)
-    stop.set()
-    for th in threads:
-        th.join()
-    elapsed = time.perf_counter() - t
+    elapsed = run_clients(16, client, stop, seconds)
     server.close()
     rate = len(latencies) / elapsed
     print("6. tools/call print(1) from 16 Streamable HTTP clients for %g s (baseline: serial spawns of python -c)"
@@ -396,9 +394,9 @@ def bench_http_calls(env, seconds):
 
 def bench_memory(env):
     if not os.path.exists("/proc/self/status"):
-        print("6. skipped: no /proc")
+        print("7. skipped: no /proc")
         return
-    print("6. server memory (RSS) idle, and its peak while a call prints 200 MB")
+    print("7. server memory (RSS) idle, and its peak while a call prints 200 MB")
     kinds = [("stdio", Stdio)] + ([("HTTP", Http)] if have_http() else [])
     for name, kind in kinds:
         server = kind(env)
