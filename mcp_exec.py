@@ -5,87 +5,65 @@
     python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp, HTTP+SSE at /sse
     python mcp_exec.py client ...    a command-line MCP client (also: demo, --help, --version)
 
-Reading guide. The server comes first, then what it stands on:
+Reading guide. Sections 1-3 are the core: a complete handshake-era stdio MCP server, in
+the order one request travels. Cut the file at the line "# The core ends here", give it a
+run_code(), and it runs on its own (the test suite does exactly that). The rest adds to
+it only through the register_*() functions of section 2:
 
      1. Settings          one table: every environment variable, its default and meaning
-     2. The wire format   JSON-RPC framing; initialize, ping, tools/list, tools/call; the tool
+     2. The wire format   framing, sessions, initialize, ping, tools/list, tools/call, the tool
      3. stdio             the transport MCP clients launch
-     4. Executor          run_code(): a fresh interpreter per call, and what it stands on
-     5. Fork server       a template interpreter per environment forks each call
-     6. Containment       the Landlock sandbox, per-call totals, recovery after a crash
-     7. What the model sees   the last value, images, files in and out (resources)
-     8. Sessions          state across calls, when the model asks for it
-     9. Protocol extras   cancellation, progress, batches, the 2026-07-28 era
-    10. HTTP              Streamable HTTP and HTTP+SSE, on Flask and waitress
-    11. Client            the other side of the wire
-    12. Command line
+        --- the core ends here ---
+     4. Executor          one call's life on the server: slot, child, supervision, result
+     5. The child         one call's life in the child: setup, run, report
+     6. Fork server       a template interpreter per environment forks each call
+     7. Containment       Landlock, capabilities, seccomp, per-call totals, recovery
+     8. Environments      packages: the shared workspace and isolated, cached venvs
+     9. What the model sees   the last value, images, files in and out (resources)
+    10. Kernels           state across calls (the tool's "session" argument)
+    11. The 2026-07-28 era  stateless requests and server/discover
+    12. Jobs and tasks    progress, and runs that outlive their request: jobs, MCP Tasks
+    13. HTTP              Streamable HTTP and HTTP+SSE, on Flask and waitress
+    14. Client            the other side of the wire
+    15. Command line
 
 One tools/call over stdio, hop by hop:
 
-    StdioServer.serve()         reads one line from stdin
-    StdioServer.handle_line()   parse_frame(): bytes -> a JSON value, or a -32700 error
-    dispatch()                  a tools/call goes to a worker thread, so that ping and
+    StdioServer.serve()         reads a line; parse_frame(): bytes -> JSON, or -32700
+    StdioServer.dispatch()      a tools/call goes to a worker thread, so that ping and
                                 cancellation are answered while the code runs
-    handle_message()            checks the JSON-RPC envelope and picks the method handler
-    handle_tools_call()         validate_arguments(), then run_code()
-    run_code()                  waits for a slot, readies the environment, runs the code:
-      start_child()               a child interpreter, forked from a template (section 5)
-      supervise()                 code in; stdout, stderr and results out, until it exits
-    tool_result()               the Result as content blocks and as structuredContent
+    handle_message()            parse_request() checks the envelope and finds the handler;
+                                answer_request() runs it
+    handle_tools_call()         validate_arguments(), then run_code() (section 4)
+    tool_result()               the Result as content blocks and structuredContent
     StdioServer.send()          one JSON line on stdout
 
-Sections 1-3 are a complete handshake-era stdio MCP server but for run_code(). On a first
-reading, skip package environments (4.4) and sections 5-10. References such as
-"lifecycle.mdx" point into the MCP specification, docs/specification/<version>/ in
-github.com/modelcontextprotocol/modelcontextprotocol. The stdio path imports only the
-standard library; Flask and waitress load only for HTTP."""
+References such as "lifecycle.mdx" point into the MCP specification,
+docs/specification/<version>/ in github.com/modelcontextprotocol/modelcontextprotocol.
+The stdio path imports only the standard library; Flask and waitress load only for HTTP."""
 
-import ast
-import atexit
-import base64
-import binascii
-import collections
-import contextlib
-import errno
-import gc
-import hashlib
-import hmac
-import importlib
-import io
 import json
-import linecache
-import mimetypes
 import os
-import posixpath
-import queue
 import re
 import secrets
-import selectors
-import shutil
 import signal
-import socket
-import stat
-import struct
-import subprocess
 import sys
 import threading
 import time
 import traceback
-import urllib.parse
-import weakref
-from urllib.parse import urljoin, urlsplit
 
 SERVER_NAME = "mcp-exec"
 SERVER_TITLE = "Python code execution"
-SERVER_VERSION = "0.2.0"
+SERVER_VERSION = "0.3.0"
 TOOL_NAME = "code_exec_python"
 POSIX = os.name == "posix"
+LINUX = sys.platform.startswith("linux")
 
 # =============================================================================
 # 1. Settings
 # =============================================================================
-# Every setting is an environment variable, described once, here. The constants below,
-# HttpSettings (section 6) and `--help` are all read or generated from this table.
+# Every setting is an environment variable, described once, here. The constants below
+# and `--help` are generated from this table; HTTP's are read when the app is built.
 
 
 class Setting:
@@ -124,8 +102,11 @@ def _default_state_dir(values):
 EXECUTION, HTTP = "Execution (all modes)", "HTTP (--http and mcp_exec:app)"
 SETTINGS = [
     Setting(EXECUTION, "EXEC_TIMEOUT", float, 30.0, "seconds a call may run unless it asks otherwise"),
-    Setting(EXECUTION, "EXEC_TIMEOUT_MAX", float, lambda v: max(300.0, v["EXEC_TIMEOUT"]),
-            'the largest per-call "timeout"; larger ones (and the default) are clamped', 300),
+    Setting(EXECUTION, "EXEC_TIMEOUT_MAX", float, lambda v: max(3600.0, v["EXEC_TIMEOUT"]),
+            'the largest per-call "timeout"; larger ones (and the default) are clamped', 3600),
+    Setting(EXECUTION, "CALL_WAIT", float, 50.0, "seconds a tools/call waits for its code; then it answers "
+            "with a job handle to poll, and the code runs on (0 = wait to the end)", minimum=0.0),
+    Setting(EXECUTION, "JOB_TTL", float, 900.0, "seconds a finished job's (or task's) result stays available"),
     Setting(EXECUTION, "INSTALL_TIMEOUT", float, 300.0, "seconds for creating an environment and installing packages"),
     Setting(EXECUTION, "OUTPUT_LIMIT", int, 64 * 1024, "bytes of stdout, of stderr kept per call (head, tail)", minimum=256),
     Setting(EXECUTION, "EXEC_MEMORY_MB", int, 2048,
@@ -135,12 +116,13 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_CONCURRENCY", int, 8, "calls that run at once; more wait for a slot", minimum=1),
     Setting(EXECUTION, "EXEC_QUEUE", int, lambda v: 4 * v["EXEC_CONCURRENCY"],
             "calls that may wait for a slot; more are refused as busy", "4 x EXEC_CONCURRENCY", minimum=0),
-    Setting(EXECUTION, "EXEC_MAX_PROCS", int, 64, "processes a call may run at once; 0 = no limit"),
+    Setting(EXECUTION, "EXEC_MAX_PROCS", int, 256, "processes and threads a call may run at once; 0 = no limit"),
     Setting(EXECUTION, "EXEC_DISK_MB", int, 2048, "bytes a call may have on disk in its directory, MB; 0 = none"),
+    Setting(EXECUTION, "EXEC_MAX_ENTRIES", int, 20000, "files and directories a call may create; 0 = none"),
     Setting(EXECUTION, "EXEC_ENV_PASSTHROUGH", list, [], "comma-separated names of extra variables the code may see"),
-    Setting(EXECUTION, "EXEC_SANDBOX", str, "auto",
-            "auto (Landlock where the kernel has it), landlock (refuse to start without), off"),
-    Setting(EXECUTION, "EXEC_NETWORK", str, "on", "off = the sandbox denies TCP connect and bind (not UDP)"),
+    Setting(EXECUTION, "EXEC_SANDBOX", str, "auto", "auto (Landlock and seccomp where the kernel has them), "
+            "landlock (refuse to start without), off"),
+    Setting(EXECUTION, "EXEC_NETWORK", str, "on", "off = the sandbox denies every IP socket (TCP, UDP, raw)"),
     Setting(EXECUTION, "EXEC_READ_PATHS", list, [], "over HTTP, more paths the code may read (sandbox)"),
     Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
     Setting(EXECUTION, "FORK_SERVER", bool, True, "fork each call from a template interpreter (Linux); 0 = spawn", 1),
@@ -149,8 +131,8 @@ SETTINGS = [
     Setting(EXECUTION, "FILE_INLINE_BYTES", int, 256 * 1024, "files up to this size are embedded in the result"),
     Setting(EXECUTION, "OUTPUT_TTL", float, 3600.0, "seconds returned files stay readable (resources/read)"),
     Setting(EXECUTION, "OUTPUT_STORE_MB", int, 512, "returned files kept together, MB; the oldest go first"),
-    Setting(EXECUTION, "SESSION_LIMIT", int, 4, "live sessions (\"session\": \"new\"); more are refused", minimum=0),
-    Setting(EXECUTION, "SESSION_IDLE", float, 900.0, "seconds of idleness before a session ends"),
+    Setting(EXECUTION, "SESSION_LIMIT", int, 4, "live kernels (\"session\": \"new\"); more are refused", minimum=0),
+    Setting(EXECUTION, "SESSION_IDLE", float, 900.0, "seconds of idleness before a kernel ends"),
     Setting(EXECUTION, "PROGRESS_INTERVAL", float, 3.0, "seconds between progress notifications, when a call asks"),
     Setting(EXECUTION, "MCP_EXEC_DIR", str, _default_state_dir,
             "state: workspace environment, isolated-environment cache", "~/.cache/mcp-exec"),
@@ -169,7 +151,7 @@ SETTINGS = [
     Setting(HTTP, "STDIO_MODE_ONLY", bool, False, "true = HTTP lists no tools and runs no code", "false"),
     Setting(HTTP, "ALLOWED_ORIGINS", list, [], "comma-separated browser origins allowed besides localhost"),
     Setting(HTTP, "ALLOWED_HOSTS", list, [], "comma-separated Host names allowed (* = any)"),
-    Setting(HTTP, "MAX_BODY_BYTES", int, 4 * 1024 * 1024, "the largest request body"),
+    Setting(HTTP, "MAX_BODY_BYTES", int, 4 * 1024 * 1024, "the largest request body (waitress refuses larger)"),
     Setting(HTTP, "SESSION_IDLE_TIMEOUT", float, 3600.0, "seconds before an idle Streamable HTTP session is dropped"),
     Setting(HTTP, "MAX_SESSIONS", int, 1000, "Streamable HTTP sessions kept; the oldest idle go first", minimum=1),
 ]
@@ -188,10 +170,11 @@ _EXEC = read_settings(EXECUTION)
 # The settings as constants, by topic (the table says what each one means).
 EXEC_TIMEOUT_MAX, INSTALL_TIMEOUT = _EXEC["EXEC_TIMEOUT_MAX"], _EXEC["INSTALL_TIMEOUT"]
 EXEC_TIMEOUT = min(_EXEC["EXEC_TIMEOUT"], EXEC_TIMEOUT_MAX)   # the cap holds for the default too
+CALL_WAIT, JOB_TTL = _EXEC["CALL_WAIT"], _EXEC["JOB_TTL"]
 OUTPUT_LIMIT, EXEC_ENV_PASSTHROUGH = _EXEC["OUTPUT_LIMIT"], _EXEC["EXEC_ENV_PASSTHROUGH"]
 EXEC_MEMORY_MB, EXEC_FILE_MB, EXEC_MAX_FILES = _EXEC["EXEC_MEMORY_MB"], _EXEC["EXEC_FILE_MB"], _EXEC["EXEC_MAX_FILES"]
 EXEC_CONCURRENCY, EXEC_QUEUE = _EXEC["EXEC_CONCURRENCY"], _EXEC["EXEC_QUEUE"]
-EXEC_MAX_PROCS, EXEC_DISK_MB = _EXEC["EXEC_MAX_PROCS"], _EXEC["EXEC_DISK_MB"]
+EXEC_MAX_PROCS, EXEC_DISK_MB, EXEC_MAX_ENTRIES = _EXEC["EXEC_MAX_PROCS"], _EXEC["EXEC_DISK_MB"], _EXEC["EXEC_MAX_ENTRIES"]
 EXEC_SANDBOX, EXEC_NETWORK = _EXEC["EXEC_SANDBOX"].lower(), _EXEC["EXEC_NETWORK"].lower()
 EXEC_READ_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_READ_PATHS"]]
 EXEC_WRITE_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_WRITE_PATHS"]]
@@ -205,23 +188,8 @@ INSTALLER, MAX_MESSAGE_BYTES, TRACE = _EXEC["MCP_EXEC_INSTALLER"].lower(), _EXEC
 # Fixed values, not settings.
 EOF_GRACE = 5.0       # seconds running calls get to finish after stdin closes
 KILL_GRACE = 1.0      # seconds to wait for pipes to close after a kill
-EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
 MAX_PACKAGES = 50
 PROGRESS_MIN_GAP = min(1.0, PROGRESS_INTERVAL)   # new output is reported at most this often
-
-
-def settings_help():
-    """The settings table as --help prints it."""
-    lines = []
-    for group in (EXECUTION, HTTP):
-        lines.append("%s; defaults in brackets" % group)
-        for s in SETTINGS:
-            if s.group == group:
-                text = "%s [%s]" % (s.meaning, s.shown)
-                lines.append("  %-21s %s" % (s.name, text))
-        lines.append("")
-    lines.append("  PIP_*, UV_*           passed to the installer (mirrors, find-links, ...)")
-    return "\n".join(lines) + "\n"
 
 
 def log(message):
@@ -235,17 +203,19 @@ def log(message):
 # =============================================================================
 # handle_message(message, session) -> response or None is the whole protocol. Every
 # transport parses frames with parse_frame(), hands each message to it, and delivers
-# what it returns. It is a pure function of the message and the session's state.
+# what it returns. It decides from the message and the session's state alone; only
+# tools/call reaches further, into run_code().
 
 # Protocol versions, newest first (see the changelog.mdx of each). Two eras
 # (2026-07-28 basic/versioning.mdx): "handshake" versions open with initialize; the
-# "modern" one carries its version and capabilities in every request's _meta (9.4).
+# "modern" one carries its version and capabilities in every request's _meta (section 11).
 MODERN_VERSIONS = ("2026-07-28",)
+META_VERSION = "io.modelcontextprotocol/protocolVersion"      # where a modern request says so
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
 LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[0]
 
-# JSON-RPC 2.0 error codes (basic/index.mdx); MCP's own come with the 2026-07-28 era.
+# JSON-RPC 2.0 error codes (basic/index.mdx).
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
     -32700, -32600, -32601, -32602, -32603)
 CANCELLED = object()   # a handler's answer for a request that must get no response
@@ -296,15 +266,72 @@ def at_least(version, minimum):
     return version is not None and version >= minimum
 
 
+# --- Registration: how later sections add to the core ------------------------------
+# The core's tables are filled only through these functions, each called once at the
+# end of the section that brings the feature. Grep "register_" to see all of them.
+
+METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
+NOTIFICATIONS = {}        # method -> handler(params, session)
+ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
+ARGUMENT_CHECKS = []      # check(arguments, clean) -> None, or what is wrong
+TOOL_NOTES = []           # note(local) -> a sentence for the model
+CALL_MODES = []           # mode(request, clean) -> a result, or None: run it as an ordinary call
+CAPABILITIES = {"tools": {"listChanged": False}}
+LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(), close
+
+
+def register_method(name, handler, eras=("handshake", "modern"), slow=False):
+    """A request handler. A slow one (it may wait for code) runs on a worker thread."""
+    METHODS[name] = (handler, eras, slow)
+
+
+def register_notification(name, handler):
+    NOTIFICATIONS[name] = handler
+
+
+def register_era(parse):
+    ERAS.append(parse)
+
+
+def register_tool_feature(check=None, note=None, capability=None, call_mode=None):
+    """An argument check, a sentence for the model, a server capability {name: value}, and
+    another way to run a call."""
+    if call_mode:
+        CALL_MODES.append(call_mode)
+    if check:
+        ARGUMENT_CHECKS.append(check)
+    if note:
+        TOOL_NOTES.append(note)
+    CAPABILITIES.update(capability or {})
+
+
+def register_lifecycle(setup=None, shutdown=None):
+    """setup() runs once before a server serves; shutdown() when it stops."""
+    LIFECYCLE["setup"] += [setup] if setup else []
+    LIFECYCLE["shutdown"] += [shutdown] if shutdown else []
+
+
+def run_lifecycle(stage):
+    for step in LIFECYCLE[stage]:
+        step()
+
+
+# --- Sessions and requests ---------------------------------------------------------
+
+
 class Session:
     """One conversation: a stdio process, an HTTP+SSE stream, or a Streamable HTTP session.
     Holds the negotiated protocol version (None until initialize) and the running tool
     calls, each with the Event that cancels it, so that notifications/cancelled and the
-    end of the session can stop them."""
+    end of the session can stop them. `local` is true over stdio, where the client is
+    the machine's own user; `owner` names whose files and tasks are whose."""
 
-    def __init__(self, allow_exec=True, modern=True):
+    def __init__(self, allow_exec=True, modern=True, local=True):
         self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
         self.modern = modern           # may it serve 2026-07-28 requests? (not HTTP+SSE)
+        self.local = local
+        self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
+        self.owner = secrets.token_hex(8)
         self.protocol_version = None
         self.closed = False
         self.calls = {}                # request id -> threading.Event that cancels it
@@ -355,10 +382,16 @@ class Session:
 
 
 class Request:
-    """One request on its way to a method handler: what a handler may look at."""
-    def __init__(self, request_id, method, params, session, version, modern, notify):
+    """One request on its way to a method handler: what a handler may look at.
+    A later era subclasses it (section 11) to check and decorate its results."""
+    modern = False
+
+    def __init__(self, request_id, method, params, session, version, notify):
         self.id, self.method, self.params, self.session = request_id, method, params, session
-        self.version, self.modern, self.notify = version, modern, notify
+        self.version, self.notify = version, notify
+
+    def decorate(self, result):
+        """A last touch on a successful result (the handshake era adds nothing)."""
 
 
 def handle_message(message, session, notify=None):
@@ -391,11 +424,10 @@ def parse_request(message, session, notify=None):
     error = envelope_error(message)
     if error or "method" not in message:
         return error   # a response returns None: this server sends no requests to match it with
-    has_id, request_id, method = "id" in message, message.get("id"), message["method"]
-    params = message.get("params", {})
-    if not has_id:
+    request_id, method, params = message.get("id"), message["method"], message.get("params", {})
+    if "id" not in message:
         # Notifications never get a response, not even an error (basic/index.mdx).
-        handler = NOTIFICATION_HANDLERS.get(method)
+        handler = NOTIFICATIONS.get(method)
         if handler is not None and isinstance(params, dict):
             try:
                 handler(params, session)
@@ -403,33 +435,34 @@ def parse_request(message, session, notify=None):
                 log("error in notification %s:\n%s" % (method, traceback.format_exc()))
         return None
     if not isinstance(params, dict):
-        if method not in REQUEST_HANDLERS and method not in MODERN_HANDLERS:
-            return error_response(request_id, METHOD_NOT_FOUND, "Method not found: %s" % method)
-        return error_response(request_id, INVALID_PARAMS, 'Invalid params: "params" must be an object')
+        code = INVALID_PARAMS if method in METHODS else METHOD_NOT_FOUND
+        return error_response(request_id, code, 'Invalid params: "params" must be an object'
+                              if method in METHODS else "Method not found: %s" % method)
     try:
-        if session.modern and is_modern_request(method, params):
-            return modern_request(request_id, method, params, session, notify)     # 9.4
-        return legacy_request(request_id, method, params, session, notify)
+        for parse in ERAS:       # a later era claims the requests that are its own
+            request = parse(request_id, method, params, session, notify)
+            if request is not None:
+                return request
+        return handshake_request(request_id, method, params, session, notify)
     except ProtocolError as exc:
         return error_response(request_id, exc.code, exc.message, exc.data)
 
 
-def legacy_request(request_id, method, params, session, notify):
+def handshake_request(request_id, method, params, session, notify):
     """Handshake era: the version is the one initialize negotiated for this session."""
-    if method not in REQUEST_HANDLERS:
+    if "handshake" not in METHODS.get(method, (None, (), False))[1]:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
     if session.protocol_version is None and method not in ("initialize", "ping"):
         # Only ping may come before initialize (lifecycle.mdx); ping is always answered.
         raise ProtocolError(INVALID_REQUEST, "Not initialized: send an initialize request first "
                             "(only ping may come before it)")
-    return Request(request_id, method, params, session, session.protocol_version, False, notify)
+    return Request(request_id, method, params, session, session.protocol_version, notify)
 
 
 def answer_request(request):
     """Run a Request's method handler -> its response object, or None (cancelled)."""
-    handlers = MODERN_HANDLERS if request.modern else REQUEST_HANDLERS
     try:
-        result = handlers[request.method](request)
+        result = METHODS[request.method][0](request)
     except ProtocolError as exc:
         return error_response(request.id, exc.code, exc.message, exc.data)
     except Exception:
@@ -437,8 +470,7 @@ def answer_request(request):
         return error_response(request.id, INTERNAL_ERROR, "Internal error (details are in the server's log)")
     if result is CANCELLED:
         return None
-    if request.modern:
-        decorate_modern_result(result, request.version)   # 9.4
+    request.decorate(result)
     return {"jsonrpc": "2.0", "id": request.id, "result": result}
 
 
@@ -464,9 +496,20 @@ def handle_initialize(request):
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
     return {"protocolVersion": version,
-            "capabilities": SERVER_CAPABILITIES,
+            "capabilities": server_capabilities(version),
             "serverInfo": server_info(version),
-            "instructions": instructions()}
+            "instructions": instructions(session)}
+
+
+def server_capabilities(version):
+    """What this server offers under `version`. A capability registered as a function of
+    the version is left out where it returns None."""
+    offered = {}
+    for name, value in CAPABILITIES.items():
+        value = value(version) if callable(value) else value
+        if value is not None:
+            offered[name] = value
+    return offered
 
 
 def handle_ping(request):
@@ -476,10 +519,8 @@ def handle_ping(request):
 def handle_tools_list(request):
     if request.params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
-    result = {"tools": [tool_definition(request.version)] if request.session.allow_exec else []}
-    if request.modern:   # a cacheable result (2026-07-28 server/utilities/caching.mdx)
-        result.update(ttlMs=3600 * 1000, cacheScope="public")
-    return result
+    session = request.session
+    return {"tools": [tool_definition(request.version, session.local)] if session.allow_exec else []}
 
 
 def handle_tools_call(request):
@@ -503,17 +544,211 @@ def handle_tools_call(request):
     if problem:
         return {"content": [{"type": "text", "text": "Invalid arguments for %s: %s." % (TOOL_NAME, problem)}],
                 "isError": True}
+    for mode in CALL_MODES:     # section 12 runs every call as a job, with progress
+        result = mode(request, clean)
+        if result is not None:
+            return result
     cancel = session.start_call(request.id)
-    progress = Progress.for_request(request)                       # 9.2
     try:
-        result = run_code(clean, cancel, progress.output if progress else None)
+        result = run_code(clean, session, cancel)
     finally:
-        if progress:
-            progress.stop()     # progress.mdx: nothing about a request after its response
         session.end_call(request.id)
     if result.cancelled or cancel.is_set():
         return CANCELLED        # cancellation.mdx: the receiver SHOULD NOT respond
     return tool_result(result, request.version)
+
+
+def notify_cancelled(params, session):
+    """notifications/cancelled (basic/utilities/cancellation.mdx): the call's cancel Event
+    kills its processes; handle_tools_call then answers CANCELLED, and no response is
+    sent. An id that is unknown or already finished is ignored."""
+    if valid_id(params.get("requestId")):
+        session.cancel(params["requestId"])
+
+
+register_method("initialize", handle_initialize, eras=("handshake",))
+register_method("ping", handle_ping)                 # 2026-07-28 removed it; we still answer
+register_method("tools/list", handle_tools_list)
+register_method("tools/call", handle_tools_call, slow=True)
+register_notification("notifications/initialized", lambda params, session: None)
+register_notification("notifications/cancelled", notify_cancelled)
+
+
+# --- The tool: its whole contract -----------------------------------------------------
+# Every argument and result field, written once. The sections that implement them check
+# their arguments through register_tool_feature(); the core checks the four basic ones.
+
+INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "description": "Python source, run as the __main__ module. Required, "
+                                                  "except to poll a job."},
+        "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
+                     "description": "pip requirements to install first, e.g. [\"numpy\", \"pandas==2.2.3\"]."},
+        "use_temp_dir": {"type": "boolean", "default": False,
+                         "description": "Run in an isolated virtual environment holding only `packages`."},
+        "timeout": {"type": "number", "exclusiveMinimum": 0,
+                    "description": "Seconds before the run is killed (default %g, at most %g)."
+                                   % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
+        "files": {"type": "array", "maxItems": 100,
+                  "description": "Files to put in the working directory first: [{\"path\": \"data.csv\", "
+                                 "\"content\": \"...\"}], with \"encoding\": \"base64\" for binary content.",
+                  "items": {"type": "object", "required": ["path", "content"], "additionalProperties": False,
+                            "properties": {"path": {"type": "string"}, "content": {"type": "string"},
+                                           "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}},
+        "session": {"type": "string", "description": "\"new\" starts a session that keeps variables, imports "
+                                                     "and files across calls; then pass the handle the result "
+                                                     "gives you."},
+        "end_session": {"type": "boolean", "default": False,
+                        "description": "true ends the session after this call's code (which may be empty)."},
+        "job": {"type": "string", "description": "Instead of code: the handle (\"j-...\") of a run still going; "
+                                                 "waits for it, and returns its new output and, once it ended, "
+                                                 "its result."},
+        "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop that run."},
+    },
+    "additionalProperties": False,
+}
+
+OUTPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "returncode": {"type": "integer", "description": "Exit status; negative = killed by that signal."},
+        "stdout": {"type": "string"},
+        "stderr": {"type": "string"},
+        "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
+        "truncated": {"type": "boolean", "description": "Something was longer than its limit and was cut."},
+        "value": {"type": "string", "description": "repr() of the last expression, when the code ends with one."},
+        "images": {"type": "array", "description": "The PNG images returned as image content, in order.",
+                   "items": {"type": "object", "properties": {
+                       "mimeType": {"type": "string"}, "width": {"type": "integer"},
+                       "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
+        "files": {"type": "array", "description": "Files the code created or changed in its working directory.",
+                  "items": {"type": "object", "properties": {
+                      "path": {"type": "string"}, "size": {"type": "integer"}, "mimeType": {"type": "string"},
+                      "uri": {"type": "string"}, "note": {"type": "string"}}}},
+        "session": {"type": "string", "description": "The session this call ran in: pass it as \"session\" next time."},
+        "session_ended": {"type": "boolean", "description": "The session ended with this call; its state is gone."},
+        "status": {"type": "string", "enum": ["running", "completed", "cancelled"],
+                   "description": "Only for a job: \"running\" = still going, call again with \"job\"."},
+        "job": {"type": "string", "description": "The job's handle: pass it as \"job\" to wait for more."},
+    },
+    "required": ["returncode", "stdout", "stderr", "timed_out", "truncated"],
+}
+
+ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHint": True,
+               "idempotentHint": False, "openWorldHint": True}
+
+
+def tool_definition(version, local=True):
+    """The one tool, with only the fields the negotiated version knows (tools.mdx)."""
+    tool = {"name": TOOL_NAME, "description": tool_description(local), "inputSchema": INPUT_SCHEMA}
+    if at_least(version, "2025-03-26"):        # ToolAnnotations arrived in 2025-03-26
+        tool["annotations"] = ANNOTATIONS
+    if at_least(version, "2025-06-18"):        # title and structured output in 2025-06-18
+        tool["title"] = ANNOTATIONS["title"]
+        tool["outputSchema"] = OUTPUT_SCHEMA
+    if "tasks" in server_capabilities(version):
+        tool["execution"] = {"taskSupport": "optional"}     # 2025-11-25 only (section 12)
+    return tool
+
+
+def tool_notes(local):
+    return " ".join(note(local) for note in TOOL_NOTES)
+
+
+def tool_description(local=True):
+    return ("Run Python code and return its exit status, stdout and stderr as JSON "
+            "{returncode, stdout, stderr, timed_out, truncated}. Print what you want to see. "
+            "\"packages\" installs pip requirements first (names, extras and versions only, e.g. "
+            "[\"numpy\", \"requests>=2.31\"]) into a workspace environment shared by later calls; "
+            "with \"use_temp_dir\": true the code runs in an isolated environment holding only those "
+            "packages. %s %s" % (limits_text(), tool_notes(local)))
+
+
+def instructions(session):
+    return ("This server runs Python code for you with the tool %s. Use it to compute, test code, "
+            "or process data. %s %s" % (TOOL_NAME, limits_text(), tool_notes(session.local)))
+
+
+def limits_text():
+    return ("Each call runs in a fresh Python %d.%d interpreter in a new, empty working directory "
+            "that is deleted afterwards. Limits: %g s per call by default (argument \"timeout\", at "
+            "most %g s), %d KiB of stdout and of stderr each (the middle of longer output is cut), no "
+            "stdin. Code gets a minimal environment, without the server's secrets."
+            % (sys.version_info[0], sys.version_info[1], EXEC_TIMEOUT, EXEC_TIMEOUT_MAX, OUTPUT_LIMIT // 1024))
+
+
+def validate_arguments(arguments):
+    """Check tools/call arguments against INPUT_SCHEMA -> (clean, None) or (None, problem),
+    where problem tells the model how to fix them."""
+    unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]))
+    if unknown:
+        names = list(INPUT_SCHEMA["properties"])
+        return None, "unknown argument(s) %s; the arguments are %s and %s" % (
+            ", ".join(unknown), ", ".join(names[:-1]), names[-1])
+    code = arguments.get("code")
+    if not isinstance(code, str) and not (code is None and "job" in arguments):
+        return None, '"code" is required and must be a string of Python source, e.g. {"code": "print(1 + 1)"}'
+    packages = arguments.get("packages")
+    if packages is None:
+        packages = []
+    if not isinstance(packages, list) or len(packages) > MAX_PACKAGES:
+        return None, ('"packages" must be a list of at most %d requirement strings, e.g. ["numpy", '
+                      '"requests>=2.31"]' % MAX_PACKAGES)
+    use_temp_dir = arguments.get("use_temp_dir", False)
+    if not isinstance(use_temp_dir, bool):
+        return None, '"use_temp_dir" must be true or false'
+    timeout = arguments.get("timeout")
+    if timeout is None:
+        timeout = EXEC_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        return None, '"timeout" must be a positive number of seconds (at most %g)' % EXEC_TIMEOUT_MAX
+    timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)   # no float() of 10**400
+    clean = {"code": code, "packages": packages, "use_temp_dir": use_temp_dir, "timeout": timeout}
+    for check in ARGUMENT_CHECKS:
+        problem = check(arguments, clean)
+        if problem:
+            return None, problem
+    return clean, None
+
+
+# --- The tool's result ------------------------------------------------------------------
+
+
+class Result:
+    """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError.
+    `cancelled` is internal: a cancelled call gets no response at all (cancellation.mdx).
+    The optional fields appear only when they have something to say; `blocks` are the
+    extra MCP content blocks (images, resources), each with the version that brought it."""
+
+    FIELDS = ("returncode", "stdout", "stderr", "timed_out", "truncated")
+    OPTIONAL = ("value", "images", "files", "session", "session_ended", "status", "job")
+
+    def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False, cancelled=False):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.timed_out, self.truncated, self.cancelled = timed_out, truncated, cancelled
+        self.value = self.session = self.status = self.job = None
+        self.images, self.files, self.blocks, self.notes = [], [], [], []
+        self.session_ended = self.value_truncated = False
+
+    @classmethod
+    def refusal(cls, message, returncode=1, timed_out=False, cancelled=False):
+        """A call that never ran its code: `message` says why, in stderr."""
+        return cls(returncode, "", message, timed_out, False, cancelled)
+
+    @property
+    def failed(self):
+        return self.returncode != 0 or self.timed_out or self.cancelled
+
+    def note(self, text):
+        """Add a line from the server (not from the code) to stderr."""
+        self.notes.append(text)
+        self.stderr += ("" if not self.stderr or self.stderr.endswith("\n") else "\n") + "[mcp-exec] " + text
+
+    def as_dict(self):
+        obj = {name: getattr(self, name) for name in self.FIELDS}
+        obj.update((name, getattr(self, name)) for name in self.OPTIONAL if getattr(self, name))
+        return obj
 
 
 def tool_result(result, version):
@@ -529,143 +764,50 @@ def tool_result(result, version):
     return reply
 
 
-# --- The tool -----------------------------------------------------------------------
+# --- Batches -------------------------------------------------------------------------------
+# JSON-RPC batches exist in MCP only in 2025-03-26, whose receivers MUST accept them
+# (2025-03-26 basic/index.mdx, Batching); we also accept them under 2024-11-05, which is
+# plain JSON-RPC 2.0. 2025-06-18 removed them (its changelog.mdx), and 2026-07-28 has none:
+# under those a batch is one Invalid Request.
 
 
-def limits_text():
-    return ("Each call runs in a fresh Python %d.%d interpreter in a new, empty working directory "
-            "that is deleted afterwards; nothing in Python's memory survives between calls. "
-            "Limits: %g s per call by default (argument \"timeout\", at most %g s), %d KiB of stdout and of "
-            "stderr each (the middle of longer output is cut), %s of memory, no stdin. "
-            "Code gets a minimal environment, without the server's secrets. %s"
-            % (sys.version_info[0], sys.version_info[1], EXEC_TIMEOUT, EXEC_TIMEOUT_MAX,
-               OUTPUT_LIMIT // 1024, "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap",
-               SANDBOX.for_the_model()))
+def handle_payload(payload, session, notify=None):
+    """A parsed frame -> its response, a list of responses (a batch), or None."""
+    if isinstance(payload, list):
+        return handle_batch(payload, session, notify)
+    return handle_message(payload, session, notify)
 
 
-def tool_description():
-    return ("Run Python code and return its exit status, stdout and stderr as JSON "
-            "{returncode, stdout, stderr, timed_out, truncated}. Print what you want to see. "
-            "\"packages\" installs pip requirements first (names, extras and versions only, e.g. "
-            "[\"numpy\", \"requests>=2.31\"]) into a workspace environment shared by later calls; "
-            "with \"use_temp_dir\": true the code runs in an isolated environment holding only those "
-            "packages. " + " ".join(TOOL_NOTES) + " " + limits_text())
+def handle_batch(batch, session, notify=None):
+    """A JSON array -> the answers to its requests, in order (none for notifications), or
+    a single error object."""
+    if not batch:
+        return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
+    modern = any(isinstance(m, dict) and isinstance(m.get("params"), dict)
+                 and isinstance(m["params"].get("_meta"), dict) and META_VERSION in m["params"]["_meta"]
+                 for m in batch)
+    if modern or at_least(session.protocol_version, "2025-06-18"):
+        return error_response(None, INVALID_REQUEST, "Invalid Request: protocol version %s has no JSON-RPC "
+                              "batches (they exist only in 2025-03-26); send one message at a time"
+                              % (MODERN_VERSIONS[0] if modern else session.protocol_version))
+    replies = []
+    for message in batch:
+        if isinstance(message, dict) and message.get("method") == "initialize" and "id" in message:
+            # initialize MUST NOT be part of a batch (2025-03-26 lifecycle.mdx).
+            reply = error_response(message["id"] if valid_id(message["id"]) else None, INVALID_REQUEST,
+                                   "initialize must not be part of a batch")
+        else:
+            reply = handle_message(message, session, notify)
+        if reply is not None:
+            replies.append(reply)
+    return replies or None
 
 
-def instructions():
-    return ("This server runs Python code for you with the tool %s. Use it to compute, test code, "
-            "or process data. %s %s" % (TOOL_NAME, " ".join(TOOL_NOTES), limits_text()))
-
-
-# What the sections after this one add to the tool: sentences for the model, arguments
-# (INPUT_SCHEMA and a check each), result fields (OUTPUT_SCHEMA), capabilities, methods.
-TOOL_NOTES = []
-ARGUMENT_CHECKS = []              # check(arguments, clean) -> None, or what is wrong
-SERVER_CAPABILITIES = {"tools": {"listChanged": False}}
-
-
-INPUT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "code": {"type": "string", "description": "Python source, run as the __main__ module."},
-        "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
-                     "description": "pip requirements to install first, e.g. [\"numpy\", \"pandas==2.2.3\"]."},
-        "use_temp_dir": {"type": "boolean", "default": False,
-                         "description": "Run in an isolated virtual environment holding only `packages`."},
-        "timeout": {"type": "number", "exclusiveMinimum": 0,
-                    "description": "Seconds before the run is killed (default %g, at most %g)."
-                                   % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
-    },
-    "required": ["code"],
-    "additionalProperties": False,
-}
-
-OUTPUT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "returncode": {"type": "integer", "description": "Exit status; negative = killed by that signal."},
-        "stdout": {"type": "string"},
-        "stderr": {"type": "string"},
-        "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
-        "truncated": {"type": "boolean", "description": "Output was longer than the limit; its middle was cut."},
-    },
-    "required": ["returncode", "stdout", "stderr", "timed_out", "truncated"],
-}
-
-
-def tool_definition(version):
-    """The one tool, with only the fields the negotiated version knows (tools.mdx). It never
-    changes while the server runs, so it is built once per version."""
-    if version not in _TOOLS:
-        _TOOLS[version] = _tool_definition(version)
-    return _TOOLS[version]
-
-
-_TOOLS = {}
-
-
-def _tool_definition(version):
-    tool = {"name": TOOL_NAME, "description": tool_description(), "inputSchema": INPUT_SCHEMA}
-    if at_least(version, "2025-03-26"):        # ToolAnnotations arrived in 2025-03-26
-        tool["annotations"] = {"title": "Run Python code", "readOnlyHint": False,
-                               "destructiveHint": True, "idempotentHint": False, "openWorldHint": True}
-    if at_least(version, "2025-06-18"):        # title and structured output in 2025-06-18
-        tool["title"] = "Run Python code"
-        tool["outputSchema"] = OUTPUT_SCHEMA
-    return tool
-
-
-def validate_arguments(arguments):
-    """Check tools/call arguments against INPUT_SCHEMA -> (clean, None) or (None, problem),
-    where problem tells the model how to fix them."""
-    unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]))
-    if unknown:
-        names = list(INPUT_SCHEMA["properties"])
-        return None, "unknown argument(s) %s; the arguments are %s and %s" % (
-            ", ".join(unknown), ", ".join(names[:-1]), names[-1])
-    code = arguments.get("code")
-    if not isinstance(code, str):
-        return None, '"code" is required and must be a string of Python source, e.g. {"code": "print(1 + 1)"}'
-    packages = arguments.get("packages")
-    if packages is None:
-        packages = []
-    if not isinstance(packages, list) or len(packages) > MAX_PACKAGES:
-        return None, '"packages" must be a list of at most %d requirement strings, e.g. ["numpy", "requests>=2.31"]' % MAX_PACKAGES
-    clean = []
-    for item in packages:
-        normal = normalize_requirement(item)
-        if normal is None:
-            return None, ('"packages" entry %s is not a plain requirement: use a package name with optional '
-                          '[extras] and version specifiers, such as "numpy" or "pandas>=2,<3"; options, URLs, '
-                          'paths and "name @ url" are not allowed' % json.dumps(item)[:200])
-        clean.append(normal)
-    use_temp_dir = arguments.get("use_temp_dir", False)
-    if not isinstance(use_temp_dir, bool):
-        return None, '"use_temp_dir" must be true or false'
-    timeout = arguments.get("timeout")
-    if timeout is None:
-        timeout = EXEC_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        return None, '"timeout" must be a positive number of seconds (at most %g)' % EXEC_TIMEOUT_MAX
-    timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)   # no float() of 10**400
-    clean = {"code": code, "packages": sorted(set(clean)), "use_temp_dir": use_temp_dir, "timeout": timeout}
-    for check in ARGUMENT_CHECKS:
-        problem = check(arguments, clean)
-        if problem:
-            return None, problem
-    return clean, None
-
-
-REQUEST_HANDLERS = {            # handshake era
-    "initialize": handle_initialize,
-    "ping": handle_ping,
-    "tools/list": handle_tools_list,
-    "tools/call": handle_tools_call,
-}
-NOTIFICATION_HANDLERS = {
-    "notifications/initialized": lambda params, session: None,   # we send no requests to wait for it
-    "notifications/cancelled": lambda params, session: notify_cancelled(params, session),   # 9.1
-}
+def needs_worker(payload):
+    """True if handling the payload may take long (it holds a request that runs code)."""
+    messages = payload if isinstance(payload, list) else [payload]
+    return any(isinstance(m, dict) and "id" in m and isinstance(m.get("method"), str)
+               and METHODS.get(m["method"], (None, (), False))[2] for m in messages)
 
 
 # =============================================================================
@@ -695,17 +837,6 @@ class StdioServer:
             except (OSError, ValueError):
                 pass   # the client went away; the read loop will see EOF
 
-    def handle_line(self, line):
-        if TRACE:
-            log("--> " + line.decode("utf-8", "replace").rstrip())
-        if not line.strip():
-            return
-        payload, error = parse_frame(line)
-        if error:
-            self.send(error)
-        else:
-            dispatch(payload, self.session, self.send, self.workers)
-
     def read_lines(self):
         """Yield input lines; a line over MAX_MESSAGE_BYTES is skipped and answered with an error."""
         while True:
@@ -725,15 +856,22 @@ class StdioServer:
     def serve(self):
         try:
             for line in self.read_lines():
+                if TRACE:
+                    log("--> " + line.decode("utf-8", "replace").rstrip())
+                if not line.strip():
+                    continue
+                payload, error = parse_frame(line)
+                if error:
+                    self.send(error)
+                    continue
                 try:
-                    self.handle_line(line)
+                    dispatch(payload, self.session, self.send, self.workers)
                 except Exception:   # no input line can kill the server
                     log("error handling a line:\n" + traceback.format_exc())
             self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
         finally:
             self.session.close()                # then kill what is still running
             self.workers.wait(KILL_GRACE + 1)
-            shutdown()
 
 
 def dispatch(payload, session, send, workers):
@@ -748,19 +886,6 @@ def dispatch(payload, session, send, workers):
         workers.start(work)
     else:
         work()
-
-
-def handle_payload(payload, session, notify=None):
-    """A parsed frame -> its response, a list of responses (a batch, 9.3), or None."""
-    if isinstance(payload, list):
-        return handle_batch(payload, session, notify)
-    return handle_message(payload, session, notify)
-
-
-def needs_worker(payload):
-    """True if handling the payload may take long (it holds a tools/call request)."""
-    messages = payload if isinstance(payload, list) else [payload]
-    return any(isinstance(m, dict) and m.get("method") == "tools/call" and "id" in m for m in messages)
 
 
 class Workers:
@@ -793,6 +918,7 @@ class Workers:
 
 
 def serve_stdio():
+    """Serve one client on stdin/stdout until stdin closes or SIGTERM comes."""
     if POSIX:
         def on_sigterm(signum, frame):
             raise SystemExit(0)
@@ -801,138 +927,157 @@ def serve_stdio():
         log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on stdout. "
             "To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client call 'print(1)'`; "
             "Ctrl-D ends it.")
-    server_setup()
+    run_lifecycle("setup")
     server = StdioServer(sys.stdin.buffer, sys.stdout.buffer)
     try:
         server.serve()
     except KeyboardInterrupt:
         pass
+    finally:
+        run_lifecycle("shutdown")
     return 0
 
 
+# The core ends here. What follows is the executor behind run_code() and everything the
+# core's register_*() functions let in: containment, files, kernels, jobs, the 2026-07-28
+# era, HTTP, the client and the command line. They use more of the standard library:
+
+import ast
+import atexit
+import base64
+import binascii
+import collections
+import contextlib
+import errno
+import functools
+import gc
+import hashlib
+import hmac
+import importlib
+import io
+import linecache
+import mimetypes
+import posixpath
+import queue
+import selectors
+import shutil
+import socket
+import stat
+import struct
+import subprocess
+import urllib.parse
+import weakref
+from urllib.parse import urljoin, urlsplit
+
+
 # =============================================================================
-# 4. Executor
+# 4. Executor: one call's life on the server
 # =============================================================================
 # run_code() is the whole tool. Each call runs in a fresh interpreter (forked from a
-# template of its environment, section 5, or spawned) in a fresh directory. The server
+# template of its environment, section 6, or spawned) in a fresh directory. The server
 # feeds it the code through a pipe, reads its output and its results through three more,
 # and when it ends, fails or runs out of time, kills everything it started and removes
-# every trace.
+# every trace. In the order a call lives: run_code() waits for a slot and an environment,
+# run_once() makes the directory, start_child() the process, supervise() watches it, and
+# finish() turns what it left into a Result.
 
-# --- 4.1 run_code and its Result ------------------------------------------------
-
-
-class Result:
-    """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError.
-    `cancelled` is internal: a cancelled call gets no response at all (cancellation.mdx).
-    The optional fields (value, images, files, session) appear only when they have
-    something to say; `blocks` are the extra MCP content blocks (images, resources)."""
-
-    FIELDS = ("returncode", "stdout", "stderr", "timed_out", "truncated")
-    OPTIONAL = ("value", "images", "files", "session", "session_ended")
-
-    def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False, cancelled=False):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-        self.timed_out, self.truncated, self.cancelled = timed_out, truncated, cancelled
-        self.value = self.session = None
-        self.images, self.files, self.blocks = [], [], []
-        self.session_ended = False
-
-    @classmethod
-    def refusal(cls, message, returncode=1, timed_out=False, cancelled=False):
-        """A call that never ran its code: `message` says why, in stderr."""
-        return cls(returncode, "", message, timed_out, False, cancelled)
-
-    @property
-    def failed(self):
-        return self.returncode != 0 or self.timed_out or self.cancelled
-
-    def note(self, text):
-        """Add a line from the server (not from the code) to stderr."""
-        self.stderr += ("" if not self.stderr or self.stderr.endswith("\n") else "\n") + "[mcp-exec] " + text
-
-    def as_dict(self):
-        obj = {name: getattr(self, name) for name in self.FIELDS}
-        obj.update((name, getattr(self, name)) for name in self.OPTIONAL if getattr(self, name))
-        return obj
+EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
+LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
 
 
-def run_code(args, cancel=None, on_output=None):
-    """Run one tools/call -> Result. `args` is validate_arguments()'s clean dict.
+def run_code(args, session=LOCAL, cancel=None, on_output=None):
+    """Run one tools/call -> Result. `args` is validate_arguments()'s clean dict; `session`
+    the MCP session that asked (its `local` decides what the code may read, section 7).
     The call waits for one of EXEC_CONCURRENCY slots; the timeout starts when the code
-    does. on_output(stream, line) hears the latest line of output and of the installer,
-    for progress. A call with a "session" argument runs in that session (section 8)."""
+    does. on_output(stream, chunk) hears what the code and the installer write, as it
+    comes (progress, jobs). A call with a "session" argument runs in that kernel (section 10)."""
     cancel = cancel or threading.Event()
     if args.get("session"):
-        return run_in_session(args, cancel, on_output)
-    slot = EXEC_SLOTS.acquire(cancel)
+        return run_in_kernel(args, session, cancel, on_output)
+    slot = EXEC_SLOTS.acquire(cancel, session.owner)
     if slot != "ok":
         return EXEC_SLOTS.refusal(slot)
     try:
         with Environment(args["packages"], args["use_temp_dir"], cancel, on_output) as env:
             if env.failure:
                 return env.failure
-            return run_once(env, args, cancel, on_output)
+            return run_once(env, args, session, cancel, on_output)
     finally:
-        EXEC_SLOTS.release()
+        EXEC_SLOTS.release(session.owner)
 
 
-def run_once(env, args, cancel, on_output):
+def run_once(env, args, session, cancel, on_output):
     """A stateless call: a fresh directory, the input files, one child, the output files."""
     call = RUN_DIR.new_call()
     try:
-        problem = write_input_files(call.work, args["files"])                 # section 7
+        problem = write_input_files(call.work, args["files"])                 # section 9
         if problem:
             return Result.refusal(problem)
         before = snapshot_files(call.work)
-        child = start_child(env, call, {"mode": "run"})
+        child = start_child(env, call, "run", session.local)
         result = supervise(child, args["code"].encode("utf-8", "surrogatepass"), args["timeout"],
                            cancel, on_output)
-        collect_files(result, call.work, before)                               # section 7
+        collect_files(result, call.work, before, session.owner)               # section 9
         return result
     finally:
         call.remove()
 
 
+def wait_or_cancel(ready, cancel, deadline=None, wake=None, step=0.1):
+    """Wait until ready() -> True, or until the call is cancelled or past its deadline
+    -> False. It sleeps on `wake` (an Event set when ready() may have changed) or else on
+    the cancel itself, so either one ends the sleep at once; ready() is polled every `step`."""
+    while not ready():
+        if cancel.is_set() or (deadline is not None and time.monotonic() > deadline):
+            return False
+        (wake or cancel).wait(step)
+    return True
+
+
 class CallSlots:
-    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait, first come first
-    served; more are refused at once, so that no client can pile up unbounded work
-    (tools.mdx: rate limit invocations). A freed slot goes straight to the oldest waiter."""
+    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are refused at
+    once, so that no client can pile up unbounded work (tools.mdx: rate limit
+    invocations). A freed slot goes straight to the oldest waiter, except that while
+    others wait, no owner (an MCP session) gets more than half of the slots."""
 
     def __init__(self, running, waiting):
         self.max_running, self.max_waiting = running, waiting
         self.running = 0
-        self.waiters = collections.deque()       # one Event each, set when the slot is theirs
+        self.held = collections.Counter()        # owner -> slots it holds
+        self.waiters = collections.deque()       # (Event set when the slot is theirs, owner)
         self.lock = threading.Lock()
 
-    def acquire(self, cancel):
+    def acquire(self, cancel, owner=None):
         """-> "ok" (a slot is ours), "busy" (refused) or "cancelled" (while waiting)."""
         with self.lock:
             if self.running < self.max_running and not self.waiters:
                 self.running += 1
+                self.held[owner] += 1
                 return "ok"
             if len(self.waiters) >= self.max_waiting:
                 return "busy"
             turn = threading.Event()
-            self.waiters.append(turn)
-        while not turn.wait(0.1):                # 0.1 s to see a cancel
-            if cancel.is_set():
-                with self.lock:
-                    if not turn.is_set():
-                        self.waiters.remove(turn)
-                        return "cancelled"
-                break                            # the slot came just now: pass it on
-        if cancel.is_set():
-            self.release()
-            return "cancelled"
-        return "ok"
-
-    def release(self):
+            self.waiters.append((turn, owner))
+        if wait_or_cancel(turn.is_set, cancel, wake=turn) and not cancel.is_set():
+            return "ok"
         with self.lock:
-            if self.waiters:
-                self.waiters.popleft().set()     # the slot changes hands: running stays
-            else:
+            if not turn.is_set():
+                self.waiters.remove((turn, owner))
+                return "cancelled"
+        self.release(owner)                      # the slot came with the cancel: pass it on
+        return "cancelled"
+
+    def release(self, owner=None):
+        with self.lock:
+            self.held[owner] -= 1
+            if not self.waiters:
                 self.running -= 1
+                return
+            half = (self.max_running + 1) // 2
+            turn, taker = next((w for w in self.waiters if self.held[w[1]] < half), self.waiters[0])
+            self.waiters.remove((turn, taker))
+            self.held[taker] += 1
+            turn.set()                           # the slot changes hands: running stays
 
     def refusal(self, slot):
         """The Result of a call that got no slot ("busy" or "cancelled")."""
@@ -944,192 +1089,19 @@ class CallSlots:
 EXEC_SLOTS = CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE)
 
 
-# --- 4.2 The child process ---------------------------------------------------------
-# Every child interpreter starts with CHILD_COMMAND: it imports this very file as a module
-# (from its own path, which leaves sys.path as it was) and calls child_main(). The
-# server's settings mean nothing there: everything the child needs comes in its config.
-# Before the code runs, the child forgets every pure-Python module this file imported,
-# so that the code finds the interpreter as fresh as `python -c` leaves it.
-
-CHILD_COMMAND = ("import sys; fresh = set(sys.modules); sys.path.insert(0, %r); import %s as m; "
-                 "del sys.path[0]; m.child_main(fresh)"
-                 % (os.path.dirname(os.path.abspath(__file__)), os.path.splitext(os.path.basename(__file__))[0]))
-CODE_FILENAME = "<code>"
-
-
-def child_main(fresh_modules):
-    """Run in the child: set up, run the code (or serve as a template or session), exit."""
-    config = json.loads(sys.argv[1])
-    del sys.argv[1:]
-    doomed = None
-    if config["mode"] == "template":                  # section 5; returns in each forked child
-        config, fds, doomed = serve_template(config, fresh_modules)
-        config["results_fd"] = adopt_fds(config, fds)
-    results = config["results_fd"]
-    child_setup(config)
-    for name in doomed or forgettable_modules(fresh_modules):
-        sys.modules.pop(name, None)                  # re-imported if the code wants them
-    if config["mode"] == "session":
-        serve_session(config, results)                # section 8; never returns
-    namespace = fresh_main()
-    status, value = run_cell(sys.stdin.buffer.read(), namespace)
-    child_report(results, config, status, value)
-    child_exit(status, namespace)
-
-
-def child_exit(status, namespace):
-    """Exit as the interpreter would (threads joined, atexit handlers run, files flushed),
-    without its final teardown of every module: that costs a forked child ~20 ms."""
-    threading_module = sys.modules.get("threading")
-    if threading_module is not None and hasattr(threading_module, "_shutdown"):
-        threading_module._shutdown()         # what Py_Finalize does first: wait for threads
-    atexit._run_exitfuncs()
-    namespace.clear()                        # the code's objects go: open files are flushed
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    os._exit(status & 0xFF if isinstance(status, int) else 1)
-
-
-def fresh_main():
-    """__main__'s namespace, emptied as `python -c` leaves it: the code's globals."""
-    import __main__
-    namespace = __main__.__dict__
-    namespace.clear()
-    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
-                     __spec__=None, __builtins__=__builtins__)
-    return namespace
-
-
-def use_as_stdio(fds):
-    """fds[0], fds[1], fds[2] become this process's stdin, stdout and stderr."""
-    for target, fd in enumerate(fds[:3]):
-        os.dup2(fd, target)
-        os.close(fd)
-
-
-def forgettable_modules(fresh_modules):
-    """The pure-Python modules imported since the interpreter started (extension modules
-    stay: they cannot be loaded twice)."""
-    return [name for name, module in list(sys.modules.items())
-            if name not in fresh_modules and str(getattr(module, "__file__", "")).endswith(".py")]
-
-
-def child_setup(config):
-    """Limits, then containment (section 6), before any code of the user's runs."""
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)   # orphans of the code stay ours to kill
-    try:
-        import resource
-    except ImportError:
-        resource = None
-    if resource is not None:
-        for name, value in config["limits"].items():
-            try:
-                kind = getattr(resource, name)
-                hard = resource.getrlimit(kind)[1]
-                value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-                resource.setrlimit(kind, (value, value))
-            except (AttributeError, ValueError, OSError):
-                pass
-    if config.get("sandbox"):
-        apply_sandbox(config["sandbox"])                 # section 6
-
-
-def run_cell(source, namespace):
-    """Run source in namespace, like a notebook cell -> (exit status, value of the last expression).
-    If the last statement is an expression, it is evaluated on its own and its value
-    returned (None otherwise). Tracebacks show the user's lines, never this function's."""
-    text = source.decode("utf-8", "replace")
-    linecache.cache[CODE_FILENAME] = (len(text), None, text.splitlines(True), CODE_FILENAME)
-    try:
-        tree = compile(source, CODE_FILENAME, "exec", ast.PyCF_ONLY_AST)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        exec(compile(tree, CODE_FILENAME, "exec"), namespace)
-        if last is None:
-            return 0, None
-        return 0, eval(compile(ast.Expression(last.value), CODE_FILENAME, "eval"), namespace)
-    except SystemExit as exc:          # what the interpreter would do with it, minus exiting
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0, None
-        sys.stderr.write("%s\n" % (exc.code,))
-        return 1, None
-    except BaseException as exc:
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != CODE_FILENAME:
-            tb = tb.tb_next           # drop our own frames: the user sees only their code
-        if sys.excepthook is sys.__excepthook__:
-            traceback.print_exception(type(exc), exc, tb)   # reads linecache: source lines show
-        else:
-            sys.excepthook(type(exc), exc, tb)
-        return 1, None
-
-
-def child_report(fd, config, status, value):
-    """Send the server what the code produced besides its output, on the results pipe."""
-    record = {"status": status}
-    try:
-        record.update(describe_value(value, config))       # section 7: value and images
-    except BaseException as exc:                           # a __repr__ that raised, say
-        record["value"] = "<the value could not be shown: %s: %s>" % (type(exc).__name__, exc)
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-    with os.fdopen(fd, "wb") as f:
-        f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
-
-
-def adopt_fds(config, fds):
-    """In a forked child: the call's pipes become stdin/stdout/stderr; -> the results fd."""
-    use_as_stdio(fds)
-    os.chdir(config["cwd"])
-    os.environ.clear()
-    os.environ.update(config["env"])
-    os.setsid()                    # a process group of its own, as a spawned child has
-    for extra in fds[4:]:
-        config.setdefault("extra_fds", []).append(extra)
-    return fds[3]
-
-
-_LIBC = []
-PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 36, 38, 24
-
-
-def _libc():
-    """The C library through ctypes (Linux), loaded once; None elsewhere."""
-    if not _LIBC:
-        try:
-            import ctypes          # Linux only: the prctl and Landlock calls
-            lib = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-            if lib is not None:
-                lib.syscall.restype = ctypes.c_long
-        except (OSError, TypeError, AttributeError, ImportError):
-            lib = None
-        _LIBC.append(lib)
-    return _LIBC[0]
-
-
-# --- 4.3 Supervision ----------------------------------------------------------------------
-
 
 def child_config(mode):
     """What a child is told about its call, besides its pipes, directory and environment."""
     cpu = int(EXEC_TIMEOUT_MAX) + 5      # a backstop; the wall clock is the real limit
     limits = {"RLIMIT_AS": EXEC_MEMORY_MB << 20, "RLIMIT_FSIZE": EXEC_FILE_MB << 20,
-              "RLIMIT_NOFILE": EXEC_MAX_FILES, "RLIMIT_NPROC": NPROC_LIMIT,
-              "RLIMIT_CPU": cpu if mode != "session" else 0}     # a session's CPU adds up over calls
+              "RLIMIT_NOFILE": EXEC_MAX_FILES, "RLIMIT_NPROC": SANDBOX.nproc_limit,
+              "RLIMIT_CPU": cpu if mode != "kernel" else 0}      # a kernel's CPU adds up over calls
     limits = dict({name: value for name, value in limits.items() if value > 0}, RLIMIT_CORE=0)
     return {"mode": mode, "limits": limits, "value_limit": OUTPUT_LIMIT,
             "image_limit": IMAGE_LIMIT, "image_max_bytes": IMAGE_MAX_BYTES}
 
 
-def child_env(env, call):
+def child_env(env, call, local):
     """The environment of the code: the allow-list, its venv first on PATH, its own TMPDIR."""
     extra = {"TMPDIR": call.tmp, "TEMP": call.tmp, "TMP": call.tmp}
     if env.python != sys.executable:   # a venv: its scripts come first on PATH
@@ -1137,8 +1109,8 @@ def child_env(env, call):
         extra["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
         extra["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     if "MPLBACKEND" not in os.environ:
-        extra["MPLBACKEND"] = "Agg"     # plots render off-screen, and reach the model (section 7)
-    extra.update(containment_env(call))                                   # section 6
+        extra["MPLBACKEND"] = "Agg"     # plots render off-screen, and reach the model (section 9)
+    extra.update(containment_env(call, local))                            # section 7
     return child_environment(extra)
 
 
@@ -1197,11 +1169,50 @@ class Pipes:
                 os.close(fd)
 
 
-def start_child(env, call, mode="run", extra_fds=()):
+# --- The child, as the server sees it ----------------------------------------------------
+
+
+class Child:
+    """What supervise() needs of a running child, whatever started it: `pid`, `pipes`, the
+    call's directory `call`, and the methods below. SpawnedChild (here), ForkedChild
+    (section 6) and KernelCall (section 10) implement it."""
+    pid = pipes = call = None
+
+    def exit_code(self):
+        """The exit status once the process has ended, else None."""
+        raise NotImplementedError
+
+    def wait(self, seconds):
+        """Wait for the process to end, at most `seconds`."""
+        raise NotImplementedError
+
+    def kill(self):
+        """Kill it and everything it started, wherever that went."""
+        raise NotImplementedError
+
+    def call_over(self, reading):
+        """Is the call over? `reading` names the pipes still open. A process's call ends
+        with the process; a kernel's, when its results have come."""
+        return self.exit_code() is not None
+
+    def interrupt(self):
+        """Ask the code to stop but keep its state -> True if that was done (a kernel)."""
+        return False
+
+    def status(self, record):
+        """The call's exit status, given what came on the results pipe."""
+        return self.exit_code()
+
+    def needs_kill(self, record):
+        """After a call that ended by itself: kill what it may have left running?"""
+        return True
+
+
+def start_child(env, call, mode="run", local=True, extra_fds=()):
     """Start a child interpreter for a call -> ForkedChild (from the environment's template,
-    section 5) or SpawnedChild. extra_fds are passed on (a session's control socket)."""
-    config = dict(child_config(mode), sandbox=sandbox_config(call.root))      # section 6
-    environment = child_env(env, call)
+    section 6) or SpawnedChild. extra_fds are passed on (a kernel's control socket)."""
+    config = dict(child_config(mode), sandbox=sandbox_config(call.root, local))      # section 7
+    environment = child_env(env, call, local)
     pipes = Pipes()
     try:
         child = TEMPLATES.fork(env, dict(config, cwd=call.work, env=environment), pipes, extra_fds)
@@ -1217,11 +1228,9 @@ def start_child(env, call, mode="run", extra_fds=()):
     return child
 
 
-class SpawnedChild:
+class SpawnedChild(Child):
     """A child started with subprocess: the code's interpreter when there is no template,
     or an installer (run_process)."""
-
-    call = None
 
     def __init__(self, argv, environment, cwd, pipes, pass_fds=()):
         self.proc = spawn(argv, environment, cwd, pipes.child[:3], pass_fds)
@@ -1254,13 +1263,12 @@ def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
     return supervise(child, b"", timeout, cancel or threading.Event(), on_output)
 
 
-def supervise(child, code, timeout, cancel, on_output, until_results=False):
+def supervise(child, code, timeout, cancel, on_output):
     """Feed a started child its code, collect its output and results, and never leave a
     process behind -> Result. One thread, one selector; the timeout starts now. The call
-    is over when the child has exited (a session's call: has sent its results) and its
-    pipes are closed; a background process still holding them gets EXIT_GRACE, no more."""
+    is over when child.call_over() says so and its pipes are closed; a background process
+    still holding them gets EXIT_GRACE, no more."""
     out, err, results = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT), bytearray()
-    latest = {"stdout": LatestLine(), "stderr": LatestLine()} if on_output else None
     pipes, sel = child.pipes, selectors.DefaultSelector()
     for fd, name in ((pipes.stdout, "stdout"), (pipes.stderr, "stderr"), (pipes.results, "results"),
                      (pipes.code, "code")):
@@ -1268,7 +1276,7 @@ def supervise(child, code, timeout, cancel, on_output, until_results=False):
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_WRITE if name == "code" else selectors.EVENT_READ, name)
     code, written = memoryview(code), 0
-    watch = MONITOR.watch(child.pid, child.call.root) if child.call else None      # section 6
+    watch = MONITOR.watch(child.pid, child.call.root) if child.call else None      # section 7
     deadline = time.monotonic() + timeout
     stop = finished_at = interrupted = None
     try:
@@ -1290,17 +1298,16 @@ def supervise(child, code, timeout, cancel, on_output, until_results=False):
                         results += chunk
                 elif chunk:
                     (out if key.data == "stdout" else err).add(chunk)
-                    if latest:
-                        on_output(key.data, latest[key.data].feed(chunk))
+                    if on_output:
+                        on_output(key.data, chunk)
             reading = [k.data for k in sel.get_map().values() if k.data != "code"]
-            if ("results" not in reading) if until_results else child.exit_code() is not None:
+            if child.call_over(reading):
                 finished_at = finished_at or time.monotonic()
                 if not reading or time.monotonic() - finished_at > EXIT_GRACE:
                     break
             stop = _stop_reason(watch, cancel, deadline, interrupted)
-            if stop in ("cancelled", "timeout") and until_results and not interrupted:
-                interrupted, stop, deadline = stop, None, time.monotonic() + SESSION_INTERRUPT_GRACE
-                child.interrupt()               # a session keeps its state if the code stops
+            if stop in ("cancelled", "timeout") and not interrupted and child.interrupt():
+                interrupted, stop, deadline = stop, None, time.monotonic() + KERNEL_INTERRUPT_GRACE
             if stop:
                 break
     finally:
@@ -1309,11 +1316,11 @@ def supervise(child, code, timeout, cancel, on_output, until_results=False):
         for key in list(sel.get_map().values()):
             _close(sel, key.fd)
         sel.close()
-    return finish(child, stop, interrupted, out, err, results, timeout, until_results)
+    return finish(child, stop, interrupted, out, err, results, timeout)
 
 
 def _stop_reason(watch, cancel, deadline, interrupted):
-    """Why a supervised call must stop now, or None: a per-call total (section 6), a cancel,
+    """Why a supervised call must stop now, or None: a per-call total (section 7), a cancel,
     the timeout; once interrupted, only code that did not stop within the grace."""
     reason = watch.reason if watch else None
     if interrupted:
@@ -1321,13 +1328,12 @@ def _stop_reason(watch, cancel, deadline, interrupted):
     return reason or ("cancelled" if cancel.is_set() else "timeout" if time.monotonic() >= deadline else None)
 
 
-def finish(child, stop, interrupted, out, err, results, timeout, until_results):
+def finish(child, stop, interrupted, out, err, results, timeout):
     """The Result of a supervised child, after killing whatever of it may still run."""
     record = _parse_results(results)
-    if stop or not until_results or "status" not in record:
-        child.kill()       # nothing is left of a child that exited: this kills what escaped;
-                           # a session that closed its results without a word is ended
-    status = record.get("status") if until_results else child.exit_code()
+    if stop or child.needs_kill(record):
+        child.kill()       # nothing is left of a child that exited: this kills what escaped
+    status = child.status(record)
     ended_by = interrupted or stop
     result = Result(status if isinstance(status, int) else -9, out.text(), err.text(),
                     ended_by == "timeout", out.truncated or err.truncated, ended_by == "cancelled")
@@ -1338,8 +1344,8 @@ def finish(child, stop, interrupted, out, err, results, timeout, until_results):
                            "; the session's state was kept" if not stop else ""), EXEC_TIMEOUT_MAX))
     if stop not in (None, "cancelled", "timeout", "unresponsive"):
         result.returncode = result.returncode or -9
-        result.note(stop)                      # a per-call total of section 6 ended it
-    apply_record(result, record)                                       # section 7
+        result.note(stop)                      # a per-call total of section 7 ended it
+    apply_record(result, record)                                       # section 9
     return result
 
 
@@ -1411,32 +1417,9 @@ class OutputBuffer:
         return self.head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
 
 
-class LatestLine:
-    """The latest complete, non-blank line of a stream, for progress messages.
-    Output arrives in arbitrary pieces (`print("tick", 2)` under `python -u` is several
-    writes), so the unfinished line is kept until its newline comes. Before the first
-    newline, the unfinished line is the latest there is."""
-
-    def __init__(self):
-        self.partial = b""
-        self.line = ""
-
-    def feed(self, chunk):
-        data = self.partial + chunk
-        cut = data.rfind(b"\n")
-        self.partial = data[cut + 1:][-4096:]
-        for line in reversed(data[:max(cut, 0)].splitlines()):
-            if line.strip():
-                self.line = line.decode("utf-8", "replace").strip()[:200]
-                break
-        if not self.line and self.partial.strip():
-            return self.partial.decode("utf-8", "replace").strip()[:200]
-        return self.line
-
-
 # --- Starting, finding and killing processes ---------------------------------------------
 # Every process the server starts goes through spawn(), which remembers it: a child of the
-# server that spawn() did not start is an orphan some call left behind (section 6 makes
+# server that spawn() did not start is an orphan some call left behind (section 7 makes
 # the server their reaper), and reap_orphans() kills and reaps it.
 
 _SPAWNED = weakref.WeakSet()        # Popen objects of the server's own children
@@ -1445,7 +1428,6 @@ _SPAWN_LOCK = threading.Lock()
 
 def spawn(argv, env, cwd, stdio=(subprocess.PIPE,) * 3, pass_fds=()):
     """Start a child in a session of its own (so its whole process group can be killed)."""
-    server_setup()                  # section 6: once, before the first child exists
     popen_args = {"start_new_session": True} if POSIX else {
         "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
     with _SPAWN_LOCK:
@@ -1528,429 +1510,260 @@ def reap_orphans():
             pass
 
 
-# --- 4.4 Package environments ------------------------------------------------------------
-# A package is a plain requirement: name, optional [extras], optional version specifiers.
-# Nothing else reaches pip: no options, URLs, paths, "@ url", markers or shell characters.
-_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
-_SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
-REQUIREMENT_RE = re.compile(
-    r"^\s*(?P<name>%s)\s*(?:\[\s*(?P<extras>%s(?:\s*,\s*%s)*)\s*\])?\s*(?P<specs>%s(?:\s*,\s*%s)*)?\s*$"
-    % (_NAME, _NAME, _NAME, _SPEC, _SPEC))
+# =============================================================================
+# 5. The child: one call's life in the child process
+# =============================================================================
+# Every child interpreter starts with CHILD_COMMAND: it imports this very file as a module
+# (from its own path, which leaves sys.path as it was) and calls child_main(). The
+# server's settings mean nothing there: everything the child needs comes in its config.
+# Before the code runs, the child forgets every pure-Python module this file imported,
+# so that the code finds the interpreter as fresh as `python -c` leaves it.
+
+CHILD_COMMAND = ("import sys; fresh = set(sys.modules); sys.path.insert(0, %r); import %s as m; "
+                 "del sys.path[0]; m.child_main(fresh)"
+                 % (os.path.dirname(os.path.abspath(__file__)), os.path.splitext(os.path.basename(__file__))[0]))
+CODE_FILENAME = "<code>"
 
 
-def normalize_requirement(text):
-    """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain requirement."""
-    if not isinstance(text, str) or len(text) > 200:
-        return None
-    m = REQUIREMENT_RE.match(text)
-    if not m:
-        return None
-    name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
-    extras = sorted({re.sub(r"[-_.]+", "-", e.strip()).lower() for e in (m.group("extras") or "").split(",") if e.strip()})
-    specs = ",".join(sorted(re.sub(r"\s+", "", s) for s in (m.group("specs") or "").split(",") if s.strip()))
-    return name + ("[%s]" % ",".join(extras) if extras else "") + specs
+def child_main(fresh_modules):
+    """Run in the child: set up, run the code (or serve as a template or kernel), exit."""
+    config = json.loads(sys.argv[1])
+    del sys.argv[1:]
+    doomed = None
+    if config["mode"] == "template":                  # below; returns in each forked child
+        config, fds, doomed = serve_template(config, fresh_modules)
+        config["results_fd"] = adopt_fds(config, fds)
+    results = config["results_fd"]
+    child_setup(config)
+    for name in doomed or forgettable_modules(fresh_modules):
+        sys.modules.pop(name, None)                  # re-imported if the code wants them
+    if config["mode"] == "kernel":
+        serve_kernel(config, results)                 # section 10; never returns
+    namespace = fresh_main()
+    status, value = run_cell(sys.stdin.buffer.read(), namespace)
+    child_report(results, config, status, value)
+    child_exit(status, namespace)
 
 
-def _venv_python(venv):
-    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
-
-
-def _uv():
-    """uv's path when it is on PATH and not switched off (MCP_EXEC_INSTALLER=pip), else None."""
-    return None if INSTALLER == "pip" else shutil.which("uv")
-
-
-def _installer_argv(python, requirements):
-    """pip (or uv, when on PATH) installing requirements into the environment of `python`:
-    pip's --python (pip >= 22.3), so our environments need no pip. "--" ends the options:
-    even a requirement that slipped past validation could not become one."""
-    uv = _uv()
-    if uv:
-        # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
-        no_index = any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
-                       for n in ("PIP_NO_INDEX", "UV_NO_INDEX"))
-        return [uv, "pip", "install", "--python", python] + (["--no-index"] if no_index else []) + ["--"] + list(requirements)
-    return [sys.executable, "-m", "pip", "--python", python, "install", "--no-input",
-            "--disable-pip-version-check", "--"] + list(requirements)
-
-
-def installer_environment():
-    """The installer's environment: the child's, plus pip/uv settings, proxies, CA bundles.
-    uv does not read PIP_*: the operator's pip settings are translated for it."""
-    env = child_environment(installer=True)
-    if _uv():
-        for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS"):
-            if "PIP_" + setting in env and "UV_" + setting not in env:
-                env["UV_" + setting] = env["PIP_" + setting]
-    return env
-
-
-def _create_venv(path, layered, deadline, cancel):
-    """Create a virtual environment without pip -> Result. A `layered` one (the workspace)
-    gets a .pth that adds the server's site-packages *after* its own: code sees what the
-    server has, and what it installs lands in the workspace, never in the server's."""
-    uv = _uv()
-    if uv:
-        argv = [uv, "venv", "--quiet", "--python", sys.executable, path]
-    else:
-        argv = [sys.executable, "-m", "venv", "--without-pip", path]
-    result = run_process(argv, env=installer_environment(), cwd=STATE_DIR,
-                         timeout=max(1.0, deadline - time.monotonic()), cancel=cancel)
-    if result.failed or not layered:
-        return result
-    # Ask the venv's own interpreter where its packages go: distributions patch
-    # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages here).
-    site_dir = run_process([_venv_python(path), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                           env=child_environment(), cwd=STATE_DIR, timeout=60).stdout.strip()
-    if not os.path.isdir(site_dir):
-        return Result.refusal("no site-packages in %s" % path)
-    server_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
-    with open(os.path.join(site_dir, "_mcp_exec_server_packages.pth"), "w") as f:
-        f.write("import site; list(map(site.addsitedir, %r))\n" % (server_dirs,))
-    return result
-
-
-def _satisfied_here(requirement):
-    """True if the server's own environment (which the workspace sees) already satisfies a
-    bare name or an exact ==pin; other specifiers are left to the installer to judge."""
-    m = re.match(r"^([a-z0-9-]+)(?:==([A-Za-z0-9.+!_-]+))?$", requirement)
-    if not m:
-        return False
-    from importlib import metadata      # only when packages are asked for
-    try:
-        version = metadata.version(m.group(1))
-    except metadata.PackageNotFoundError:
-        return False
-    return m.group(2) is None or version == m.group(2)
-
-
-def _install(python, requirements, deadline, cancel, report):
-    """Install requirements into python's environment -> Result. The installer's output
-    lines are passed on as progress of the "install" stream."""
-    return run_process(_installer_argv(python, requirements), env=installer_environment(), cwd=STATE_DIR,
-                       timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
-                       on_output=report and (lambda stream, line: report("install", line)))
-
-
-def _install_failed(result, what):
-    """The Result of a call whose environment could not be made ready."""
-    reason = ("timed out after %g s (INSTALL_TIMEOUT)" % INSTALL_TIMEOUT if result.timed_out
-              else "exit status %s" % result.returncode)
-    detail = (result.stderr.strip() + "\n" + result.stdout.strip()).strip()
-    return Result.refusal("Dependency install failed (%s: %s)\n%s" % (what, reason, detail[-4000:]),
-                          result.returncode or 1, result.timed_out, result.cancelled)
-
-
-def _waited(cancel):
-    """The Result of a wait for a lock that ended without it: cancelled, or out of time."""
-    return Result.refusal("", timed_out=not cancel.is_set(), cancelled=cancel.is_set())
-
-
-class Environments:
-    """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
-    Under STATE_DIR, which several server processes may share: workspace/ (installs
-    accumulate; .installed lists them; .lock is flocked while it changes), venvs/<key>-<random>/
-    (built in place, then read-only) and venvs/<key>.ready (published once complete). A
-    call in an isolated venv holds a shared flock on its lease file: none is evicted in use."""
-
-    def __init__(self, root):
-        self.root = root
-        self.lock = threading.Lock()      # guards key_locks and the cache's pointer files
-        self.key_locks = {}               # one build at a time per package set
-        self.workspace_lock = threading.Lock()
-        self.generation = 0               # bumped whenever this process changes the workspace
-
-    # -- the shared workspace ----------------------------------------------------------
-    def workspace(self, requirements, deadline, cancel, report=None):
-        """-> (python, None), or (None, failure Result), installing what is missing."""
-        venv = os.path.join(self.root, "workspace")
-        record = venv + ".installed"
-        # The marker names the interpreter the workspace was built for: a server started
-        # with another Python (or an older layout) rebuilds it instead of breaking in it.
-        stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
-
-        def missing():
-            installed = set((_read_text(record) or "").split())
-            return [r for r in requirements if r not in installed and not _satisfied_here(r)]
-        # The common case takes no lock: nothing to build, nothing to install. A call
-        # without packages never waits behind another call's install.
-        if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not (requirements and missing()):
-            return _venv_python(venv), None
-        os.makedirs(self.root, exist_ok=True)
-        thread_lock = self.workspace_lock     # our threads, then other server processes (flock)
-        with open(venv + ".lock", "a") as lock_file, \
-                _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline, thread_lock.release) as got, \
-                _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel, deadline) as flocked:
-            if not (got and flocked):
-                return None, _install_failed(_waited(cancel), "waiting for another install into the workspace")
-            if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
-                shutil.rmtree(venv, ignore_errors=True)
-                if os.path.exists(record):
-                    os.unlink(record)
-                os.makedirs(self.root, exist_ok=True)
-                result = _create_venv(venv, True, deadline, cancel)
-                if result.failed:
-                    if requirements:
-                        return None, _install_failed(result, "creating the workspace environment")
-                    log("could not create the workspace environment; running with the server's interpreter")
-                    return sys.executable, None
-                with open(os.path.join(venv, ".mcp-exec-ready"), "w") as f:
-                    f.write(stamp)
-                self.generation += 1
-            todo = missing()
-            if todo:   # pip is not even started when everything asked for is there
-                result = _install(_venv_python(venv), todo, deadline, cancel, report)
-                if result.failed:
-                    return None, _install_failed(result, "pip install " + " ".join(todo))
-                with open(record, "a") as f:
-                    f.write("".join(r + "\n" for r in todo))
-                self.generation += 1
-        return _venv_python(venv), None
-
-    # -- isolated, cached environments ---------------------------------------------------
-    def isolated(self, requirements, deadline, cancel, report=None):
-        """-> (python, lease, None) or (None, None, failure Result); lease.release() after the run."""
-        # The key covers the interpreter too: a server on another Python builds its own.
-        key = hashlib.sha256("\n".join([sys.executable, sys.version] + sorted(requirements)).encode()).hexdigest()[:20]
-        cache = os.path.join(self.root, "venvs")
-        pointer = os.path.join(cache, key + ".ready")
-        with self.lock:
-            key_lock = self.key_locks.setdefault(key, threading.Lock())
-        with _waiting(lambda: key_lock.acquire(blocking=False), cancel, deadline, key_lock.release) as got:
-            if not got:
-                return None, None, _install_failed(_waited(cancel), "waiting for the same environment to be built")
-            lease = self._lease(cache, pointer)
-            if lease is None:
-                failure = self._build(cache, pointer, key, requirements, deadline, cancel, report)
-                if failure:
-                    return None, None, failure
-                lease = self._lease(cache, pointer)
-        if lease is None:
-            return None, None, _install_failed(_waited(cancel), "the environment vanished")
-        self._evict(cache)
-        return _venv_python(lease.venv), lease, None
-
-    def _build(self, cache, pointer, key, requirements, deadline, cancel, report):
-        """Build an isolated venv in place and publish it -> None, or the failure Result.
-        While it builds, <dir>.building is locked: a directory nobody publishes and nobody
-        builds is a dead server's leftover, and recover() removes it (section 6)."""
-        os.makedirs(cache, exist_ok=True)
-        venv = os.path.join(cache, "%s-%s" % (key, secrets.token_hex(4)))
-        with open(venv + ".building", "w") as building:
-            _flock(building, shared=False)
-            try:
-                failure = self._fill(venv, requirements, deadline, cancel, report)
-                if not failure:
-                    # Publish atomically: a crash before this line leaves no entry that a
-                    # later call would trust, only a directory that recover() removes.
-                    tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
-                    with open(tmp, "w") as f:
-                        f.write(os.path.basename(venv))
-                    with self.lock:
-                        os.replace(tmp, pointer)
-            finally:
-                os.unlink(venv + ".building")      # only now: a directory has one or the other
-        return failure
-
-    def _fill(self, venv, requirements, deadline, cancel, report):
-        result = _create_venv(venv, False, deadline, cancel)
-        if not result.failed and requirements:
-            result = _install(_venv_python(venv), requirements, deadline, cancel, report)
-        if result.failed:
-            _remove_tree(venv)
-            return _install_failed(result, "building an isolated environment for %s"
-                                   % (" ".join(requirements) or "no packages"))
-        open(os.path.join(venv, LEASE_FILE), "w").close()
-        _set_writable(venv, False)   # later code cannot change it by accident (the owner could chmod it back)
-        return None
-
-    def recover(self):
-        """Remove the isolated environments that a dead server left half built."""
-        cache = os.path.join(self.root, "venvs")
-        for name in os.listdir(cache) if os.path.isdir(cache) else []:
-            if not name.endswith(".building"):
-                continue
-            with open(os.path.join(cache, name)) as lock:
-                if _flock(lock, shared=False, wait=False):
-                    _remove_tree(os.path.join(cache, name[:-len(".building")]))
-                    os.unlink(os.path.join(cache, name))
-
-    def _lease(self, cache, pointer):
-        """The cached venv a pointer names, leased (so it cannot be evicted), or None."""
-        with self.lock:      # eviction unlinks pointers under this lock: no lookup sees half
-            venv = _read_text(pointer)
-            venv = venv and os.path.join(cache, venv)
-            if not venv or not os.path.exists(_venv_python(venv)):
-                return None
-            try:
-                lease = _Lease(venv)
-            except OSError:
-                return None
-        # Another server may have evicted it between our read and our lease: look again.
-        if _read_text(pointer) != os.path.basename(venv):
-            lease.release()
-            return None
-        os.utime(pointer)                # least-recently-used order is the pointers' mtime
-        return lease
-
-    def _evict(self, cache):
-        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that nobody uses."""
-        with self.lock:
-            pointers = []
-            for name in os.listdir(cache):
-                if name.endswith(".ready"):
-                    try:
-                        pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
-                    except OSError:
-                        pass
-            pointers.sort()
-            doomed = {}                  # venv name -> its lease file, held exclusively
-            for _, name in pointers[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
-                venv = _read_text(os.path.join(cache, name))
-                held = venv and _Lease.exclusive(os.path.join(cache, venv))
-                if held:
-                    try:
-                        os.unlink(os.path.join(cache, name))
-                        doomed[venv] = held
-                    except OSError:
-                        held.close()
-        for venv, held in doomed.items():
-            TEMPLATES.discard(_venv_python(os.path.join(cache, venv)))
-            _remove_tree(os.path.join(cache, venv))
-            held.close()
-        # A directory no entry names, not being built, is a failed or abandoned build. The
-        # builder publishes its entry before it drops .building: look in the same order.
-        for name in os.listdir(cache):
-            path = os.path.join(cache, name)
-            if not os.path.isdir(path) or name in doomed or os.path.exists(path + ".building"):
-                continue
-            with self.lock:
-                live = {_read_text(os.path.join(cache, n)) for n in os.listdir(cache) if n.endswith(".ready")}
-            held = name not in live and _Lease.exclusive(path)
-            if held:
-                _remove_tree(path)
-                held.close()
-
-
-class Environment:
-    """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call
-    runs with (env.python), ready and leased for as long as the block lasts, or
-    env.failure (a Result saying why not). env.generation changes whenever the
-    environment changes, so that a template of an older one is not used (section 5)."""
-
-    def __init__(self, packages, isolated, cancel, report=None):
-        self.packages, self.isolated, self.cancel, self.report = list(packages), isolated, cancel, report
-        self.python = self.lease = self.failure = None
-        self.generation = 0
-
-    def __enter__(self):
-        deadline = time.monotonic() + INSTALL_TIMEOUT
-        if self.isolated:       # a cached environment never changes (it is read-only)
-            self.python, self.lease, self.failure = ENVIRONMENTS.isolated(
-                self.packages, deadline, self.cancel, self.report)
-        else:
-            self.python, self.failure = ENVIRONMENTS.workspace(self.packages, deadline, self.cancel, self.report)
-            self.generation = ENVIRONMENTS.generation
-        return self
-
-    def __exit__(self, *exc):
-        if self.lease:
-            self.lease.release()
-            self.lease = None
-
-
-ENVIRONMENTS = Environments(STATE_DIR)
-
-
-def _set_writable(path, writable):
-    """Add or remove the write bits of a tree (directories too, so nothing can be added)."""
-    bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files + dirs + [None]:
-            target = os.path.join(root, name) if name else root
-            try:
-                if os.path.islink(target):
-                    continue
-                mode = os.stat(target).st_mode
-                os.chmod(target, (mode | stat.S_IWUSR) if writable else (mode & ~bits))
-            except OSError:
-                pass
-
-
-def _remove_tree(path):
-    _set_writable(path, True)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _read_text(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-LEASE_FILE = ".mcp-exec-lease"
-
-
-class _Lease:
-    """A call's claim on a cached venv: a shared flock on its lease file (POSIX).
-    flock locks belong to open files, so leases from threads of this process and from
-    other server processes all count, and they end with their process."""
-
-    def __init__(self, venv):
-        self.venv = venv
-        self.file = open(os.path.join(venv, LEASE_FILE))
-        _flock(self.file, shared=True)
-
-    def release(self):
-        self.file.close()
-
-    @staticmethod
-    def exclusive(venv):
-        """-> the lease file locked exclusively (nobody runs there; close it when done), or
-        None while some call holds a lease."""
+def child_exit(status, namespace):
+    """Exit as the interpreter would (threads joined, atexit handlers run, files flushed),
+    without its final teardown of every module: that costs a forked child ~20 ms."""
+    threading_module = sys.modules.get("threading")
+    if threading_module is not None and hasattr(threading_module, "_shutdown"):
+        threading_module._shutdown()         # what Py_Finalize does first: wait for threads
+    atexit._run_exitfuncs()
+    namespace.clear()                        # the code's objects go: open files are flushed
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
         try:
-            f = open(os.path.join(venv, LEASE_FILE))
-        except OSError:
-            return open(os.devnull)   # no lease file: a failed build, nobody runs there
-        if _flock(f, shared=False, wait=False):
-            return f
-        f.close()
-        return None
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(status & 0xFF if isinstance(status, int) else 1)
 
 
-def _flock(file, shared, wait=True):
-    """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if locked."""
+def fresh_main():
+    """__main__'s namespace, emptied as `python -c` leaves it: the code's globals."""
+    import __main__
+    namespace = __main__.__dict__
+    namespace.clear()
+    namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
+                     __spec__=None, __builtins__=__builtins__)
+    return namespace
+
+
+def use_as_stdio(fds):
+    """fds[0], fds[1], fds[2] become this process's stdin, stdout and stderr."""
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def forgettable_modules(fresh_modules):
+    """The pure-Python modules imported since the interpreter started (extension modules
+    stay: they cannot be loaded twice)."""
+    return [name for name, module in list(sys.modules.items())
+            if name not in fresh_modules and str(getattr(module, "__file__", "")).endswith(".py")]
+
+
+def child_setup(config):
+    """Limits, then containment (section 7), before any code of the user's runs."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)   # orphans of the code stay ours to kill
     try:
-        import fcntl   # POSIX only
+        import resource
     except ImportError:
-        return True
-    flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
-    try:
-        fcntl.flock(file, flags)
-        return True
-    except BlockingIOError:
-        return False
+        resource = None
+    if resource is not None:
+        for name, value in config["limits"].items():
+            try:
+                kind = getattr(resource, name)
+                hard = resource.getrlimit(kind)[1]
+                value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                resource.setrlimit(kind, (value, value))
+            except (AttributeError, ValueError, OSError):
+                pass
+    if config.get("sandbox"):
+        apply_sandbox(config["sandbox"])                 # section 7
 
 
-@contextlib.contextmanager
-def _waiting(try_lock, cancel, deadline, release=None):
-    """`with _waiting(try_lock, cancel, deadline, release) as got:` calls try_lock() every
-    0.1 s while the call is neither cancelled nor past its deadline; got says whether it
-    locked, and release() unlocks at the end."""
-    got = False
-    while not (got or cancel.is_set() or time.monotonic() > deadline):
-        got = try_lock() or time.sleep(0.1)
+def run_cell(source, namespace):
+    """Run source in namespace, like a notebook cell -> (exit status, value of the last expression).
+    If the last statement is an expression, it is evaluated on its own and its value
+    returned (None otherwise). Tracebacks show the user's lines, never this function's."""
+    text = source.decode("utf-8", "replace")
+    linecache.cache[CODE_FILENAME] = (len(text), None, text.splitlines(True), CODE_FILENAME)
     try:
-        yield bool(got)
-    finally:
-        if got and release:
-            release()
+        tree = compile(source, CODE_FILENAME, "exec", ast.PyCF_ONLY_AST)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, CODE_FILENAME, "exec"), namespace)
+        if last is None:
+            return 0, None
+        return 0, eval(compile(ast.Expression(last.value), CODE_FILENAME, "eval"), namespace)
+    except SystemExit as exc:          # what the interpreter would do with it, minus exiting
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0, None
+        sys.stderr.write("%s\n" % (exc.code,))
+        return 1, None
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != CODE_FILENAME:
+            tb = tb.tb_next           # drop our own frames: the user sees only their code
+        if sys.excepthook is sys.__excepthook__:
+            traceback.print_exception(type(exc), exc, tb)   # reads linecache: source lines show
+        else:
+            sys.excepthook(type(exc), exc, tb)
+        return 1, None
+
+
+def child_report(fd, config, status, value):
+    """Send the server what the code produced besides its output, on the results pipe."""
+    record = {"status": status}
+    try:
+        record.update(describe_value(value, config))       # section 9: value and images
+    except BaseException as exc:                           # a __repr__ that raised, say
+        record["value"] = "<the value could not be shown: %s: %s>" % (type(exc).__name__, exc)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    with os.fdopen(fd, "wb") as f:
+        f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
+
+
+def adopt_fds(config, fds):
+    """In a forked child: the call's pipes become stdin/stdout/stderr; -> the results fd."""
+    use_as_stdio(fds)
+    os.chdir(config["cwd"])
+    os.environ.clear()
+    os.environ.update(config["env"])
+    os.setsid()                    # a process group of its own, as a spawned child has
+    for extra in fds[4:]:
+        config.setdefault("extra_fds", []).append(extra)
+    return fds[3]
+
+
+_LIBC = []
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 36, 38, 24
+
+
+def _libc():
+    """The C library through ctypes (Linux), loaded once; None elsewhere."""
+    if not _LIBC:
+        try:
+            import ctypes          # Linux only: the prctl and Landlock calls
+            lib = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+            if lib is not None:
+                lib.syscall.restype = ctypes.c_long
+        except (OSError, TypeError, AttributeError, ImportError):
+            lib = None
+        _LIBC.append(lib)
+    return _LIBC[0]
+
+
+
+# --- The template's loop (its server side is section 6) ----------------------------------
+
+
+def serve_template(config, fresh_modules):
+    """Template mode (in the child): fork a child per request -> (its config, its fds, the
+    modules to forget), in it.
+
+    Single-threaded on purpose: fork() copies only the calling thread. SIGCHLD wakes the
+    loop through a pipe; every child is reaped here, and each time a call's child ends,
+    whatever it orphaned (now ours: we are a subreaper) is killed."""
+    sock = socket.socket(fileno=config["socket_fd"])
+    libc = _libc()                 # loaded here once, so that no forked child pays for ctypes
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
+        for network_off in (False, True):
+            _filter(os.uname().machine, network_off)     # built once, not per child (7.2)
+    wake_read, wake_write = os.pipe()
+    for fd in (wake_read, wake_write):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_read, selectors.EVENT_READ)
+    roots = set()
+    doomed = forgettable_modules(fresh_modules)         # the same for every child: found once
+    gc.freeze()         # our objects are never collected: forked children do not copy them
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is not sock:
+                while _read_fd(wake_read):
+                    pass
+                _reap_children(sock, roots)
+                continue
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+            if not data:                               # the server is gone: so is all we started
+                for pid in children_of(os.getpid()):
+                    kill_tree(pid)
+                os._exit(0)
+            request = json.loads(data)
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                sel.close()
+                for fd in (sock.detach(), wake_read, wake_write):
+                    os.close(fd)
+                return request, fds, doomed
+            for fd in fds:
+                os.close(fd)
+            roots.add(pid)
+            sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def _reap_children(sock, roots):
+    """Reap every child that ended; kill the orphans the calls' children left; only then report
+    their exits, so that nothing of a call still runs when the server hears it is over."""
+    ended = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        if pid in roots:
+            roots.discard(pid)
+            ended.append({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+    if ended:
+        for pid in children_of(os.getpid()):
+            if pid not in roots:       # an orphan: its call's child ended, so its call is over
+                kill_tree(pid)
+    for message in ended:
+        sock.send(json.dumps(message).encode())
 
 
 # =============================================================================
-# 5. Fork server: one template interpreter per environment
+# 6. Fork server: one template interpreter per environment
 # =============================================================================
 # Starting Python costs tens of milliseconds of CPU; forking a running one costs about
 # one. A template is a clean, single-threaded interpreter of one environment, started
@@ -2058,7 +1871,7 @@ class Template:
             self.close()
 
     def retire(self):
-        """No new calls; stop once the running ones are over (a session may take a while)."""
+        """No new calls; stop once the running ones are over (a kernel may take a while)."""
         self.retired = True
         self.done()
 
@@ -2077,9 +1890,8 @@ class Template:
             self.proc.wait()
 
 
-class ForkedChild:
+class ForkedChild(Child):
     """A child forked by a template: its parent is the template, which tells us how it ended."""
-    call = None
 
     def __init__(self, template, pid, pipes, exit_reply):
         self.template, self.pid, self.pipes, self.exit = template, pid, pipes, exit_reply
@@ -2161,120 +1973,45 @@ class Templates:
             template.close()
 
 
-TEMPLATES = None    # set below, once the settings of section 6 are known
+TEMPLATES = Templates(FORK_SERVER)
 
-
-def serve_template(config, fresh_modules):
-    """Template mode (in the child): fork a child per request -> (its config, its fds, the
-    modules to forget), in it.
-
-    Single-threaded on purpose: fork() copies only the calling thread. SIGCHLD wakes the
-    loop through a pipe; every child is reaped here, and each time a call's child ends,
-    whatever it orphaned (now ours: we are a subreaper) is killed."""
-    sock = socket.socket(fileno=config["socket_fd"])
-    libc = _libc()                 # loaded here once, so that no forked child pays for ctypes
-    if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    wake_read, wake_write = os.pipe()
-    for fd in (wake_read, wake_write):
-        os.set_blocking(fd, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ)
-    sel.register(wake_read, selectors.EVENT_READ)
-    roots = set()
-    doomed = forgettable_modules(fresh_modules)         # the same for every child: found once
-    gc.freeze()         # our objects are never collected: forked children do not copy them
-    sock.send(json.dumps({"ready": os.getpid()}).encode())
-    while True:
-        for key, _ in sel.select():
-            if key.fileobj is not sock:
-                while _read_fd(wake_read):
-                    pass
-                _reap_children(sock, roots)
-                continue
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
-            if not data:                               # the server is gone: so is all we started
-                for pid in children_of(os.getpid()):
-                    kill_tree(pid)
-                os._exit(0)
-            request = json.loads(data)
-            pid = os.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                sel.close()
-                for fd in (sock.detach(), wake_read, wake_write):
-                    os.close(fd)
-                return request, fds, doomed
-            for fd in fds:
-                os.close(fd)
-            roots.add(pid)
-            sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
-
-
-def _reap_children(sock, roots):
-    """Reap every child that ended; kill the orphans the calls' children left; only then report
-    their exits, so that nothing of a call still runs when the server hears it is over."""
-    ended = []
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-        if pid in roots:
-            roots.discard(pid)
-            ended.append({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-    if ended:
-        for pid in children_of(os.getpid()):
-            if pid not in roots:       # an orphan: its call's child ended, so its call is over
-                kill_tree(pid)
-    for message in ended:
-        sock.send(json.dumps(message).encode())
 
 # =============================================================================
-# 6. Containment: a call cannot reach another call, the server, or its secret
+# 7. Containment: a call cannot reach another call, the server, or its secret
 # =============================================================================
 # Three layers, all Linux (elsewhere the first two are off and the README says so):
-#   6.1 the sandbox: each child restricts itself with Landlock before the code runs:
+#   7.1 the sandbox: each child restricts itself with Landlock before the code runs:
 #       writes only in its own directory, reads (over HTTP) only what Python needs,
 #       no signals to processes outside its domain, optionally no TCP;
-#   6.2 per-call totals: memory, processes and disk of all the call's processes, polled;
-#   6.3 nothing escapes, nothing is left: the server is the subreaper of all it starts,
+#   7.2 then it drops every capability and installs a seccomp filter: no other process
+#       is reachable, no raw socket, no administration, optionally no IP at all;
+#   7.3 per-call totals: memory, processes, threads and disk of the call's processes;
+#   7.4 nothing escapes, nothing is left: the server is the subreaper of all it starts,
 #       every call has a directory under this server's run directory, and a server
 #       starting after a crash kills what the dead one left and removes its directories.
 
-LINUX = sys.platform.startswith("linux")
 
 
 def server_setup():
-    """Once per server process, before its first child: become the reaper of orphans, hide
-    our environment, recover from a dead server, and say what containment is active."""
-    with _SETUP_LOCK:
-        if _SETUP:
-            return
-        _SETUP.append(True)
-        libc = _libc()
-        if libc is not None:
-            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-            # Not dumpable: our /proc files (environ: API_KEY) belong to root, so code
-            # running as another user, or as this one, cannot read them.
-            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-        RUN_DIR.recover()
-        ENVIRONMENTS.recover()
-        global NPROC_LIMIT
-        NPROC_LIMIT = _nproc_limit()
-        log("sandbox: %s" % SANDBOX.describe())
+    """Once per server process, before its first child (register_lifecycle, below): become
+    the reaper of orphans, hide our environment, recover from a dead server, and say what
+    containment is active."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        # Not dumpable: our /proc files (environ: API_KEY) belong to root, so code
+        # running as another user, or as this one, cannot read them.
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    RUN_DIR.recover()
+    ENVIRONMENTS.recover()
+    SANDBOX.nproc_limit = _nproc_limit()
+    log("sandbox: %s" % SANDBOX.describe())
 
 
-_SETUP, _SETUP_LOCK = [], threading.RLock()
 PR_SET_DUMPABLE = 4
 
 
-# --- 6.1 The sandbox (Landlock) --------------------------------------------------------
+# --- 7.1 The sandbox (Landlock) --------------------------------------------------------
 # Landlock (Linux 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst):
 # a process restricts itself and all it later starts, for good. Three syscalls (the same
 # numbers on every architecture but alpha); each ABI version adds rights.
@@ -2302,12 +2039,24 @@ def landlock_abi():
 
 class Sandbox:
     """What the children are restricted to, decided once (EXEC_SANDBOX, EXEC_NETWORK).
-    read_everywhere: over stdio the local user's files are the point; create_app()
-    turns it off, so that over HTTP code reads only what it needs."""
+    What code may read depends on who asks: over stdio (a `local` session) the user's
+    own files are the point; over HTTP, code reads only what Python needs."""
 
     def __init__(self, mode, network):
-        self.mode, self.network, self.read_everywhere = mode, network, True
+        self.mode, self.network = mode, network
+        self.nproc_limit = 0          # RLIMIT_NPROC for the code, set by server_setup()
         self._abi = None
+        # seccomp (7.2) where the kernel has it, for a 64-bit Python on x86_64 or aarch64
+        self.seccomp = (mode != "off" and LINUX and os.uname().machine in _ARCH
+                        and struct.calcsize("P") == 8 and os.path.exists("/proc/sys/kernel/seccomp"))
+
+    @property
+    def active(self):
+        return bool(self.abi or self.seccomp)
+
+    def name(self):
+        """For /health: which layers are on."""
+        return "+".join(n for n, on in (("landlock", self.abi), ("seccomp", self.seccomp)) if on) or "off"
 
     @property
     def abi(self):
@@ -2318,71 +2067,82 @@ class Sandbox:
                                  "(Linux 5.13 or newer with landlock in the lsm= list); use auto or off")
         return self._abi
 
-    def for_the_model(self):
+    def for_the_model(self, local):
         if not self.abi:
             return "The code is not sandboxed: it runs with the server user's rights."
-        return ("The code is sandboxed (Landlock): it can write only in its working directory and TMPDIR%s%s."
-                % ("" if self.read_everywhere else ", read only Python and system files",
-                   ", and open no TCP connection" if self.network == "off" and self.abi >= 4 else ""))
+        return ("The code is sandboxed (Landlock%s): it can write only in its working directory and "
+                "TMPDIR%s, and cannot touch other processes%s." % (
+                    ", seccomp" if self.seccomp else "", "" if local else ", read only Python and system files",
+                    "; it has no network" if self.network == "off" else ""))
 
     def describe(self):
-        if not self.abi:
+        if not self.active:
             return ("off: code runs with this user's rights (%s)" % ("EXEC_SANDBOX=off" if self.mode == "off"
-                                                                      else "no Landlock in this kernel"))
-        parts = ["Landlock ABI %d" % self.abi, "writes only in the call's directory",
-                 "reads everywhere" if self.read_everywhere else "reads only Python and system files",
-                 "signals and abstract sockets scoped" if self.abi >= 6 else "signals NOT scoped (ABI < 6)",
-                 "TCP off" if self.network == "off" and self.abi >= 4 else "network on"]
+                                                                      else "no Landlock, no seccomp here"))
+        parts = ["Landlock ABI %d" % self.abi if self.abi else "NO Landlock in this kernel (files unguarded)",
+                 "writes only in the call's directory", "reads everywhere over stdio, only Python and "
+                 "system files over HTTP", "signals and abstract sockets scoped" if self.abi >= 6 else
+                 "signals NOT scoped (Landlock ABI < 6)", "no capabilities",
+                 "seccomp filter" if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
+                 "network off" if self.network == "off" else "network on"]
         return ", ".join(parts)
 
 
-def sandbox_config(call_root):
+def sandbox_config(call_root, local):
     """The sandbox a child applies to itself (apply_sandbox), or None when there is none."""
-    if not SANDBOX.abi:
+    if not SANDBOX.active:
         return None
-    reads = None if SANDBOX.read_everywhere else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root]
+    reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root]
     return {"abi": SANDBOX.abi, "read": reads, "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
-            "network_off": SANDBOX.network == "off", "drop_caps": POSIX and os.geteuid() == 0}
+            "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp}
 
 
-def containment_env(call):
+def containment_env(call, local):
     """Where code may write, caches go: into the call's own directory."""
     if not SANDBOX.abi:
         return {}
     extra = {"XDG_CACHE_HOME": os.path.join(call.tmp, "cache"), "MPLCONFIGDIR": os.path.join(call.tmp, "matplotlib")}
-    if not SANDBOX.read_everywhere:
+    if not local:
         extra["HOME"] = call.root       # the server's home is not the code's over HTTP
     return {k: v for k, v in extra.items() if k not in os.environ or k == "HOME"}
 
 
 def apply_sandbox(spec):
     """In the child, before any code of the user's and before any thread: restrict this
-    process and all it will start. A failure ends the child: code never runs unconfined
-    where confinement was promised."""
-    import ctypes
-    libc, abi = _libc(), spec["abi"]
+    process and all it will start: capabilities, Landlock, seccomp, in that order (each
+    step needs what the one before it keeps). A failure ends the child: code never runs
+    unconfined where confinement was promised."""
+    libc = _libc()
     try:
-        if spec["drop_caps"]:
-            _drop_capabilities(libc)
-        handled = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
-        net = 3 if spec["network_off"] and abi >= 4 else 0          # bind_tcp, connect_tcp
-        scoped = 3 if abi >= 6 else 0                                # abstract unix sockets, signals
-        size = 8 if abi < 4 else 16 if abi < 6 else 24               # only the fields this ABI knows
-        attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
-        ruleset = _landlock(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0)))
-        reads = spec["read"] if spec["read"] is not None else ["/"]
-        if spec["read"] is not None:     # the interpreter's own directories, wherever they are
-            reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
-            reads += [p for p in sys.path if os.path.isabs(p)]
-        for paths, access in ((reads, FS_READ), (spec["write"], handled)):
-            for path in paths:
-                _landlock_rule(libc, ruleset, path, access)
-        _landlock(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-        _landlock(libc.syscall(LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(1 if abi >= 7 else 0)))
-        os.close(ruleset)
+        drop_capabilities(libc)
+        if spec["abi"]:
+            _apply_landlock(libc, spec)
+        if spec["seccomp"]:
+            install_seccomp(libc, spec["network_off"])
     except OSError as exc:
         sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n" % exc)
         os._exit(125)
+
+
+def _apply_landlock(libc, spec):
+    import ctypes
+    abi = spec["abi"]
+    handled = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+    net = 3 if spec["network_off"] and abi >= 4 else 0          # bind_tcp, connect_tcp
+    scoped = 3 if abi >= 6 else 0                                # abstract unix sockets, signals
+    size = 8 if abi < 4 else 16 if abi < 6 else 24               # only the fields this ABI knows
+    attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
+    ruleset = _landlock(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0)))
+    reads = spec["read"] if spec["read"] is not None else ["/"]
+    if spec["read"] is not None:     # the interpreter's own directories, wherever they are
+        reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+        reads += [p for p in sys.path if os.path.isabs(p)]
+    for paths, access in ((reads, FS_READ), (spec["write"], handled)):
+        for path in paths:
+            _landlock_rule(libc, ruleset, path, access)
+    _landlock(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+    _landlock(libc.syscall(LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(1 if abi >= 7 else 0)))
+    os.close(ruleset)
 
 
 def _landlock(value):
@@ -2409,23 +2169,133 @@ def _landlock_rule(libc, ruleset, path, access):
         os.close(fd)
 
 
-def _drop_capabilities(libc):
-    """For a child running as root: drop CAP_SYS_ADMIN and CAP_PERFMON. Either one lets a
-    process read any other's /proc/<pid>/environ (and mem) past Landlock's domain check."""
+# --- 7.2 Capabilities and seccomp ----------------------------------------------------------
+# Landlock does not cover what a process does to other processes (prlimit, sched_*,
+# ptrace ...), raw and packet sockets, UDP, or what capabilities allow (a root server's
+# children would keep them). So each child empties every capability set, then installs a
+# seccomp-BPF filter: arguments are checked where a call is fine on itself and harmful on
+# another process. Its tables: x86_64 and the generic table of aarch64.
+
+def _prctl(libc, option, *args):
     import ctypes
-    for cap in (21, 38):
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)      # exec cannot bring them back
-    header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0))   # version 3, this process
-    data = ctypes.create_string_buffer(24)
-    _landlock(libc.capget(header, data))
-    words = list(struct.unpack("=6I", data.raw))
-    for cap in (21, 38):
-        for k in range(3):                            # effective, permitted, inheritable
-            words[cap // 32 * 3 + k] &= ~(1 << cap % 32)
-    _landlock(libc.capset(header, ctypes.create_string_buffer(struct.pack("=6I", *words))))
+    # prctl is variadic and the kernel reads unsigned longs: pass c_ulong, never bare ints
+    # (EINVAL on PR_SET_NO_NEW_PRIVS and PR_CAPBSET_DROP if the upper halves are garbage).
+    args = [ctypes.c_ulong(a) for a in args] + [ctypes.c_ulong(0)] * (4 - len(args))
+    if libc.prctl(option, *args) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "prctl(%d): %s" % (option, os.strerror(err)))
 
 
-# --- 6.2 Per-call totals ----------------------------------------------------------------
+def drop_capabilities(libc):
+    """Empty every capability set. Root first empties its bounding set (so an execve cannot
+    refill the sets) and locks securebits; that needs CAP_SETPCAP, which a non-root process
+    lacks and does not need. Lowering its own E/P/I sets via capset is open to anyone."""
+    import ctypes
+    header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0))  # v3, this process
+    data = ctypes.create_string_buffer(24)                # 2 x {effective, permitted, inheritable}
+    if libc.capget(header, data) < 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    setpcap = struct.unpack_from("=I", data.raw)[0] & 1 << 8      # CAP_SETPCAP is effective
+    if setpcap:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            for cap in range(int(f.read()) + 1):
+                _prctl(libc, 24, cap)                                # PR_CAPBSET_DROP
+    _prctl(libc, 47, 4)                         # PR_CAP_AMBIENT_CLEAR_ALL: open to anyone
+    if setpcap:      # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, each locked; KEEP_CAPS_LOCKED
+        _prctl(libc, 28, 0x2f)
+    if libc.capset(header, ctypes.create_string_buffer(24)) < 0:     # E = P = I = 0, last
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+# name x86_64 generic(aarch64); "-" = no such syscall. Checked against the 6.18 uapi headers.
+_ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 kcmp 312 272
+    pidfd_getfd 438 438 process_madvise 440 440 perf_event_open 298 241 bpf 321 280
+    userfaultfd 323 282 keyctl 250 219 add_key 248 217 request_key 249 218 mount 165 40
+    umount2 166 39 pivot_root 155 41 chroot 161 51 open_tree 428 428 move_mount 429 429
+    fsopen 430 430 fsconfig 431 431 fsmount 432 432 fspick 433 433 mount_setattr 442 442
+    swapon 167 224 swapoff 168 225 reboot 169 142 kexec_load 246 104 kexec_file_load 320 294
+    init_module 175 105 finit_module 313 273 delete_module 176 106 open_by_handle_at 304 265
+    name_to_handle_at 303 264 iopl 172 - ioperm 173 - io_uring_setup 425 425
+    io_uring_enter 426 426 io_uring_register 427 427 acct 163 89 quotactl 179 60 syslog 103 116
+    vhangup 153 58 settimeofday 164 170 clock_settime 227 112 adjtimex 159 171 setns 308 268
+    migrate_pages 256 238 move_pages 279 239"""
+_BY_ARG = """prlimit64 302 261 sched_setaffinity 203 122 sched_setscheduler 144 119
+    sched_setparam 142 118 sched_setattr 314 274 setpriority 141 140 ioprio_set 251 30
+    socket 41 198 ioctl 16 29 prctl 157 167 unshare 272 97 clone 56 220 clone3 435 435"""
+_ARCH = {"x86_64": 0xc000003e, "aarch64": 0xc00000b7}                  # AUDIT_ARCH_*
+LD, JEQ, JGE, JSET, AND, RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
+ALLOW, EPERM, ENOSYS = 0x7fff0000, 0x00050000 | 1, 0x00050000 | 38
+
+
+def _table(text, column):
+    t = text.split()
+    return {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
+
+
+def _program(arch, network_off):
+    """(code, jt, jf, k) tuples; jt/jf may name a label (a bare string in the list, always
+    further on: BPF jumps only forward).
+    Arguments are compared on their low 32 bits only: each one checked is a C int (or
+    unsigned int) that the kernel truncates, so the low word is exactly what it acts on.
+    Matching both halves would let cmd = 1 << 32 | TIOCSTI slip past the ioctl check."""
+    nr = _table(_ALWAYS + " " + _BY_ARG, 1 if arch == "x86_64" else 2)
+    arg = lambda i: (LD, 0, 0, 16 + 8 * i)        # seccomp_data.args[i], low word (little-endian)
+    p = [(LD, 0, 0, 4), (JEQ, 0, "nosys", _ARCH[arch]), (LD, 0, 0, 0)]   # foreign ABI (int 0x80)
+    if arch == "x86_64":
+        p.append((JGE, "deny", 0, 0x40000000))                       # x32 aliases of every call
+    p += [(JEQ, "deny", 0, nr[n]) for n in _ALWAYS.split()[::3] if n in nr]
+    p += [(JEQ, n, 0, nr[n]) for n in _BY_ARG.split()[::3] if n != "clone3"]
+    p += [(JEQ, "nosys", 0, nr["clone3"]), (RET, 0, 0, ALLOW)]  # clone3: its flags are unreadable
+    for n in ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+              "sched_setattr"):
+        p += [n, arg(0), (JEQ, "allow", "deny", 0)]                 # only pid 0, this process
+    for n, who_self in (("setpriority", 0), ("ioprio_set", 1)):     # PRIO_/IOPRIO_WHO_PROCESS
+        p += [n, arg(0), (JEQ, 0, "deny", who_self), arg(1), (JEQ, "allow", "deny", 0)]
+    p += ["ioctl", arg(1), (JEQ, "deny", 0, 0x5412), (JEQ, "deny", "allow", 0x541c)]  # STI/LINUX
+    p += ["prctl", arg(0), (JEQ, "deny", "allow", 36)]             # keep PR_SET_CHILD_SUBREAPER
+    p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10000000)]  # no CLONE_NEWUSER
+    # socket: an allow-list of families. AF_UNIX always; with the network on also NETLINK
+    # (getifaddrs) and INET/INET6 as STREAM or DGRAM: not RAW, nor SOCK_PACKET, which the
+    # kernel turns into AF_PACKET. Off: UNIX only (no UDP, TFO, MPTCP, VSOCK to the host...).
+    p += ["socket", arg(0), (JEQ, "allow", "deny" if network_off else 0, 1)]
+    if not network_off:
+        p += [(JEQ, "allow", 0, 16), (JEQ, "inet", 0, 2), (JEQ, "inet", "deny", 10), "inet",
+              arg(1), (AND, 0, 0, 0xf), (JEQ, "allow", 0, 1), (JEQ, "allow", "deny", 2)]
+    return p + ["allow", (RET, 0, 0, ALLOW), "deny", (RET, 0, 0, EPERM),
+                "nosys", (RET, 0, 0, ENOSYS)]
+
+
+@functools.lru_cache(maxsize=None)      # built in the template once, before it forks
+def _filter(arch, network_off):
+    program, at, n = _program(arch, network_off), {}, 0
+    for ins in program:                                  # first pass: where each label lands
+        if isinstance(ins, str):
+            at[ins] = n
+        n += not isinstance(ins, str)
+    code = []
+    for ins in (x for x in program if not isinstance(x, str)):
+        jt, jf = (at[j] - len(code) - 1 if isinstance(j, str) else j for j in ins[1:3])
+        code.append(struct.pack("HBBI", ins[0], jt, jf, ins[3]))  # jt/jf are u8: struct checks
+    return b"".join(code)
+
+
+def install_seccomp(libc, network_off):
+    """Install the deny-list filter on this process and all it starts: None, or why not.
+    Other syscalls than those named never reach an argument load, so the kernel's
+    per-syscall cache (5.11+) lets them through without running the filter at all."""
+    import ctypes
+    arch = os.uname().machine
+    if arch not in _ARCH or struct.calcsize("P") != 8:   # a 32-bit Python on x86_64 is i386
+        return "no seccomp filter for %s (%d-bit)" % (arch, struct.calcsize("P") * 8)
+    code = _filter(arch, network_off)
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = ctypes.create_string_buffer(struct.pack("HP", len(code) // 8, ctypes.addressof(buf)))
+    _prctl(libc, 38, 1)                                      # PR_SET_NO_NEW_PRIVS
+    _prctl(libc, 22, 2, ctypes.addressof(prog))              # PR_SET_SECCOMP, MODE_FILTER
+    return None
+
+
+# --- 7.3 Per-call totals ----------------------------------------------------------------
 # setrlimit bounds each process; these bound a call's processes together. The monitor
 # polls every MONITOR_INTERVAL; a call over a total is ended, and its result says why.
 
@@ -2450,21 +2320,30 @@ def _owner(pid):
 
 
 class Watch:
-    """One call's processes (pid and its descendants) and directory, and why it must end."""
-    def __init__(self, pid, directory):
-        self.pid, self.directory, self.reason = pid, directory, None
+    """One call's (or kernel's) processes, pid and its descendants, and its directory;
+    `reason` says why it must end. on_over(reason), if given, runs once when it must."""
+    def __init__(self, pid, directory, on_over=None):
+        self.pid, self.directory, self.on_over, self.reason = pid, directory, on_over, None
 
     def check(self):
         pids = [self.pid] + descendants(self.pid)
-        if EXEC_MAX_PROCS and len(pids) > EXEC_MAX_PROCS:
-            self.reason = ("Stopped: the call ran more than %d processes at once (EXEC_MAX_PROCS)."
+        if EXEC_MAX_PROCS and sum(_thread_count(p) for p in pids) > EXEC_MAX_PROCS:
+            self.reason = ("Stopped: the call ran more than %d processes and threads at once (EXEC_MAX_PROCS)."
                            % EXEC_MAX_PROCS)
         elif EXEC_MEMORY_MB and sum(_memory_kb(p) for p in pids) > EXEC_MEMORY_MB * 1024:
             self.reason = ("Stopped: the call's processes used more than %d MB of memory together "
                            "(EXEC_MEMORY_MB)." % EXEC_MEMORY_MB)
-        elif EXEC_DISK_MB and _disk_kb(self.directory) > EXEC_DISK_MB * 1024:
-            self.reason = ("Stopped: the call wrote more than %d MB in its directory (EXEC_DISK_MB)."
-                           % EXEC_DISK_MB)
+        else:
+            self.reason = _disk_over(self.directory)
+        if self.reason and self.on_over:
+            threading.Thread(target=self.on_over, args=(self.reason,), daemon=True).start()
+
+
+def _thread_count(pid):
+    try:
+        return len(os.listdir("/proc/%d/task" % pid))
+    except OSError:
+        return 0
 
 
 def _memory_kb(pid):
@@ -2505,9 +2384,21 @@ def walk_tree(top, limit):
                 todo.append(rel)
 
 
-def _disk_kb(directory):
-    """Kilobytes allocated under a directory (links not followed)."""
-    return sum(getattr(info, "st_blocks", info.st_size // 512) // 2 for _, info in walk_tree(directory, 50000))
+def _disk_over(directory):
+    """Why a call's directory is over its limits (EXEC_MAX_ENTRIES, EXEC_DISK_MB), or None.
+    Entries count as well as bytes: empty files cost inodes and directory blocks."""
+    if not (EXEC_DISK_MB or EXEC_MAX_ENTRIES):
+        return None
+    entries = kb = 0
+    for _, info in walk_tree(directory, (EXEC_MAX_ENTRIES or 1 << 20) + 1):
+        entries += 1
+        kb += getattr(info, "st_blocks", info.st_size // 512) // 2
+    if EXEC_MAX_ENTRIES and entries > EXEC_MAX_ENTRIES:
+        return ("Stopped: the call made more than %d files and directories (EXEC_MAX_ENTRIES)."
+                % EXEC_MAX_ENTRIES)
+    if EXEC_DISK_MB and kb > EXEC_DISK_MB * 1024:
+        return "Stopped: the call wrote more than %d MB in its directory (EXEC_DISK_MB)." % EXEC_DISK_MB
+    return None
 
 
 class Monitor:
@@ -2519,8 +2410,8 @@ class Monitor:
         self.watches = set()
         self.running = False
 
-    def watch(self, pid, directory):
-        watch = Watch(pid, directory)
+    def watch(self, pid, directory, on_over=None):
+        watch = Watch(pid, directory, on_over)
         if not LINUX:
             return watch
         with self.lock:
@@ -2552,7 +2443,115 @@ class Monitor:
 MONITOR = Monitor()
 
 
-# --- 6.3 Run directories and recovery after a crash ---------------------------------------
+# --- 7.4 Run directories and recovery after a crash ---------------------------------------
+
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602    # _IOR/_IOW('f', 1|2, long)
+UNDELETABLE_FLAGS = 0x10 | 0x20                              # FS_IMMUTABLE_FL, FS_APPEND_FL
+
+
+def remove_tree(path):
+    """Remove a tree whatever code did to it: any depth (each directory is first moved up
+    to the top, so no path grows long and nothing recurses), directories without write
+    or search permission, immutable or append-only entries (flags cleared where we may),
+    links never followed. Never raises: what cannot go stays, and is logged."""
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError:
+        _unlink_at(None, path)                # a file or a link where a directory was
+        return
+    pending, moved, left = [None], 0, 0       # None: the top itself; else a name under it
+    try:
+        while pending:
+            name = pending.pop()
+            try:
+                fd = top if name is None else _open_dir(name, top)
+            except OSError:
+                left += 1
+                continue
+            try:
+                for entry in list(os.scandir(fd)):
+                    if entry.is_dir(follow_symlinks=False):
+                        moved += 1
+                        flat = ".rm-%d" % moved
+                        _make_removable(entry.name, fd)
+                        os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
+                        pending.append(flat)
+                    else:
+                        left += not _unlink_at(fd, entry.name)
+            except OSError:
+                left += 1
+            finally:
+                if fd != top:
+                    os.close(fd)
+            if name is not None:
+                left += not _rmdir_at(top, name)
+    finally:
+        os.close(top)
+    if not _rmdir_at(None, path) or left:
+        log("could not remove all of %s (%d entries left)" % (path, left))
+
+
+def _open_dir(name, parent):
+    _make_removable(name, parent)
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+
+
+def _make_removable(name, parent):
+    """Give a directory back its owner's rights, and clear the flags that forbid removal."""
+    try:
+        os.chmod(name, stat.S_IRWXU, dir_fd=parent)
+    except OSError:
+        pass
+    _clear_flags(name, parent)
+
+
+def _clear_flags(name, parent):
+    """Clear immutable and append-only (needs CAP_LINUX_IMMUTABLE: a root server has it)."""
+    import fcntl     # POSIX only
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=parent)
+    except OSError:
+        return
+    try:
+        flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8))[0]
+        if flags & UNDELETABLE_FLAGS:
+            fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("l", flags & ~UNDELETABLE_FLAGS))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _unlink_at(parent, name):
+    """-> True once the entry is gone."""
+    for attempt in (1, 2):
+        try:
+            os.unlink(name, dir_fd=parent)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if attempt == 2 or exc.errno not in (errno.EPERM, errno.EACCES):
+                return False
+            _clear_flags(name, parent)
+    return False
+
+
+def _rmdir_at(parent, name):
+    for attempt in (1, 2):
+        try:
+            os.rmdir(name, dir_fd=parent)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if attempt == 2 or exc.errno not in (errno.EPERM, errno.EACCES):
+                return False
+            _clear_flags(name, parent)
+    return False
 
 
 class CallDir:
@@ -2570,9 +2569,7 @@ class CallDir:
             return
         except OSError:
             pass
-        shutil.rmtree(self.root, ignore_errors=True)
-        if os.path.exists(self.root):      # code made something unwritable: make it writable
-            _remove_tree(self.root)
+        remove_tree(self.root)
 
 
 class RunDir:
@@ -2614,24 +2611,29 @@ class RunDir:
         with self.guard:
             root, self.root = self.root, None
         if root:
-            _remove_tree(root)
+            remove_tree(root)
             self.lock.close()
             self.pids.close()
 
     def recover(self):
-        """Kill and remove what dead servers sharing STATE_DIR left behind."""
+        """Kill and remove what dead servers sharing STATE_DIR left behind. Whatever a call
+        left there, this never stops a server from starting: a failure is logged, no more."""
         for name in os.listdir(self.base) if os.path.isdir(self.base) else []:
             path = os.path.join(self.base, name)
             try:
                 lock = open(os.path.join(path, "lock"))
             except OSError:
                 continue                                  # being created, or not ours
-            with lock:
-                if path == self.root or not _flock(lock, shared=False, wait=False):
-                    continue                              # its server lives
-                killed = self._kill_leftovers(path)
-                _remove_tree(path)
-            log("a server that used %s had died: killed %d of its processes, removed its directory" % (path, killed))
+            try:
+                with lock:
+                    if path == self.root or not _flock(lock, shared=False, wait=False):
+                        continue                          # its server lives
+                    killed = self._kill_leftovers(path)
+                    remove_tree(path)
+                log("a server that used %s had died: killed %d of its processes, removed its directory"
+                    % (path, killed))
+            except Exception:
+                log("could not recover %s:\n%s" % (path, traceback.format_exc()))
 
     @staticmethod
     def _kill_leftovers(path):
@@ -2664,19 +2666,456 @@ def _start_time(pid):
 def shutdown():
     """At exit: end every session, stop the templates (their children die with them), reap
     what is left, and remove this server's run directory."""
-    SESSIONS.close()
+    KERNELS.close()
     TEMPLATES.close()
     reap_orphans()
     RUN_DIR.close()
 
 
+def limits_note(local):
+    """What the model is told of the limits and the sandbox."""
+    memory = "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"
+    return "Memory: %s for the call's processes together. %s" % (memory, SANDBOX.for_the_model(local))
+
+
 SANDBOX = Sandbox(EXEC_SANDBOX, EXEC_NETWORK)
 RUN_DIR = RunDir(STATE_DIR)
-NPROC_LIMIT = 0       # computed in server_setup(), when it applies
-TEMPLATES = Templates(FORK_SERVER)
+register_lifecycle(setup=server_setup, shutdown=shutdown)
+register_tool_feature(note=limits_note)
+
 
 # =============================================================================
-# 7. What the model sees: the last value, images, files in and out
+# 8. Package environments
+# =============================================================================
+# A package is a plain requirement: name, optional [extras], optional version specifiers.
+# Nothing else reaches pip: no options, URLs, paths, "@ url", markers or shell characters.
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
+REQUIREMENT_RE = re.compile(
+    r"^\s*(?P<name>%s)\s*(?:\[\s*(?P<extras>%s(?:\s*,\s*%s)*)\s*\])?\s*(?P<specs>%s(?:\s*,\s*%s)*)?\s*$"
+    % (_NAME, _NAME, _NAME, _SPEC, _SPEC))
+
+
+def normalize_requirement(text):
+    """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain requirement."""
+    if not isinstance(text, str) or len(text) > 200:
+        return None
+    m = REQUIREMENT_RE.match(text)
+    if not m:
+        return None
+    name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
+    extras = sorted({re.sub(r"[-_.]+", "-", e.strip()).lower() for e in (m.group("extras") or "").split(",")
+                     if e.strip()})
+    specs = ",".join(sorted(re.sub(r"\s+", "", s) for s in (m.group("specs") or "").split(",") if s.strip()))
+    return name + ("[%s]" % ",".join(extras) if extras else "") + specs
+
+
+def check_packages(arguments, clean):
+    """The "packages" argument -> clean["packages"], normalized and sorted, or the problem."""
+    normal = []
+    for item in clean["packages"]:
+        requirement = normalize_requirement(item)
+        if requirement is None:
+            return ('"packages" entry %s is not a plain requirement: use a package name with optional '
+                    '[extras] and version specifiers, such as "numpy" or "pandas>=2,<3"; options, URLs, '
+                    'paths and "name @ url" are not allowed' % json.dumps(item)[:200])
+        normal.append(requirement)
+    clean["packages"] = sorted(set(normal))
+    return None
+
+
+def _venv_python(venv):
+    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
+
+
+def _uv():
+    """uv's path when it is on PATH and not switched off (MCP_EXEC_INSTALLER=pip), else None."""
+    return None if INSTALLER == "pip" else shutil.which("uv")
+
+
+def _installer_argv(python, requirements):
+    """pip (or uv, when on PATH) installing requirements into the environment of `python`:
+    pip's --python (pip >= 22.3), so our environments need no pip. "--" ends the options:
+    even a requirement that slipped past validation could not become one."""
+    uv = _uv()
+    if uv:
+        # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
+        no_index = any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
+                       for n in ("PIP_NO_INDEX", "UV_NO_INDEX"))
+        return [uv, "pip", "install", "--python", python] + (["--no-index"] if no_index else []) + ["--"] + list(requirements)
+    return [sys.executable, "-m", "pip", "--python", python, "install", "--no-input",
+            "--disable-pip-version-check", "--"] + list(requirements)
+
+
+def installer_environment():
+    """The installer's environment: the child's, plus pip/uv settings, proxies, CA bundles.
+    uv does not read PIP_*: the operator's pip settings are translated for it."""
+    env = child_environment(installer=True)
+    if _uv():
+        for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS"):
+            if "PIP_" + setting in env and "UV_" + setting not in env:
+                env["UV_" + setting] = env["PIP_" + setting]
+    return env
+
+
+def _create_venv(path, layered, deadline, cancel):
+    """Create a virtual environment without pip -> Result. A `layered` one (the workspace)
+    gets a .pth that adds the server's site-packages *after* its own: code sees what the
+    server has, and what it installs lands in the workspace, never in the server's."""
+    uv = _uv()
+    if uv:
+        argv = [uv, "venv", "--quiet", "--python", sys.executable, path]
+    else:
+        argv = [sys.executable, "-m", "venv", "--without-pip", path]
+    result = run_process(argv, env=installer_environment(), cwd=STATE_DIR,
+                         timeout=max(1.0, deadline - time.monotonic()), cancel=cancel)
+    if result.failed or not layered:
+        return result
+    # Ask the venv's own interpreter where its packages go: distributions patch
+    # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages here).
+    site_dir = run_process([_venv_python(path), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                           env=child_environment(), cwd=STATE_DIR, timeout=60).stdout.strip()
+    if not os.path.isdir(site_dir):
+        return Result.refusal("no site-packages in %s" % path)
+    server_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    with open(os.path.join(site_dir, "_mcp_exec_server_packages.pth"), "w") as f:
+        f.write("import site; list(map(site.addsitedir, %r))\n" % (server_dirs,))
+    return result
+
+
+def _satisfied_here(requirement):
+    """True if the server's own environment (which the workspace sees) already satisfies a
+    bare name or an exact ==pin; other specifiers are left to the installer to judge."""
+    m = re.match(r"^([a-z0-9-]+)(?:==([A-Za-z0-9.+!_-]+))?$", requirement)
+    if not m:
+        return False
+    from importlib import metadata      # only when packages are asked for
+    try:
+        version = metadata.version(m.group(1))
+    except metadata.PackageNotFoundError:
+        return False
+    return m.group(2) is None or version == m.group(2)
+
+
+def _install(python, requirements, deadline, cancel, report):
+    """Install requirements into python's environment -> Result. The installer's output
+    lines are passed on as progress of the "install" stream."""
+    return run_process(_installer_argv(python, requirements), env=installer_environment(), cwd=STATE_DIR,
+                       timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
+                       on_output=report and (lambda stream, chunk: report("install", chunk)))
+
+
+def _install_failed(result, what):
+    """The Result of a call whose environment could not be made ready."""
+    reason = ("timed out after %g s (INSTALL_TIMEOUT)" % INSTALL_TIMEOUT if result.timed_out
+              else "exit status %s" % result.returncode)
+    detail = (result.stderr.strip() + "\n" + result.stdout.strip()).strip()
+    return Result.refusal("Dependency install failed (%s: %s)\n%s" % (what, reason, detail[-4000:]),
+                          result.returncode or 1, result.timed_out, result.cancelled)
+
+
+def _waited(cancel):
+    """The Result of a wait for a lock that ended without it: cancelled, or out of time."""
+    return Result.refusal("", timed_out=not cancel.is_set(), cancelled=cancel.is_set())
+
+
+class Environments:
+    """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
+    Under STATE_DIR, which several server processes may share: workspace/ (installs
+    accumulate; .installed lists them; .lock is flocked while it changes), venvs/<key>-<random>/
+    (built in place, then read-only) and venvs/<key>.ready (published once complete). A
+    call in an isolated venv holds a shared flock on its lease file: none is evicted in use."""
+
+    def __init__(self, root):
+        self.root = root
+        self.lock = threading.Lock()      # guards key_locks and the cache's pointer files
+        self.key_locks = {}               # one build at a time per package set
+        self.workspace_lock = threading.Lock()
+        self.generation = 0               # bumped whenever this process changes the workspace
+
+    # -- the shared workspace ----------------------------------------------------------
+    def workspace(self, requirements, deadline, cancel, report=None):
+        """-> (python, None), or (None, failure Result), installing what is missing."""
+        # One workspace per interpreter (path and version), as with isolated environments:
+        # servers started with different Pythons never rebuild or delete each other's.
+        tag = hashlib.sha256(("%s %s" % (sys.executable, sys.version)).encode()).hexdigest()[:12]
+        venv = os.path.join(self.root, "workspace-" + tag)
+        record = venv + ".installed"
+        stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
+
+        def missing():
+            installed = set((_read_text(record) or "").split())
+            return [r for r in requirements if r not in installed and not _satisfied_here(r)]
+        # The common case takes no lock: nothing to build, nothing to install. A call
+        # without packages never waits behind another call's install.
+        if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not (requirements and missing()):
+            return _venv_python(venv), None
+        os.makedirs(self.root, exist_ok=True)
+        thread_lock = self.workspace_lock     # our threads, then other server processes (flock)
+        with open(venv + ".lock", "a") as lock_file, \
+                _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline, thread_lock.release) as got, \
+                _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel, deadline) as flocked:
+            if not (got and flocked):
+                return None, _install_failed(_waited(cancel), "waiting for another install into the workspace")
+            if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
+                remove_tree(venv)
+                if os.path.exists(record):
+                    os.unlink(record)
+                os.makedirs(self.root, exist_ok=True)
+                result = _create_venv(venv, True, deadline, cancel)
+                if result.failed:
+                    if requirements:
+                        return None, _install_failed(result, "creating the workspace environment")
+                    log("could not create the workspace environment; running with the server's interpreter")
+                    return sys.executable, None
+                with open(os.path.join(venv, ".mcp-exec-ready"), "w") as f:
+                    f.write(stamp)
+                self.generation += 1
+            todo = missing()
+            if todo:   # pip is not even started when everything asked for is there
+                result = _install(_venv_python(venv), todo, deadline, cancel, report)
+                if result.failed:
+                    return None, _install_failed(result, "pip install " + " ".join(todo))
+                with open(record, "a") as f:
+                    f.write("".join(r + "\n" for r in todo))
+                self.generation += 1
+        return _venv_python(venv), None
+
+    # -- isolated, cached environments ---------------------------------------------------
+    def isolated(self, requirements, deadline, cancel, report=None):
+        """-> (python, lease, None) or (None, None, failure Result); lease.release() after the run."""
+        # The key covers the interpreter too: a server on another Python builds its own.
+        key = hashlib.sha256("\n".join([sys.executable, sys.version] + sorted(requirements)).encode()).hexdigest()[:20]
+        cache = os.path.join(self.root, "venvs")
+        pointer = os.path.join(cache, key + ".ready")
+        with self.lock:
+            key_lock = self.key_locks.setdefault(key, threading.Lock())
+        with _waiting(lambda: key_lock.acquire(blocking=False), cancel, deadline, key_lock.release) as got:
+            if not got:
+                return None, None, _install_failed(_waited(cancel), "waiting for the same environment to be built")
+            lease = self._lease(cache, pointer)
+            if lease is None:
+                failure = self._build(cache, pointer, key, requirements, deadline, cancel, report)
+                if failure:
+                    return None, None, failure
+                lease = self._lease(cache, pointer)
+        if lease is None:
+            return None, None, _install_failed(_waited(cancel), "the environment vanished")
+        self._evict(cache)
+        return _venv_python(lease.venv), lease, None
+
+    def _build(self, cache, pointer, key, requirements, deadline, cancel, report):
+        """Build an isolated venv in place and publish it -> None, or the failure Result.
+        While it builds, <dir>.building is locked: a directory nobody publishes and nobody
+        builds is a dead server's leftover, and recover() removes it (section 7)."""
+        os.makedirs(cache, exist_ok=True)
+        venv = os.path.join(cache, "%s-%s" % (key, secrets.token_hex(4)))
+        with open(venv + ".building", "w") as building:
+            _flock(building, shared=False)
+            try:
+                failure = self._fill(venv, requirements, deadline, cancel, report)
+                if not failure:
+                    # Publish atomically: a crash before this line leaves no entry that a
+                    # later call would trust, only a directory that recover() removes.
+                    tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
+                    with open(tmp, "w") as f:
+                        f.write(os.path.basename(venv))
+                    with self.lock:
+                        os.replace(tmp, pointer)
+            finally:
+                os.unlink(venv + ".building")      # only now: a directory has one or the other
+        return failure
+
+    def _fill(self, venv, requirements, deadline, cancel, report):
+        result = _create_venv(venv, False, deadline, cancel)
+        if not result.failed and requirements:
+            result = _install(_venv_python(venv), requirements, deadline, cancel, report)
+        if result.failed:
+            remove_tree(venv)
+            return _install_failed(result, "building an isolated environment for %s"
+                                   % (" ".join(requirements) or "no packages"))
+        open(os.path.join(venv, LEASE_FILE), "w").close()
+        _set_writable(venv, False)   # later code cannot change it by accident (the owner could chmod it back)
+        return None
+
+    def recover(self):
+        """Remove the isolated environments that a dead server left half built."""
+        cache = os.path.join(self.root, "venvs")
+        for name in os.listdir(cache) if os.path.isdir(cache) else []:
+            if not name.endswith(".building"):
+                continue
+            with open(os.path.join(cache, name)) as lock:
+                if _flock(lock, shared=False, wait=False):
+                    remove_tree(os.path.join(cache, name[:-len(".building")]))
+                    os.unlink(os.path.join(cache, name))
+
+    def _lease(self, cache, pointer):
+        """The cached venv a pointer names, leased (so it cannot be evicted), or None."""
+        with self.lock:      # eviction unlinks pointers under this lock: no lookup sees half
+            venv = _read_text(pointer)
+            venv = venv and os.path.join(cache, venv)
+            if not venv or not os.path.exists(_venv_python(venv)):
+                return None
+            try:
+                lease = _Lease(venv)
+            except OSError:
+                return None
+        # Another server may have evicted it between our read and our lease: look again.
+        if _read_text(pointer) != os.path.basename(venv):
+            lease.release()
+            return None
+        os.utime(pointer)                # least-recently-used order is the pointers' mtime
+        return lease
+
+    def _evict(self, cache):
+        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that nobody uses."""
+        with self.lock:
+            pointers = []
+            for name in os.listdir(cache):
+                if name.endswith(".ready"):
+                    try:
+                        pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
+                    except OSError:
+                        pass
+            pointers.sort()
+            doomed = {}                  # venv name -> its lease file, held exclusively
+            for _, name in pointers[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
+                venv = _read_text(os.path.join(cache, name))
+                held = venv and _Lease.exclusive(os.path.join(cache, venv))
+                if held:
+                    try:
+                        os.unlink(os.path.join(cache, name))
+                        doomed[venv] = held
+                    except OSError:
+                        held.close()
+        for venv, held in doomed.items():
+            TEMPLATES.discard(_venv_python(os.path.join(cache, venv)))
+            remove_tree(os.path.join(cache, venv))
+            held.close()
+        # A directory no entry names, not being built, is a failed or abandoned build. The
+        # builder publishes its entry before it drops .building: look in the same order.
+        for name in os.listdir(cache):
+            path = os.path.join(cache, name)
+            if not os.path.isdir(path) or name in doomed or os.path.exists(path + ".building"):
+                continue
+            with self.lock:
+                live = {_read_text(os.path.join(cache, n)) for n in os.listdir(cache) if n.endswith(".ready")}
+            held = name not in live and _Lease.exclusive(path)
+            if held:
+                remove_tree(path)
+                held.close()
+
+
+class Environment:
+    """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call
+    runs with (env.python), ready and leased for as long as the block lasts, or
+    env.failure (a Result saying why not). env.generation changes whenever the
+    environment changes, so that a template of an older one is not used (section 6)."""
+
+    def __init__(self, packages, isolated, cancel, report=None):
+        self.packages, self.isolated, self.cancel, self.report = list(packages), isolated, cancel, report
+        self.python = self.lease = self.failure = None
+        self.generation = 0
+
+    def __enter__(self):
+        deadline = time.monotonic() + INSTALL_TIMEOUT
+        if self.isolated:       # a cached environment never changes (it is read-only)
+            self.python, self.lease, self.failure = ENVIRONMENTS.isolated(
+                self.packages, deadline, self.cancel, self.report)
+        else:
+            self.python, self.failure = ENVIRONMENTS.workspace(self.packages, deadline, self.cancel, self.report)
+            self.generation = ENVIRONMENTS.generation
+        return self
+
+    def __exit__(self, *exc):
+        if self.lease:
+            self.lease.release()
+            self.lease = None
+
+
+ENVIRONMENTS = Environments(STATE_DIR)
+register_tool_feature(check=check_packages)
+
+
+def _set_writable(path, writable):
+    """Add or remove the write bits of a tree (directories too, so nothing can be added)."""
+    bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+    for rel, info in [("", os.lstat(path))] + list(walk_tree(path, 1 << 20)):
+        if not stat.S_ISLNK(info.st_mode):
+            mode = (info.st_mode | stat.S_IWUSR) if writable else (info.st_mode & ~bits)
+            try:
+                os.chmod(os.path.join(path, rel), stat.S_IMODE(mode))
+            except OSError:
+                pass
+
+
+def _read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+LEASE_FILE = ".mcp-exec-lease"
+
+
+class _Lease:
+    """A call's claim on a cached venv: a shared flock on its lease file (POSIX).
+    flock locks belong to open files, so leases from threads of this process and from
+    other server processes all count, and they end with their process."""
+
+    def __init__(self, venv):
+        self.venv = venv
+        self.file = open(os.path.join(venv, LEASE_FILE))
+        _flock(self.file, shared=True)
+
+    def release(self):
+        self.file.close()
+
+    @staticmethod
+    def exclusive(venv):
+        """-> the lease file locked exclusively (nobody runs there; close it when done), or
+        None while some call holds a lease."""
+        try:
+            f = open(os.path.join(venv, LEASE_FILE))
+        except OSError:
+            return open(os.devnull)   # no lease file: a failed build, nobody runs there
+        if _flock(f, shared=False, wait=False):
+            return f
+        f.close()
+        return None
+
+
+def _flock(file, shared, wait=True):
+    """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if locked."""
+    try:
+        import fcntl   # POSIX only
+    except ImportError:
+        return True
+    flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(file, flags)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def _waiting(try_lock, cancel, deadline, release=None):
+    """`with _waiting(try_lock, cancel, deadline, release) as got:` tries try_lock() until it
+    locks or the call is cancelled or past its deadline; got says whether it locked, and
+    release() unlocks at the end."""
+    got = wait_or_cancel(try_lock, cancel, deadline)
+    try:
+        yield bool(got)
+    finally:
+        if got and release:
+            release()
+
+
+# =============================================================================
+# 9. What the model sees: the last value, images, files in and out
 # =============================================================================
 # After the code, the child looks at what it left (describe_value): the value of a last
 # expression, open matplotlib figures, and a value that can draw itself. It sends them on
@@ -2685,8 +3124,10 @@ TEMPLATES = Templates(FORK_SERVER)
 # of it as MCP content blocks beside the JSON text (tools.mdx, Tool Result).
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS = 10000, 50 * 10 ** 6  # larger ones are drawn smaller, or dropped
 RESULTS_LIMIT = 2 * OUTPUT_LIMIT + IMAGE_LIMIT * (IMAGE_MAX_BYTES * 4 // 3 + 1024) + 65536
 FILE_KEEP_MAX = 16 * 1024 * 1024        # larger files are listed, not kept: one message must hold one
+OUTPUT_MIN_AGE = 300                    # seconds a client's files are safe from another's call
 FILES_INLINE_TOTAL = 1024 * 1024        # embedded files together, per call
 FILES_LISTED_MAX = 50
 FILES_IN_MAX = 100
@@ -2702,7 +3143,10 @@ def describe_value(value, config):
         numbers = plt.get_fignums()
         for number in numbers[:limit]:
             figure = plt.figure(number)
-            png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s), max_bytes)
+            width, height = figure.get_size_inches() * figure.dpi
+            scale = min(1.0, IMAGE_MAX_SIDE / max(width, height, 1),
+                        (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
+            png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s), max_bytes, scale)
             (images.append(png) if png else notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) "
                                                          "even at a low resolution" % (number, max_bytes)))
         if len(numbers) > limit:
@@ -2711,7 +3155,7 @@ def describe_value(value, config):
     if value is not None:
         buffer = OutputBuffer(config["value_limit"])
         buffer.add(repr(value).encode("utf-8", "backslashreplace"))
-        record["value"] = buffer.text()
+        record["value"], record["value_truncated"] = buffer.text(), buffer.truncated
         png = _value_png(value, max_bytes)
         if png and len(images) < limit:
             images.append(png)
@@ -2722,9 +3166,8 @@ def describe_value(value, config):
     return record
 
 
-def _fit_png(render, max_bytes):
+def _fit_png(render, max_bytes, scale=1.0):
     """render(file, scale) writes a PNG; smaller and smaller until it fits (None if never)."""
-    scale = 1.0
     for _ in range(4):
         buffer = io.BytesIO()
         render(buffer, scale)
@@ -2749,19 +3192,27 @@ def _value_png(value, max_bytes):
 
 
 def apply_record(result, record):
-    """Server side: what the child sent on its results pipe, into the Result."""
+    """Server side: what the child sent on its results pipe, into the Result. The code
+    could forge this pipe: only sound PNGs of a sane size pass (a small file may declare a
+    100000 x 100000 image that would exhaust the client's memory)."""
     if isinstance(record.get("value"), str):
         result.value = record["value"]
+        result.value_truncated = record.get("value_truncated") is True
+        result.truncated = result.truncated or result.value_truncated
     for image in record.get("images", [])[:IMAGE_LIMIT]:
         try:
-            data = image["data"]
-            base64.b64decode(data, validate=True)
-            entry = {"mimeType": "image/png", "width": int(image["width"]), "height": int(image["height"]),
-                     "bytes": int(image["bytes"])}
-        except (KeyError, TypeError, ValueError, binascii.Error):
-            continue                      # the code could forge this pipe: take only what is sound
-        result.images.append(entry)
-        result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
+            png = base64.b64decode(image["data"], validate=True)
+            width, height = struct.unpack(">II", png[16:24])
+        except (KeyError, TypeError, ValueError, binascii.Error, struct.error):
+            continue
+        if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
+            continue
+        if max(width, height) > IMAGE_MAX_SIDE or width * height > IMAGE_MAX_PIXELS:
+            result.note("an image of %d x %d pixels was dropped: more than %d a side or %d megapixels"
+                        % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
+            continue
+        result.images.append({"mimeType": "image/png", "width": width, "height": height, "bytes": len(png)})
+        result.blocks.append((None, {"type": "image", "data": image["data"], "mimeType": "image/png"}))
     for note in record.get("notes", [])[:10]:
         result.note(str(note)[:300])
 
@@ -2784,7 +3235,8 @@ def check_files(arguments, clean):
         path = _relative_path(entry["path"])
         if path is None:
             return ('files[%d].path %s must be a relative path inside the working directory, such as '
-                    '"data/input.csv": no "..", no leading "/"' % (n, json.dumps(entry["path"])[:100]))
+                    '"data/input.csv": no "..", no leading "/", at most 1024 characters and 32 directories '
+                    'deep' % (n, json.dumps(entry["path"])[:100]))
         if path in seen:
             return "files[%d].path %s names a file given before; give each file once" % (n, json.dumps(path))
         seen.add(path)
@@ -2803,9 +3255,10 @@ def check_files(arguments, clean):
 
 
 def _relative_path(path):
-    """'a/./b.csv' -> 'a/b.csv'; None for anything that could leave the directory, or that
-    is not UTF-8 (a lone surrogate, a file name in another encoding)."""
-    if not path or "\0" in path or "\\" in path or path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+    """'a/./b.csv' -> 'a/b.csv'; None for anything that could leave the directory, that is
+    not UTF-8 (a lone surrogate, a file name in another encoding), longer than 1024
+    characters or deeper than 32 directories."""
+    if not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path or "\\" in path or path.startswith("/") or re.match(r"^[A-Za-z]:", path):
         return None
     try:
         path.encode("utf-8")
@@ -2875,10 +3328,10 @@ def snapshot_files(work):
             for rel, info in walk_tree(work, 10000) if stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)}
 
 
-def collect_files(result, work, before, move=True):
+def collect_files(result, work, before, owner, move=True):
     """The files the code created or changed in `work` -> result.files and content blocks.
     Every one is listed; each regular file up to FILE_KEEP_MAX is kept for resources/read
-    (moved out of a directory about to be removed, copied out of a session's); small
+    (moved out of a directory about to be removed, copied out of a kernel's); small
     ones are also embedded. A symbolic link is listed, never read."""
     after = snapshot_files(work)
     changed = sorted(rel for rel, info in after.items() if before.get(rel) != info)
@@ -2894,9 +3347,12 @@ def collect_files(result, work, before, move=True):
         if size > FILE_KEEP_MAX or _relative_path(rel) is None:
             entry["path"] = os.fsencode(rel).decode("utf-8", "backslashreplace")
             entry["note"] = ("larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20) if size > FILE_KEEP_MAX
-                             else "its name is not UTF-8: not returned")
+                             else "its name is not UTF-8, or too long or deep: not returned")
             continue
-        uri = OUTPUTS.keep(token, work, rel, move)
+        if not OUTPUTS.make_room(size, owner):
+            entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
+            continue
+        uri = OUTPUTS.keep(token, work, rel, move, owner)
         data = OUTPUTS.read(uri) if uri and size <= FILE_INLINE_BYTES else None
         if uri is None:
             entry["note"] = "could not be read (not a regular file any more)"
@@ -2925,18 +3381,21 @@ def resource_contents(uri, mime_type, data):
 class OutputStore:
     """Files the code wrote, kept for resources/read: STATE_DIR/outputs/<token>/<path>.
     A URI (mcp-exec://output/<token>/<path>) is unguessable. Files live OUTPUT_TTL
-    seconds, and at most OUTPUT_STORE_MB together: the oldest calls' files go first."""
+    seconds, and at most OUTPUT_STORE_MB together: to make room, the oldest calls' files
+    go first, but never another client's younger than OUTPUT_MIN_AGE; a file that finds no
+    room is listed, not kept. So no call, not even one huge one, pushes out what another
+    client was just given."""
 
     PREFIX = "mcp-exec://output/"
 
     def __init__(self, root):
         self.root = root
         self.lock = threading.Lock()
-        self.calls = {}          # token -> [created, bytes], oldest first
+        self.calls = {}          # token -> [created, bytes, owner], oldest first
         self.swept = 0.0
 
-    def keep(self, token, work, rel, move):
-        """Keep work/rel (moved, or copied from a session's directory) -> its URI, or None."""
+    def keep(self, token, work, rel, move, owner):
+        """Keep work/rel (moved, or copied from a kernel's directory) -> its URI, or None."""
         target = os.path.join(self.root, token, *rel.split("/"))
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -2953,9 +3412,25 @@ class OutputStore:
         except OSError:
             return None
         with self.lock:
-            self.calls.setdefault(token, [time.time(), 0])[1] += size
-        self.expire(keep=token)
+            self.calls.setdefault(token, [time.time(), 0, owner])[1] += size
         return self.PREFIX + token + "/" + urllib.parse.quote(rel)
+
+    def make_room(self, size, owner):
+        """Evict what must go so that `size` more bytes fit -> False if they cannot."""
+        self.expire()
+        now, doomed = time.time(), []
+        with self.lock:
+            total = sum(entry[1] for entry in self.calls.values())
+            for token, (created, kept, whose) in list(self.calls.items()):
+                if total + size <= OUTPUT_STORE_MB << 20:
+                    break
+                if whose == owner or now - created > OUTPUT_MIN_AGE:
+                    doomed.append(token)
+                    total -= kept
+                    del self.calls[token]
+        for token in doomed:
+            remove_tree(os.path.join(self.root, token))
+        return total + size <= OUTPUT_STORE_MB << 20
 
     def _path(self, uri):
         if not isinstance(uri, str) or not uri.startswith(self.PREFIX):
@@ -2976,39 +3451,34 @@ class OutputStore:
         except (OSError, TypeError, ValueError):
             return None
 
-    def live(self):
-        """(uri, name, size) of every file kept by this server, newest first."""
+    def live(self, owner):
+        """(uri, name, size) of every file kept for `owner`'s calls, newest first."""
         self.expire()
         found = []
         with self.lock:
-            tokens = list(self.calls)
+            tokens = [token for token, entry in self.calls.items() if entry[2] == owner]
         for token in reversed(tokens):
             for rel, info in sorted(snapshot_files(os.path.join(self.root, token)).items()):
                 found.append((self.PREFIX + token + "/" + urllib.parse.quote(rel), rel, info[1]))
         return found
 
-    def expire(self, keep=None):
-        """Forget what is older than OUTPUT_TTL, and the oldest beyond OUTPUT_STORE_MB
-        (never `keep`: the call being stored)."""
+    def expire(self):
+        """Forget what is older than OUTPUT_TTL."""
         now = time.time()
         if now - self.swept > 60:              # also what servers gone before us left on disk
             self.swept = now
             for token in os.listdir(self.root) if os.path.isdir(self.root) else []:
                 try:
                     if now - os.path.getmtime(os.path.join(self.root, token)) > OUTPUT_TTL:
-                        shutil.rmtree(os.path.join(self.root, token), ignore_errors=True)
+                        remove_tree(os.path.join(self.root, token))
                 except OSError:
                     pass
         with self.lock:
-            total = sum(size for _, size in self.calls.values())
-            doomed = []
-            for token, (created, size) in list(self.calls.items()):
-                if token != keep and (now - created > OUTPUT_TTL or total > OUTPUT_STORE_MB << 20):
-                    doomed.append(token)
-                    total -= size
-                    del self.calls[token]
+            doomed = [token for token, entry in self.calls.items() if now - entry[0] > OUTPUT_TTL]
+            for token in doomed:
+                del self.calls[token]
         for token in doomed:
-            shutil.rmtree(os.path.join(self.root, token), ignore_errors=True)
+            remove_tree(os.path.join(self.root, token))
 
 
 OUTPUTS = OutputStore(os.path.join(STATE_DIR, "outputs"))
@@ -3023,108 +3493,94 @@ def handle_resources_read(request):
         raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
                             "Resource not found: %s expired (files are kept %g s, OUTPUT_TTL) or never existed; "
                             "run the code again to make it" % (uri, OUTPUT_TTL), {"uri": uri})
-    return _cacheable(request, {"contents": [resource_contents(uri, mimetypes.guess_type(uri)[0]
-                                                              or "application/octet-stream", data)]})
+    mime_type = mimetypes.guess_type(uri)[0] or "application/octet-stream"
+    return {"contents": [resource_contents(uri, mime_type, data)]}
 
 
 def handle_resources_list(request):
+    """The files of this MCP session's calls. Another session's files stay readable by
+    their exact URI (an unguessable capability) but are never listed; a stateless request
+    is a session of its own, so it lists nothing."""
     if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
-    return _cacheable(request, {"resources": [
+    return {"resources": [
         {"uri": uri, "name": name, "size": size, "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
-        for uri, name, size in OUTPUTS.live()[:200]]})
+        for uri, name, size in OUTPUTS.live(request.session.owner)[:200]]}
 
 
-def _cacheable(request, result):
-    """2026-07-28 resource results say how long they may be cached: not at all, and only by
-    this client (server/utilities/caching.mdx)."""
-    if request.modern:
-        result.update(ttlMs=0, cacheScope="private")
-    return result
-
-INPUT_SCHEMA["properties"]["files"] = {
-    "type": "array", "maxItems": FILES_IN_MAX,
-    "description": "Files to put in the working directory first: [{\"path\": \"data.csv\", \"content\": \"...\"}], "
-                   "with \"encoding\": \"base64\" for binary content.",
-    "items": {"type": "object", "required": ["path", "content"], "additionalProperties": False,
-              "properties": {"path": {"type": "string"}, "content": {"type": "string"},
-                             "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}}
-OUTPUT_SCHEMA["properties"].update({
-    "value": {"type": "string", "description": "repr() of the last expression, when the code ends with one."},
-    "images": {"type": "array", "description": "The PNG images returned as image content, in order.",
-               "items": {"type": "object", "properties": {"mimeType": {"type": "string"}, "width": {"type": "integer"},
-                                                          "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
-    "files": {"type": "array", "description": "Files the code created or changed in its working directory.",
-              "items": {"type": "object", "properties": {"path": {"type": "string"}, "size": {"type": "integer"},
-                                                         "mimeType": {"type": "string"}, "uri": {"type": "string"},
-                                                         "note": {"type": "string"}}}}})
-ARGUMENT_CHECKS.append(check_files)
-TOOL_NOTES.append("If the code ends with an expression, its repr() comes back as \"value\", like a notebook's "
-                  "Out[]. Open matplotlib figures (plt.show() included) come back as PNG images, and so does a "
-                  "last value that can draw itself (a PIL image). \"files\" puts files in the working directory "
-                  "first; files the code writes there come back: small ones embedded, larger ones as links to "
-                  "read with resources/read, kept for %d minutes." % (OUTPUT_TTL // 60))
-SERVER_CAPABILITIES["resources"] = {}
-REQUEST_HANDLERS.update({"resources/read": handle_resources_read, "resources/list": handle_resources_list})
+FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"value\", like a notebook's "
+              "Out[]. Open matplotlib figures (plt.show() included) come back as PNG images, and so does a "
+              "last value that can draw itself (a PIL image). \"files\" puts files in the working directory "
+              "first; files the code writes there come back: small ones embedded, larger ones as links to "
+              "read with resources/read, kept for %d minutes." % (OUTPUT_TTL // 60))
+register_tool_feature(check=check_files, note=lambda local: FILES_NOTE, capability={"resources": {}})
+register_method("resources/read", handle_resources_read)
+register_method("resources/list", handle_resources_list)
 
 
 # =============================================================================
-# 8. Sessions: state that lives across calls, when the model asks for it
+# 10. Kernels: state that lives across calls, when the model asks for it
 # =============================================================================
-# "session": "new" starts a long-lived interpreter with a directory of its own, and the
-# result names its handle; passing the handle runs code there, where globals, imports
-# and files persist. This is the shape 2026-07-28 recommends instead of protocol-level
-# sessions (server/tools.mdx, Stateful Tools): a server-minted handle in an ordinary
-# argument, an unknown or expired one a tool error. Calls without a session are as before.
-# A timeout or cancel first interrupts the code (KeyboardInterrupt, as Jupyter does) and
-# keeps the state; code that does not stop within SESSION_INTERRUPT_GRACE is killed with
-# its session. A handle is valid only in the server process that made it.
+# The tool's "session": "new" starts a kernel: a long-lived interpreter with a directory
+# of its own, and the result names its handle; passing the handle runs code there, where
+# globals, imports and files persist. This is the shape 2026-07-28 recommends instead of
+# protocol-level sessions (server/tools.mdx, Stateful Tools): a server-minted handle in an
+# ordinary argument, an unknown or expired one a tool error. (The argument is called
+# "session" for compatibility; in this file "session" means the MCP session.) A timeout
+# or cancel first interrupts the code (KeyboardInterrupt, as Jupyter does) and keeps the
+# state; code that does not stop within KERNEL_INTERRUPT_GRACE is killed with its kernel.
+# A handle is valid only in the server process that made it.
 
-SESSION_INTERRUPT_GRACE = 2.0
-SESSION_QUEUE = 8            # calls that may wait for their session; more are refused
+KERNEL_INTERRUPT_GRACE = 2.0
+KERNEL_QUEUE = 8            # calls that may wait for their kernel; more are refused
 
 
-class CodeSession:
-    """One session: its interpreter (a child in "session" mode), directory and environment."""
-    def __init__(self, handle, env, call, child, control):
+class Kernel:
+    """One kernel: its interpreter (a child in "kernel" mode), directory and environment,
+    and the MCP session that started it (`owner`)."""
+    def __init__(self, handle, env, call, child, control, owner):
         self.handle, self.env, self.call, self.child, self.control = handle, env, call, child, control
+        self.owner = owner
+        self.watch = None                        # its totals, watched for its whole life
         self.packages = sorted(env.packages)
         self.last_used = time.monotonic()
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self.next_ticket = self.serving = 0      # calls run in arrival order
         self.skipped = set()                     # tickets of callers that were cancelled waiting
         self.ended = False
 
     def enter(self, cancel):
-        """Wait for this session's turn -> None, or a refusal Result."""
-        with self.cond:
-            if self.next_ticket - self.serving > SESSION_QUEUE:
+        """Wait for this kernel's turn -> None, or a refusal Result."""
+        with self.lock:
+            if self.next_ticket - self.serving > KERNEL_QUEUE:
                 return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
-                                      % SESSION_QUEUE, returncode=-1)
+                                      % KERNEL_QUEUE, returncode=-1)
             ticket = self.next_ticket
             self.next_ticket += 1
-            while ticket != self.serving and not cancel.is_set():
-                self.cond.wait(0.1)
-            if ticket != self.serving:
-                self.skipped.add(ticket)         # its turn is passed on when it comes
-                return Result.refusal("cancelled", returncode=-1, cancelled=True)
+        if wait_or_cancel(lambda: self.serving == ticket, cancel, step=0.02):
             return None
+        with self.lock:
+            mine = self.serving == ticket
+            if not mine:
+                self.skipped.add(ticket)         # its turn is passed on when it comes
+        if mine:
+            self.leave()                         # its turn came with the cancel: pass it on
+        return Result.refusal("cancelled", returncode=-1, cancelled=True)
 
     def leave(self):
-        with self.cond:
+        with self.lock:
             self.serving += 1
             while self.serving in self.skipped:
                 self.skipped.discard(self.serving)
                 self.serving += 1
             self.last_used = time.monotonic()
-            self.cond.notify_all()
 
     def run(self, args, cancel, on_output, before=None):
-        """Run one call's code in the session -> Result. The first call's files and pipes
+        """Run one call's code in the kernel -> Result. The first call's files and pipes
         came with the interpreter (`before` is its directory's snapshot); a later call
         writes its files, then sends its pipes over the control socket."""
         if before is not None:
-            child = SessionCall(self, self.child.pipes)
+            child = KernelCall(self, self.child.pipes)
         else:
             problem = write_input_files(self.call.work, args["files"])
             if problem:
@@ -3135,77 +3591,92 @@ class CodeSession:
                 socket.send_fds(self.control, [b"run"], pipes.child)
             except OSError:
                 pipes.close_all()
-                SESSIONS.end(self)
+                KERNELS.end(self)
                 return Result.refusal("The session's interpreter is gone.")
             pipes.close_child_ends()
-            child = SessionCall(self, pipes)
+            child = KernelCall(self, pipes)
         result = supervise(child, args["code"].encode("utf-8", "surrogatepass"), args["timeout"], cancel,
-                           on_output, until_results=True)   # an interpreter that died ends its session
+                           on_output)               # an interpreter that died ends its kernel
         if not self.ended:
-            collect_files(result, self.call.work, before, move=False)
+            collect_files(result, self.call.work, before, self.owner, move=False)
         return result
 
 
-class SessionCall:
-    """One call of a session, as supervise() sees it: done when the results arrive."""
-    def __init__(self, session, pipes):
-        self.session, self.pipes, self.pid, self.call = session, pipes, session.child.pid, session.call
+class KernelCall(Child):
+    """One call of a kernel, as supervise() sees it: over when the results arrive, while
+    the interpreter lives on. An interpreter that exits, or is killed, ends its kernel."""
+    def __init__(self, kernel, pipes):
+        self.kernel, self.pipes, self.pid, self.call = kernel, pipes, kernel.child.pid, kernel.call
 
     def exit_code(self):
-        return self.session.child.exit_code()
+        return self.kernel.child.exit_code()
 
     def wait(self, seconds):
         time.sleep(seconds)        # its pipes are closed, so it has sent its results
 
+    def call_over(self, reading):
+        return "results" not in reading
+
     def interrupt(self):
         _signal(self.pid, signal.SIGINT)       # KeyboardInterrupt in the code; the state stays
+        return True
+
+    def status(self, record):
+        return record.get("status")
+
+    def needs_kill(self, record):
+        return "status" not in record          # it closed its results without a word: it is broken
 
     def kill(self):
-        SESSIONS.end(self.session)             # the code would not stop: the session dies
+        KERNELS.end(self.kernel)               # the code would not stop: the kernel dies
 
 
-class Sessions:
-    """The live sessions of this server process, at most SESSION_LIMIT; idle ones end
-    after SESSION_IDLE seconds."""
+class Kernels:
+    """The live kernels of this server process, at most SESSION_LIMIT, and over HTTP at most
+    half of them (rounded up) for one MCP session; idle ones end after SESSION_IDLE seconds."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.live = {}
+        self.reasons = {}         # handle -> why it was ended, for its next call
         self.reaper = None
 
-    def start(self, args, cancel, on_output):
-        """A "session": "new" call -> (session, first Result)."""
+    def start(self, args, session, cancel, on_output):
+        """A "session": "new" call -> (kernel, first Result)."""
         with self.lock:
-            if len(self.live) >= SESSION_LIMIT:
+            mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)
+            if len(self.live) >= SESSION_LIMIT or (not session.local and mine >= (SESSION_LIMIT + 1) // 2):
                 return None, Result.refusal(
-                    "No new session: %d are live (SESSION_LIMIT). End one with \"end_session\": true, reuse "
-                    "one, or call without \"session\"." % SESSION_LIMIT)
+                    "No new session: %d are live (SESSION_LIMIT, of which one client may hold half). End one "
+                    "with \"end_session\": true, reuse one, or call without \"session\"." % len(self.live))
             handle = "s-" + secrets.token_urlsafe(12)
             self.live[handle] = None                  # reserved while it starts
-        env = call = ours = session = None
+        env = call = ours = kernel = None
         try:
             env = Environment(args["packages"], args["use_temp_dir"], cancel, on_output).__enter__()
             if env.failure:
                 return None, env.failure
-            call = CallDir(os.path.join(RUN_DIR.path(), "session-" + secrets.token_hex(6)))
+            call = CallDir(os.path.join(RUN_DIR.path(), "kernel-" + secrets.token_hex(6)))
             problem = write_input_files(call.work, args["files"])
             if problem:
                 return None, Result.refusal(problem)
             before = snapshot_files(call.work)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
-                child = start_child(env, call, "session", [theirs.fileno()])
+                child = start_child(env, call, "kernel", session.local, [theirs.fileno()])
             finally:
                 theirs.close()
-            session = CodeSession(handle, env, call, child, ours)
+            kernel = Kernel(handle, env, call, child, ours, session.owner)
+            # Its totals hold for its whole life, between calls too (a thread it left running).
+            kernel.watch = MONITOR.watch(child.pid, call.root, lambda reason: self.end(kernel, reason))
             with self.lock:
-                self.live[handle] = session
+                self.live[handle] = kernel
                 if self.reaper is None:
                     self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
                     self.reaper.start()
-            return session, session.run(args, cancel, on_output, before)
+            return kernel, kernel.run(args, cancel, on_output, before)
         finally:
-            if session is None:           # it never started: nothing of it may stay
+            if kernel is None:           # it never started: nothing of it may stay
                 for part in (ours and ours.close, call and call.remove, env and env.__exit__):
                     if part:
                         part()
@@ -3214,23 +3685,29 @@ class Sessions:
 
     def get(self, handle):
         with self.lock:
-            session = self.live.get(handle)
-        return session if session and not session.ended else None
+            kernel = self.live.get(handle)
+        return kernel if kernel and not kernel.ended else None
 
-    def end(self, session):
-        """End a session: its interpreter and everything it started die, its directory goes."""
+    def end(self, kernel, reason=None):
+        """End a kernel: its interpreter and everything it started die, its directory goes.
+        A reason (a limit it crossed) is kept for the next call that names it."""
         with self.lock:
-            if session.ended:
+            if kernel.ended:
                 return
-            session.ended = True
-            self.live.pop(session.handle, None)
+            kernel.ended = True
+            self.live.pop(kernel.handle, None)
+            if reason:
+                self.reasons[kernel.handle] = reason
+                while len(self.reasons) > 100:
+                    self.reasons.pop(next(iter(self.reasons)))
+        MONITOR.unwatch(kernel.watch)
         try:
-            session.control.close()       # the interpreter sees EOF and exits ...
+            kernel.control.close()       # the interpreter sees EOF and exits ...
         except OSError:
             pass
-        session.child.kill()              # ... and whatever it left is killed
-        session.call.remove()
-        session.env.__exit__()
+        kernel.child.kill()              # ... and whatever it left is killed
+        kernel.call.remove()
+        kernel.env.__exit__()
 
     def _reap_idle(self):
         while True:
@@ -3239,75 +3716,78 @@ class Sessions:
             with self.lock:
                 idle = [s for s in self.live.values() if s and s.serving == s.next_ticket
                         and now - s.last_used > SESSION_IDLE]
-            for session in idle:
-                self.end(session)
+            for kernel in idle:
+                self.end(kernel)
 
     def close(self):
         with self.lock:
-            sessions = [s for s in self.live.values() if s]
-        for session in sessions:
-            self.end(session)
+            kernels = [k for k in self.live.values() if k]
+        for kernel in kernels:
+            self.end(kernel)
 
 
-SESSIONS = Sessions()
+KERNELS = Kernels()
 
 
-def run_in_session(args, cancel, on_output):
-    """A call with "session": start one ("new") or use one -> Result naming the session."""
+def run_in_kernel(args, session, cancel, on_output):
+    """A call with "session": start a kernel ("new") or use one -> Result naming it."""
     new = args["session"] == "new"
-    session = None if new else SESSIONS.get(args["session"])
-    if not new and session is None:
+    kernel = None if new else KERNELS.get(args["session"])
+    if not new and kernel is None and args["session"] in KERNELS.reasons:
+        return Result.refusal("The session %s was ended: %s Its state is lost; start a new one with "
+                              "\"session\": \"new\"." % (args["session"], KERNELS.reasons[args["session"]]))
+    if not new and kernel is None:
         return Result.refusal(
             "Unknown or expired session %s: sessions end after %g s idle (SESSION_IDLE), when their code "
             "cannot be interrupted, with end_session, or when the server restarts, and a handle is valid only "
             "on the server process that made it. Start a new one with \"session\": \"new\" and redo its setup."
             % (json.dumps(args["session"]), SESSION_IDLE))
-    refusal = None if new else (_session_packages(session, args, cancel) or session.enter(cancel))
+    refusal = None if new else (_kernel_packages(kernel, args, cancel) or kernel.enter(cancel))
     if refusal:
         return refusal
-    slot = EXEC_SLOTS.acquire(cancel)
+    slot = EXEC_SLOTS.acquire(cancel, session.owner)
     try:
         if slot != "ok":
             return EXEC_SLOTS.refusal(slot)
         if new:
-            session, result = SESSIONS.start(args, cancel, on_output)
-            if session is None:
+            kernel, result = KERNELS.start(args, session, cancel, on_output)
+            if kernel is None:
                 return result
         else:
-            result = session.run(args, cancel, on_output)
+            result = kernel.run(args, cancel, on_output)
     finally:
         if slot == "ok":
-            EXEC_SLOTS.release()
-        if session is not None and not new:
-            session.leave()
-    result.session = session.handle
-    if args.get("end_session") and not session.ended:
-        SESSIONS.end(session)
-    elif session.ended:
+            EXEC_SLOTS.release(session.owner)
+        if kernel is not None and not new:
+            kernel.leave()
+    result.session = kernel.handle
+    if args.get("end_session") and not kernel.ended:
+        KERNELS.end(kernel)
+    elif kernel.ended:
         result.note("The session %s ended (its code did not stop within %g s of the interrupt, crossed a "
                     "limit, or its interpreter exited); its state is lost. Start a new one with \"session\": \"new\"."
-                    % (session.handle, SESSION_INTERRUPT_GRACE))
-    result.session_ended = session.ended
+                    % (kernel.handle, KERNEL_INTERRUPT_GRACE))
+    result.session_ended = kernel.ended
     return result
 
 
-def _session_packages(session, args, cancel):
-    """Packages asked for in a session call: installed into a workspace session's environment;
-    an isolated session's are fixed -> None, or a refusal Result."""
+def _kernel_packages(kernel, args, cancel):
+    """Packages asked for in a kernel call: installed into a workspace kernel's environment;
+    an isolated kernel's are fixed -> None, or a refusal Result."""
     if not args["packages"]:
         return None
-    if session.env.isolated:
-        if sorted(args["packages"]) == session.packages:
+    if kernel.env.isolated:
+        if sorted(args["packages"]) == kernel.packages:
             return None
         return Result.refusal("This session runs in an isolated environment with %s; its packages cannot "
                               "change. Start a new session with the packages you need."
-                              % (", ".join(session.packages) or "no packages"))
+                              % (", ".join(kernel.packages) or "no packages"))
     with Environment(args["packages"], False, cancel) as env:
         return env.failure
 
 
-def serve_session(config, results):
-    """Session mode (in the child): run each call's code in one __main__, until the server
+def serve_kernel(config, results):
+    """Kernel mode (in the child): run each call's code in one __main__, until the server
     closes the control socket. The first call's pipes are this process's stdio; later
     calls bring theirs over the control socket. Between calls, stdio is /dev/null."""
     control = socket.socket(fileno=config["extra_fds"][0])
@@ -3336,48 +3816,147 @@ def serve_session(config, results):
         results = fds[3]
 
 
-def check_session(arguments, clean):
+def check_kernel(arguments, clean):
     """The "session" and "end_session" arguments -> clean, or the problem."""
-    session, end = arguments.get("session"), arguments.get("end_session", False)
-    if session is not None and (not isinstance(session, str) or not (session == "new" or session.startswith("s-"))):
+    kernel, end = arguments.get("session"), arguments.get("end_session", False)
+    if kernel is not None and (not isinstance(kernel, str) or not (kernel == "new" or kernel.startswith("s-"))):
         return '"session" must be "new" (to start one) or a handle a result gave you, such as "s-..."'
-    if not isinstance(end, bool) or (end and session is None):
+    if not isinstance(end, bool) or (end and kernel is None):
         return '"end_session" must be true or false, and goes with "session": the handle of the session to end'
-    clean["session"], clean["end_session"] = session, end
+    clean["session"], clean["end_session"] = kernel, end
     return None
 
 
-INPUT_SCHEMA["properties"].update({
-    "session": {"type": "string", "description": "\"new\" starts a session that keeps variables, imports and files "
-                                                 "across calls; then pass the handle the result gives you."},
-    "end_session": {"type": "boolean", "default": False,
-                    "description": "true ends the session after this call's code (which may be empty)."}})
-OUTPUT_SCHEMA["properties"].update({
-    "session": {"type": "string", "description": "The session this call ran in: pass it as \"session\" next time."},
-    "session_ended": {"type": "boolean", "description": "The session ended with this call; its state is gone."}})
-ARGUMENT_CHECKS.append(check_session)
-TOOL_NOTES.append("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, imports and "
-                  "files across calls, then pass the returned \"session\" handle in the next calls; end it with "
-                  "\"end_session\": true when done. Sessions end after %d minutes idle." % (SESSION_IDLE // 60))
+KERNEL_NOTE = ("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, imports "
+               "and files across calls, then pass the returned \"session\" handle in the next calls; end it "
+               "with \"end_session\": true when done. Sessions end after %d minutes idle." % (SESSION_IDLE // 60))
+register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE)
 
 
 # =============================================================================
-# 9. Protocol extras
+# 11. The 2026-07-28 era: stateless requests
 # =============================================================================
-# Each subsection adds one rule of the specification to the core of section 2.
+# No initialize: every request carries its version and the client's capabilities in
+# params._meta and is answered on its own (2026-07-28 basic/versioning.mdx). A dual-era
+# server keeps the handshake for those who open with initialize. This era registers its
+# request parser with the core (register_era); the methods are the core's, less
+# initialize, plus server/discover.
 
-# --- 9.1 Cancellation (basic/utilities/cancellation.mdx) --------------------------------
-# A client that no longer wants an answer sends notifications/cancelled. The call's cancel
-# Event (Session.start_call) kills its processes; handle_tools_call then answers CANCELLED,
-# and no response is sent. An id that is unknown or already finished is ignored.
+META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_CLIENT = "io.modelcontextprotocol/clientInfo"
+META_SERVER = "io.modelcontextprotocol/serverInfo"
+# MCP's own error codes (2026-07-28 basic/index.mdx, Error Codes). -32021, a missing
+# client capability, never applies: no method here needs one.
+HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022
+# How long a result may be cached, and by whom (2026-07-28 server/utilities/caching.mdx):
+# the tool list and discovery never change while we run; files are private and fleeting.
+CACHING = {"tools/list": (3600 * 1000, "public"), "server/discover": (3600 * 1000, "public"),
+           "resources/read": (0, "private"), "resources/list": (0, "private")}
 
 
-def notify_cancelled(params, session):
-    if valid_id(params.get("requestId")):
-        session.cancel(params["requestId"])
+def is_modern_request(method, params):
+    """A request in the 2026-07-28 style: it carries its own version in _meta.
+    (server/discover exists only there, so it is modern even when its _meta is missing.)"""
+    meta = params.get("_meta")
+    return method == "server/discover" or (
+        isinstance(meta, dict) and (META_VERSION in meta or META_CAPABILITIES in meta))
 
 
-# --- 9.2 Progress (basic/utilities/progress.mdx) ------------------------------------------
+class ModernRequest(Request):
+    """A 2026-07-28 request: served statelessly, its result marked as complete."""
+    modern = True
+
+    def decorate(self, result):
+        decorate_modern_result(result, self.version, self.method)
+
+
+def modern_request(request_id, method, params, session, notify):
+    """-> a ModernRequest, or None for a request of the handshake era."""
+    if not (session.modern and is_modern_request(method, params)):
+        return None
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    missing = [name for name, kind in ((META_VERSION, str), (META_CAPABILITIES, dict))
+               if not isinstance(meta.get(name), kind)]
+    if missing:   # basic/index.mdx, _meta: both are required
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: a 2026-07-28 request must carry _meta %s"
+                            % " and ".join(missing), {"missing": missing})
+    version = meta[META_VERSION]
+    if version not in MODERN_VERSIONS:
+        raise ProtocolError(UNSUPPORTED_VERSION, "Unsupported protocol version",
+                            {"supported": list(SUPPORTED_VERSIONS), "requested": version})
+    if "modern" not in METHODS.get(method, (None, (), False))[1]:
+        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
+    return ModernRequest(request_id, method, params, session, version, notify)
+
+
+def decorate_modern_result(result, version, method="tools/call"):
+    """Every modern result says what it is and who answered (basic/index.mdx, _meta), and
+    how long it may be cached where that is required."""
+    result.setdefault("resultType", "complete")          # a task says "task" (section 12)
+    result.setdefault("_meta", {})[META_SERVER] = server_info(version)
+    if method in CACHING:
+        result["ttlMs"], result["cacheScope"] = CACHING[method]
+
+
+def handle_discover(request):
+    """server/discover (2026-07-28 server/discover.mdx): versions, capabilities, identity."""
+    return {"supportedVersions": list(SUPPORTED_VERSIONS),
+            "capabilities": server_capabilities(request.version),
+            "instructions": instructions(request.session)}
+
+
+def declares_extension(request, name):
+    """Did this request's own _meta declare a client extension (basic/versioning.mdx)?"""
+    capabilities = request.params["_meta"].get(META_CAPABILITIES) if request.modern else None
+    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+    return isinstance(extensions, dict) and name in extensions
+
+
+register_era(modern_request)
+register_method("server/discover", handle_discover, eras=("modern",))
+
+
+# =============================================================================
+# 12. Jobs and tasks: progress, and runs that outlive their request
+# =============================================================================
+# A job is a run that belongs to the server, not to the request that started it. Every
+# tools/call runs as one, on a thread of its own, and the request waits for it at most
+# CALL_WAIT seconds: a run that ends in time is answered exactly as an ordinary call; one
+# that does not is answered with its handle and its output so far ("status": "running"),
+# and goes on. Three faces show the same job:
+#   - the handle, which any model can poll in any host: {"job": "j-..."} waits up to
+#     CALL_WAIT again and returns only the output that is new since the last answer;
+#   - 2025-11-25 Tasks (basic/utilities/tasks.mdx): a task-augmented tools/call answers at
+#     once with the task; tasks/get, tasks/result, tasks/list and tasks/cancel;
+#   - the 2026-07-28 extension io.modelcontextprotocol/tasks: a request that declares it
+#     may get a task instead of a result after TASK_WAIT; tasks/get has the result inline.
+# A job keeps running when its request, stream or MCP session goes away; any session may
+# poll it (one API key is one principal), but tasks/list shows a session only its own.
+
+# --- Progress (basic/utilities/progress.mdx) --------------------------------------------
+
+
+class LatestLine:
+    """The latest complete, non-blank line of a stream, for progress messages.
+    Output arrives in arbitrary pieces (`print("tick", 2)` under `python -u` is several
+    writes), so the unfinished line is kept until its newline comes. Before the first
+    newline, the unfinished line is the latest there is."""
+
+    def __init__(self):
+        self.partial = b""
+        self.line = ""
+
+    def feed(self, chunk):
+        data = self.partial + chunk
+        cut = data.rfind(b"\n")
+        self.partial = data[cut + 1:][-4096:]
+        for line in reversed(data[:max(cut, 0)].splitlines()):
+            if line.strip():
+                self.line = line.decode("utf-8", "replace").strip()[:200]
+                break
+        if not self.line and self.partial.strip():
+            return self.partial.decode("utf-8", "replace").strip()[:200]
+        return self.line
 
 
 class Progress:
@@ -3401,14 +3980,17 @@ class Progress:
         self.last_progress = 0.0
         self.last_sent = self.started
         self.line = "started"
+        self.latest = {"stdout": LatestLine(), "stderr": LatestLine(), "install": LatestLine()}
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.stopped = False
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def output(self, stream, line):
-        """Called by the executor with the latest output line (stream: stdout, stderr, install)."""
+    def output(self, stream, chunk):
+        """Called by the executor with what the code (stream: stdout, stderr) or the
+        installer ("install") wrote."""
+        line = self.latest[stream].feed(chunk)
         if line:
             self.line = ("installing: " + line) if stream == "install" else line
             self.wake.set()
@@ -3439,97 +4021,319 @@ class Progress:
         self.wake.set()
 
 
-# --- 9.3 Batches ----------------------------------------------------------------------------
-# JSON-RPC batches exist in MCP only in 2025-03-26, whose receivers MUST accept them
-# (2025-03-26 basic/index.mdx, Batching); we also accept them under 2024-11-05, which is
-# plain JSON-RPC 2.0. 2025-06-18 removed them (its changelog.mdx), and 2026-07-28 has none:
-# under those a batch is one Invalid Request.
+# --- Jobs ------------------------------------------------------------------------------
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+MISSING_CAPABILITY = -32021         # 2026-07-28 basic/index.mdx: the client did not declare it
+TASK_WAIT = 1.0                     # seconds a 2026-07-28 call waits before it becomes a task
+POLL_INTERVAL_MS = 1000
+# Handles name the instance that made them: behind a router, a handle that reaches another
+# dyno is told where it lives instead of being called unknown.
+INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", os.environ.get("DYNO") or socket.gethostname())[:24] or "local"
+RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\": \"%s\"} (and no code) "
+                "to wait for more output and the result, or with {\"job\": \"%s\", \"cancel\": true} to stop it.")
 
 
-def handle_batch(batch, session, notify=None):
-    """A JSON array -> the answers to its requests, in order (none for notifications), or
-    a single error object."""
-    if not batch:
-        return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
-    modern = any(isinstance(m, dict) and isinstance(m.get("params"), dict)
-                 and is_modern_request(m.get("method"), m["params"]) for m in batch)
-    if modern or at_least(session.protocol_version, "2025-06-18"):
-        return error_response(None, INVALID_REQUEST, "Invalid Request: protocol version %s has no JSON-RPC "
-                              "batches (they exist only in 2025-03-26); send one message at a time"
-                              % (MODERN_VERSIONS[0] if modern else session.protocol_version))
-    replies = []
-    for message in batch:
-        if isinstance(message, dict) and message.get("method") == "initialize" and "id" in message:
-            # initialize MUST NOT be part of a batch (2025-03-26 lifecycle.mdx).
-            reply = error_response(message["id"] if valid_id(message["id"]) else None, INVALID_REQUEST,
-                                   "initialize must not be part of a batch")
-        else:
-            reply = handle_message(message, session, notify)
-        if reply is not None:
-            replies.append(reply)
-    return replies or None
+class Job:
+    """One run: its thread, cancel Event, the output no answer has shown yet, and, once it
+    ended, its Result. `status` is the task status: working, then completed, failed or
+    cancelled, for good (2025-11-25 tasks.mdx, Task Status Lifecycle)."""
+
+    def __init__(self, args, session):
+        self.handle = "j-%s-%s" % (INSTANCE, secrets.token_urlsafe(12))
+        self.owner = session.owner
+        self.created = self.updated = time.time()
+        self.cancel, self.done = threading.Event(), threading.Event()
+        self.status, self.result, self.listener, self.on_end = "working", None, None, None
+        self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, args=(args, session), daemon=True)
+
+    def _run(self, args, session):
+        try:
+            result, status = run_code(args, session, self.cancel, self._output), "completed"
+        except Exception:
+            log("internal error in job %s:\n%s" % (self.handle, traceback.format_exc()))
+            result, status = Result.refusal("Internal error (details are in the server's log)"), "failed"
+        with self.lock:
+            self.result, self.updated = result, time.time()
+            if self.status == "working":            # a cancel already said "cancelled"
+                self.status = "cancelled" if result.cancelled else status
+        self.done.set()
+        if self.on_end:
+            self.on_end(self)
+
+    def _output(self, stream, chunk):
+        if stream in self.unread:
+            with self.lock:
+                self.unread[stream].add(chunk)
+        listener = self.listener                    # the progress of a request waiting on us
+        if listener:
+            listener(stream, chunk)
+
+    def stop(self):
+        """Cancel the run -> False if it had already ended."""
+        with self.lock:
+            if self.status != "working":
+                return False
+            self.status, self.updated = "cancelled", time.time()
+        self.cancel.set()
+        return True
+
+    def answer(self):
+        """What a poll is answered now: the new output, and once the run ended, its Result."""
+        with self.lock:
+            out, err = self.unread["stdout"], self.unread["stderr"]
+            self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
+        if not self.done.is_set():
+            answer = Result(0, out.text(), err.text(), False, out.truncated or err.truncated)
+            answer.status, answer.job = "running", self.handle
+            text = RUNNING_TEXT % (self.handle, TOOL_NAME, self.handle, self.handle)
+            answer.blocks.append((None, {"type": "text", "text": text}))
+            return answer
+        final = self.result
+        answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
+                        out.truncated or err.truncated or final.value_truncated, final.cancelled)
+        for text in final.notes:
+            answer.note(text)
+        for name in ("value", "images", "files", "session", "session_ended", "blocks"):
+            setattr(answer, name, getattr(final, name))
+        answer.status = "cancelled" if self.status == "cancelled" else "completed"
+        answer.job = self.handle
+        return answer
+
+    def task(self, modern):
+        """The Task object (tasks.mdx, Task; the 2026-07-28 extension names ttlMs and
+        pollIntervalMs). The result is kept JOB_TTL after the run, so its ttl from creation
+        grows while it runs."""
+        with self.lock:
+            status, updated = self.status, self.updated
+        ended = updated if status != "working" else time.time()
+        ttl = int((ended - self.created + JOB_TTL) * 1000)
+        task = {"taskId": self.handle, "status": status, "createdAt": _iso(self.created),
+                "lastUpdatedAt": _iso(updated)}
+        task.update({"ttlMs": ttl, "pollIntervalMs": POLL_INTERVAL_MS} if modern
+                    else {"ttl": ttl, "pollInterval": POLL_INTERVAL_MS})
+        if status == "cancelled":
+            task["statusMessage"] = "Cancelled on request."
+        return task
 
 
-# --- 9.4 The 2026-07-28 era: stateless requests ----------------------------------------------
-# No initialize: every request carries its version and the client's capabilities in
-# params._meta and is answered on its own (2026-07-28 basic/versioning.mdx). A dual-era
-# server keeps the handshake for those who open with initialize.
-
-META_VERSION = "io.modelcontextprotocol/protocolVersion"
-META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
-META_CLIENT = "io.modelcontextprotocol/clientInfo"
-META_SERVER = "io.modelcontextprotocol/serverInfo"
-# MCP's own error codes (2026-07-28 basic/index.mdx, Error Codes). -32021, a missing
-# client capability, never applies: no method here needs one.
-HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022
+def _iso(seconds):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-def is_modern_request(method, params):
-    """A request in the 2026-07-28 style: it carries its own version in _meta.
-    (server/discover exists only there, so it is modern even when its _meta is missing.)"""
-    meta = params.get("_meta")
-    return method == "server/discover" or (isinstance(meta, dict) and (META_VERSION in meta or META_CAPABILITIES in meta))
+class Jobs:
+    """The jobs of this server process. A job's slot and sandbox are its call's; a finished
+    one is forgotten JOB_TTL seconds after it ended. Over stdio, jobs end with the server."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.jobs = {}
+
+    def start(self, args, session, on_end=None):
+        job = Job(args, session)
+        job.on_end = on_end
+        with self.lock:
+            self.jobs[job.handle] = job
+        job.thread.start()
+        return job
+
+    def get(self, handle):
+        now = time.time()
+        with self.lock:
+            for key, job in list(self.jobs.items()):
+                if job.done.is_set() and now - job.updated > JOB_TTL:
+                    del self.jobs[key]
+            return self.jobs.get(handle)
+
+    def forget(self, job):
+        with self.lock:
+            self.jobs.pop(job.handle, None)
+
+    def of(self, owner):
+        with self.lock:
+            return [job for job in self.jobs.values() if job.owner == owner]
+
+    def close(self):
+        with self.lock:
+            jobs = list(self.jobs.values())
+        for job in jobs:
+            job.stop()
+        for job in jobs:
+            job.done.wait(KILL_GRACE + 1)
 
 
-def modern_request(request_id, method, params, session, notify):
-    """-> the Request, served statelessly: no initialize, nothing taken from earlier requests."""
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-    missing = [name for name, kind in ((META_VERSION, str), (META_CAPABILITIES, dict))
-               if not isinstance(meta.get(name), kind)]
-    if missing:   # basic/index.mdx, _meta: both are required
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: a 2026-07-28 request must carry _meta %s"
-                            % " and ".join(missing), {"missing": missing})
-    version = meta[META_VERSION]
-    if version not in MODERN_VERSIONS:
-        raise ProtocolError(UNSUPPORTED_VERSION, "Unsupported protocol version",
-                            {"supported": list(SUPPORTED_VERSIONS), "requested": version})
-    if method not in MODERN_HANDLERS:
-        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
-    return Request(request_id, method, params, session, version, True, notify)
+JOBS = Jobs()
 
 
-def decorate_modern_result(result, version):
-    """Every modern result says what it is and who answered (basic/index.mdx, _meta)."""
-    result["resultType"] = "complete"
-    result.setdefault("_meta", {})[META_SERVER] = server_info(version)
+def wait_for_job(job, request, seconds):
+    """Wait while the request lives: -> True once the run ended, False when `seconds` passed,
+    None if the request was cancelled. Progress the request asked for flows meanwhile."""
+    cancel = request.session.start_call(request.id)
+    progress = Progress.for_request(request)
+    job.listener = progress.output if progress else None
+    try:
+        deadline = None if seconds is None else time.monotonic() + seconds
+        ended = wait_or_cancel(job.done.is_set, cancel, deadline, wake=job.done)
+    finally:
+        job.listener = None
+        if progress:
+            progress.stop()
+        request.session.end_call(request.id)
+    return None if cancel.is_set() and not ended else ended
 
 
-def handle_discover(request):
-    """server/discover (2026-07-28 server/discover.mdx): versions, capabilities, identity."""
-    return {"supportedVersions": list(SUPPORTED_VERSIONS),
-            "capabilities": SERVER_CAPABILITIES,
-            "instructions": instructions(),
-            "ttlMs": 3600 * 1000, "cacheScope": "public"}
+def job_call_mode(request, clean):
+    """The call mode of section 2, for every tools/call: a poll, a task, or a call that
+    becomes a job if it outlives CALL_WAIT."""
+    if clean.get("job"):
+        return poll_job(request, clean)
+    if request.version == "2025-11-25" and isinstance(request.params.get("task"), dict):
+        job = JOBS.start(clean, request.session, _status_notifier(request))
+        return {"task": job.task(False)}                        # at once (tasks.mdx)
+    as_task = declares_extension(request, TASKS_EXTENSION)
+    wait = TASK_WAIT if as_task else CALL_WAIT or None      # CALL_WAIT=0: to the end
+    job = JOBS.start(clean, request.session)
+    ended = wait_for_job(job, request, wait)
+    if ended is None:                      # cancellation.mdx: stop it, and answer nothing
+        job.stop()
+        job.done.wait()
+        JOBS.forget(job)
+        return CANCELLED
+    if ended:
+        JOBS.forget(job)                   # never a job: the call looks as it always did
+        return CANCELLED if job.result.cancelled else tool_result(job.result, request.version)
+    if as_task:
+        return dict(job.task(True), resultType="task")     # 2026-07-28 extension, Task Creation
+    return tool_result(job.answer(), request.version)
 
 
-# No initialize in 2026-07-28; it removed ping too, which we still answer. Built from
-# REQUEST_HANDLERS, so that what sections 7 and 8 registered there is served here too.
-MODERN_HANDLERS = dict({k: v for k, v in REQUEST_HANDLERS.items() if k != "initialize"},
-                       **{"server/discover": handle_discover})
+def poll_job(request, clean):
+    """{"job": handle} (and "cancel"): wait up to CALL_WAIT for the run, then answer."""
+    job = JOBS.get(clean["job"])
+    if job is None:
+        return tool_result(Result.refusal(_unknown_job(clean["job"])), request.version)
+    if clean["cancel"]:
+        job.stop()
+    if wait_for_job(job, request, CALL_WAIT or None) is None:
+        return CANCELLED
+    return tool_result(job.answer(), request.version)
+
+
+def _unknown_job(handle):
+    elsewhere = handle.split("-")[1] if handle.count("-") >= 2 else INSTANCE
+    if elsewhere != INSTANCE:
+        return ("The job %s lives on instance %s, and this is %s: jobs, sessions and files stay on the "
+                "server process that made them. Retry until the request reaches it, or run the code again."
+                % (handle, elsewhere, INSTANCE))
+    return ("Unknown or expired job %s: a finished job's result is kept %g s (JOB_TTL), and jobs end when "
+            "the server restarts. Run the code again." % (handle, JOB_TTL))
+
+
+def _status_notifier(request):
+    """notifications/tasks/status when a task ends (tasks.mdx: optional), where the request's
+    channel outlives it: stdio and HTTP+SSE."""
+    notify = request.notify if request.session.lasting_channel else None
+    if notify is None:
+        return None
+    return lambda job: notify({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                               "params": job.task(False)})
+
+
+def check_job(arguments, clean):
+    """The "job" and "cancel" arguments -> clean, or the problem."""
+    job, cancel = arguments.get("job"), arguments.get("cancel", False)
+    if job is not None and not (isinstance(job, str) and job.startswith("j-")):
+        return '"job" must be the handle of a run that a result gave you, such as "j-..."'
+    if job is not None and arguments.get("code") is not None:
+        return '"job" goes without "code": it waits for a run that is already going'
+    if not isinstance(cancel, bool) or (cancel and job is None):
+        return '"cancel" must be true or false, and goes with "job": the handle of the run to stop'
+    clean["job"], clean["cancel"] = job, cancel
+    return None
+
+
+# --- Task methods: one handler each, for both eras --------------------------------------
+
+
+def task_of(request):
+    """The job a tasks/* request names -> Job, or a ProtocolError."""
+    if request.modern and not declares_extension(request, TASKS_EXTENSION):
+        raise ProtocolError(MISSING_CAPABILITY, "Missing capability: declare the extension %s in "
+                            "_meta to use tasks" % TASKS_EXTENSION,
+                            {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+    if not request.modern and request.version != "2025-11-25":
+        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s (tasks exist from 2025-11-25)"
+                            % request.method)
+    handle = request.params.get("taskId")
+    job = JOBS.get(handle) if isinstance(handle, str) else None
+    if job is None:
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: " + _unknown_job(str(handle)[:100]))
+    return job
+
+
+def handle_tasks_get(request):
+    job = task_of(request)
+    task = job.task(request.modern)
+    if request.modern and task["status"] == "completed":
+        task["result"] = dict(tool_result(job.result, request.version), resultType="complete")
+    elif request.modern and task["status"] == "failed":
+        task["error"] = {"code": INTERNAL_ERROR, "message": job.result.stderr}
+    return task
+
+
+def handle_tasks_result(request):
+    """2025-11-25: wait until the task ends, then answer what tools/call would have."""
+    job = task_of(request)
+    cancel = request.session.start_call(request.id)
+    try:
+        wait_or_cancel(job.done.is_set, cancel, wake=job.done)
+    finally:
+        request.session.end_call(request.id)
+    if not job.done.is_set():
+        return CANCELLED
+    result = tool_result(job.result, request.version)
+    result["_meta"] = {RELATED_TASK: {"taskId": job.handle}}
+    return result
+
+
+def handle_tasks_list(request):
+    """This MCP session's tasks: with one shared key, the narrowest list we can give."""
+    if request.version != "2025-11-25":
+        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: tasks/list (tasks exist from 2025-11-25)")
+    if request.params.get("cursor") is not None:
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+    return {"tasks": [job.task(False) for job in JOBS.of(request.session.owner)]}
+
+
+def handle_tasks_cancel(request):
+    job = task_of(request)
+    if not job.stop() and not request.modern:      # 2025: cancelling an ended task is an error
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: task %s already %s" % (job.handle, job.status))
+    return {} if request.modern else job.task(False)
+
+
+def tasks_capability(version):
+    """2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension."""
+    if version == "2025-11-25":
+        return {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+    return None
+
+
+register_tool_feature(check=check_job, call_mode=job_call_mode, capability={
+    "tasks": tasks_capability,
+    "extensions": lambda version: {TASKS_EXTENSION: {}} if version in MODERN_VERSIONS else None})
+register_method("tasks/get", handle_tasks_get)
+register_method("tasks/cancel", handle_tasks_cancel)
+register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=True)
+register_method("tasks/list", handle_tasks_list, eras=("handshake",))
+register_lifecycle(shutdown=JOBS.close)
 
 
 # =============================================================================
-# 10. HTTP transports
+# 13. HTTP transports
 # =============================================================================
 # HttpServer holds the state and answers every route with an HttpReply; create_app()
 # only wires Flask routes to its methods. Flask and waitress are imported in create_app()
@@ -3621,7 +4425,7 @@ class SseSession(Session):
     def __init__(self, allow_exec):
         # HTTP+SSE is a handshake-era transport: a modern probe gets a legacy answer, and
         # a dual-era client falls back to initialize (2026-07-28 basic/versioning.mdx).
-        super().__init__(allow_exec, modern=False)
+        super().__init__(allow_exec, modern=False, local=False)
         self.session_id = secrets.token_hex(16)   # unguessable (transports.mdx, Security)
         self.outbox = queue.Queue(maxsize=1000)
 
@@ -3636,7 +4440,8 @@ class SseSession(Session):
 class HttpSession(Session):
     """A Streamable HTTP session, identified by the Mcp-Session-Id header (None: stateless)."""
     def __init__(self, allow_exec, session_id=None):
-        super().__init__(allow_exec)
+        super().__init__(allow_exec, local=False)
+        self.lasting_channel = False   # notify() writes to one POST's response stream
         self.session_id = session_id
         self.last_used = time.monotonic()
 
@@ -3713,6 +4518,10 @@ class HttpServer:
         if adj.threads != self.settings.web_concurrency:
             log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress (%d)"
                 % (adj.threads, self.settings.web_concurrency, self.budget.size))
+        if adj.max_request_body_size > self.settings.max_body_bytes:
+            log("waitress accepts bodies of %d bytes, MAX_BODY_BYTES says %d: start it with "
+                "--max-request-body-size=%d" % (adj.max_request_body_size, self.settings.max_body_bytes,
+                                                self.settings.max_body_bytes))
         if not adj.channel_request_lookahead:
             log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed only when a "
                 "keep-alive fails; start it with --channel-request-lookahead=1 (python mcp_exec.py --http does)")
@@ -3997,7 +4806,7 @@ class HttpServer:
         for session in sessions:
             session.close()
         self.workers.wait(KILL_GRACE + 1)
-        shutdown()
+        run_lifecycle("shutdown")
 
 
 def _sse_stream(messages):
@@ -4055,8 +4864,7 @@ def create_app(settings=None):
     settings = settings or HttpSettings()
     if not settings.api_key:
         raise SystemExit(NO_API_KEY)
-    SANDBOX.read_everywhere = False       # over HTTP, code reads only what Python needs (6.1)
-    server_setup()
+    run_lifecycle("setup")
     server = HttpServer(settings)
     _stop_on_sigterm(server.close)
     app = Flask("mcp_exec")
@@ -4086,7 +4894,7 @@ def create_app(settings=None):
     app.register_error_handler(500, lambda exc: respond(
         error_reply(500, "Internal error (details are in the server's log)", INTERNAL_ERROR)))
     disconnected = lambda: request.environ.get("waitress.client_disconnected")   # noqa: E731
-    health = {"status": "ok", "sandbox": "landlock" if SANDBOX.abi else "off"}     # nothing secret
+    health = {"status": "ok", "sandbox": SANDBOX.name()}     # nothing secret
     app.add_url_rule("/health", "health", lambda: respond(json_reply(health)))
     app.add_url_rule("/sse", "sse", lambda: respond(server.open_stream(request.script_root, disconnected())))
     app.add_url_rule("/messages/", "messages", methods=["POST"], view_func=lambda: respond(
@@ -4141,8 +4949,7 @@ def serve_http(args):
     _raise_open_files_limit(WAITRESS_OPTIONS["connection_limit"] + 256)
     gc.freeze()     # the app's objects live forever: the collector need not walk them per call
     waitress.serve(app, host=settings.host, port=settings.port, threads=settings.web_concurrency,
-                   max_request_body_size=max(WAITRESS_OPTIONS["max_request_body_size"], 2 * settings.max_body_bytes),
-                   **{k: v for k, v in WAITRESS_OPTIONS.items() if k != "max_request_body_size"})
+                   max_request_body_size=settings.max_body_bytes, **WAITRESS_OPTIONS)
     return 0
 
 
@@ -4160,9 +4967,9 @@ WAITRESS_OPTIONS = {
     # drops connections silent this long: above the 90 s idle time Heroku's router keeps
     # (it must close first), below waitress's 120 s; checked every 10 s, not 30
     "channel_timeout": 95, "cleanup_interval": 10,
-    # waitress answers a body over its own limit with a plain-text 413 (or a reset) before
-    # the app runs; far above MAX_BODY_BYTES, the app answers with a JSON-RPC 413 instead
-    "max_request_body_size": 64 * 1024 * 1024,
+    # (max_request_body_size is MAX_BODY_BYTES: waitress answers 413 from Content-Length
+    # before it reads a byte of the body, key or no key. What it buffers while the app has
+    # not yet seen a request is thus at most connection_limit x MAX_BODY_BYTES.)
     "ident": "mcp-exec",
 }
 
@@ -4180,7 +4987,7 @@ def _raise_open_files_limit(wanted):
 
 
 # =============================================================================
-# 11. Client
+# 14. Client
 # =============================================================================
 # The other side of the wire, for checking a server you just started or deployed:
 #     python mcp_exec.py client [--url URL] [options] (list | call CODE) [-- COMMAND...]
@@ -4654,7 +5461,7 @@ def show_result(result, form, seconds, saved=()):
 
 
 # =============================================================================
-# 12. Command line
+# 15. Command line
 # =============================================================================
 
 HELP = """\
@@ -4676,6 +5483,20 @@ Modes
 Settings are environment variables:
 
 """
+
+
+def settings_help():
+    """The settings table as --help prints it."""
+    lines = []
+    for group in (EXECUTION, HTTP):
+        lines.append("%s; defaults in brackets" % group)
+        for s in SETTINGS:
+            if s.group == group:
+                text = "%s [%s]" % (s.meaning, s.shown)
+                lines.append("  %-21s %s" % (s.name, text))
+        lines.append("")
+    lines.append("  PIP_*, UV_*           passed to the installer (mirrors, find-links, ...)")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):

@@ -47,6 +47,14 @@ HAS_PROC = os.path.isdir("/proc/self")
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 
 
+def workspace(tmp_path, suffix=""):
+    """The workspace environment's path (one per interpreter: workspace-<tag>), or a path
+    that does not exist when there is none."""
+    found = sorted(p for p in (tmp_path / "state").glob("workspace-*") if "." not in p.name)
+    path = found[0] if found else tmp_path / "state" / "workspace-none"
+    return path.parent / (path.name + suffix)
+
+
 def out_dir(tmp_path):
     """A directory the code of a test may write to (granted with EXEC_WRITE_PATHS): the
     sandbox lets code write only in its own directory."""
@@ -1255,7 +1263,7 @@ def test_package_injection_is_rejected_before_pip_runs(start_server, tmp_path, p
     assert "not a plain requirement" in text, text
     assert "Dependency install failed" not in text
     assert not (tmp_path / "pip.log").exists(), "pip ran"
-    assert not (tmp_path / "state" / "workspace.installed").exists()
+    assert not workspace(tmp_path, ".installed").exists()
 
 
 def test_hermetic_install_into_the_workspace(start_server, tmp_path, wheelhouse):
@@ -1266,7 +1274,7 @@ def test_hermetic_install_into_the_workspace(start_server, tmp_path, wheelhouse)
     assert out["returncode"] == 0, out
     assert out["stdout"] == "42\n"
     assert (tmp_path / "pip.log").exists()   # pip really ran, with our environment
-    with open(str(tmp_path / "state" / "workspace.installed")) as f:
+    with open(str(workspace(tmp_path, ".installed"))) as f:
         assert "mcpexec-testpkg" in f.read().split()
     result, out = s.run(code)   # no packages: the workspace keeps what was installed
     assert out["returncode"] == 0 and out["stdout"] == "42\n", out
@@ -1294,7 +1302,7 @@ def test_use_temp_dir_with_packages_imports_them(start_server, tmp_path, wheelho
     found = json.loads(out["stdout"])
     assert found["mcpexec_testpkg"] is True
     assert found["flask"] is False   # an isolated environment holds only the packages asked for
-    assert not (tmp_path / "state" / "workspace.installed").exists()   # the workspace was not touched
+    assert not workspace(tmp_path, ".installed").exists()   # the workspace was not touched
 
 
 def test_use_temp_dir_hides_workspace_and_server_packages(start_server, tmp_path, wheelhouse):
@@ -1403,7 +1411,7 @@ def test_server_works_under_the_distributions_python(tmp_path):
     assert "result" in reply, stderr
     result = reply["result"]["structuredContent"]
     assert result["returncode"] == 0, result
-    assert result["stdout"].strip() == str(tmp_path / "state" / "workspace")
+    assert result["stdout"].strip() == str(workspace(tmp_path))
 
 
 @pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0
@@ -3395,7 +3403,7 @@ def test_client_call_and_list_over_stdio_by_default(tmp_path):
     assert out == {"returncode": 0, "stdout": "42\n", "stderr": "", "timed_out": False, "truncated": False}
     tools = client_result(run_client(tmp_path, "list"))
     assert isinstance(tools, list) and [t["name"] for t in tools] == [TOOL]
-    assert (tmp_path / "state" / "workspace").is_dir()     # the server it started used our MCP_EXEC_DIR
+    assert workspace(tmp_path).is_dir()     # the server it started used our MCP_EXEC_DIR
 
 
 def test_client_runs_the_command_after_the_double_dash(tmp_path):
@@ -3472,7 +3480,7 @@ def test_client_installs_packages_into_an_isolated_env(tmp_path, wheelhouse):
                       **install_env(wheelhouse, tmp_path))
     assert client_result(done)["stdout"] == "42\n"
     assert len(venv_cache(tmp_path)[0]) == 1                         # it was use_temp_dir ...
-    assert not (tmp_path / "state" / "workspace.installed").exists()  # ... not the workspace
+    assert not workspace(tmp_path, ".installed").exists()  # ... not the workspace
     assert (tmp_path / "pip.log").exists()
 
 
