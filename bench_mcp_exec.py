@@ -255,6 +255,44 @@ def bench_round_trip(env, n, compare=None):
         "%.2fx" % (median(in_session) / median(stateless)), "(baseline: a stateless call, same server; target <= 2 ms)")
 
 
+def children_cpu():
+    """CPU seconds (user + system) of every child this process has reaped, and of theirs."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_cpu(env, n, code="print(1)"):
+    """CPU of a whole stdio server tree (server, templates, children, all reaped) that
+    answers initialize and n calls, then exits."""
+    before = children_cpu()
+    server = Stdio(env)
+    server.initialize()
+    for _ in range(n):
+        assert server.call(code)["returncode"] == 0
+    server.close()
+    return children_cpu() - before
+
+
+def bench_cpu(env, n):
+    """CPU per call, the whole server tree counted: a run of n calls minus a run of 3, over
+    n - 3 calls. Baseline: one bare `python -c "print(1)"` spawn, also by rusage."""
+    before = children_cpu()
+    for _ in range(n):
+        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True)
+    bare = (children_cpu() - before) / n
+    print("3. CPU per print(1) call, server tree with reaped descendants (%d calls; baseline: a bare "
+          "python -c \"print(1)\" spawn)" % n)
+    per_call = {}
+    for name, run_env in (("stdio, sandboxed (default)", env), ("stdio, EXEC_SANDBOX=off", dict(env, EXEC_SANDBOX="off"))):
+        server_cpu(run_env, 3)                        # the workspace and bytecode exist
+        per_call[name] = (server_cpu(run_env, n) - server_cpu(run_env, 3)) / (n - 3)
+        row(name, ms(per_call[name]), ms(bare), "%.2fx" % (per_call[name] / bare), "(goal <= 0.30x)")
+    sandbox = per_call["stdio, sandboxed (default)"] - per_call["stdio, EXEC_SANDBOX=off"]
+    row("the sandbox's own cost per call", ms(sandbox), ms(per_call["stdio, EXEC_SANDBOX=off"]),
+        "%.2fx" % (sandbox / per_call["stdio, EXEC_SANDBOX=off"]), "(goal <= 1 ms)")
+
+
 def wall_time_of_calls_together(server, n, code="import time; time.sleep(1)"):
     """Start n calls at the same moment; -> seconds until the last one answered."""
     threads = [threading.Thread(target=server.call, args=(code,)) for _ in range(n)]
@@ -267,7 +305,7 @@ def wall_time_of_calls_together(server, n, code="import time; time.sleep(1)"):
 
 
 def bench_parallel(env):
-    print("3. 1-second calls started together (1.00x = fully parallel)")
+    print("4. 1-second calls started together (1.00x = fully parallel)")
     server = Stdio(env)
     server.initialize()
     server.call("pass")
@@ -284,7 +322,7 @@ def bench_parallel(env):
 
 def bench_packages(env, wheels):
     env = dict(env, PIP_FIND_LINKS=wheels, PIP_NO_INDEX="1")
-    print("4. packages + use_temp_dir")
+    print("5. packages + use_temp_dir")
     installers = [("pip", dict(env, MCP_EXEC_INSTALLER="pip"))]
     if shutil.which("uv", path=env.get("PATH")):
         installers.append(("uv", dict(env, MCP_EXEC_INSTALLER="auto")))
@@ -323,7 +361,7 @@ def bench_http_throughput(env, seconds):
         return
     server = Http(env)
     counts = {"/health": 0, "tools/list": 0}
-    print("5. requests per second over HTTP, 16 concurrent keep-alive clients, %g s each" % seconds)
+    print("6. requests per second over HTTP, 16 concurrent keep-alive clients, %g s each" % seconds)
 
     def client(kind, stop):
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
@@ -383,7 +421,7 @@ def bench_http_calls(env, seconds):
     elapsed = run_clients(16, client, stop, seconds)
     server.close()
     rate = len(latencies) / elapsed
-    print("6. tools/call print(1) from 16 Streamable HTTP clients for %g s (baseline: serial spawns of python -c)"
+    print("7. tools/call print(1) from 16 Streamable HTTP clients for %g s (baseline: serial spawns of python -c)"
           % seconds)
     row("calls per second", "%.1f /s" % rate, "%.1f /s" % spawn_rate, "%.2fx" % (rate / spawn_rate),
         "(target >= 4x)")
@@ -396,7 +434,7 @@ def bench_memory(env):
     if not os.path.exists("/proc/self/status"):
         print("7. skipped: no /proc")
         return
-    print("7. server memory (RSS) idle, and its peak while a call prints 200 MB")
+    print("8. server memory (RSS) idle, and its peak while a call prints 200 MB")
     kinds = [("stdio", Stdio)] + ([("HTTP", Http)] if have_http() else [])
     for name, kind in kinds:
         server = kind(env)
@@ -449,7 +487,7 @@ sys.modules["matplotlib.pyplot"] = plt
 
 def bench_images(env):
     """One 640x480 matplotlib figure returned, against the same code that closes its figure."""
-    print("8. a matplotlib figure (plt.plot + plt.show) returned as a PNG image")
+    print("9. a matplotlib figure (plt.plot + plt.show) returned as a PNG image")
     server = Stdio(env)
     server.initialize()
     plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\n"
@@ -471,7 +509,7 @@ def bench_images(env):
         "%.2fx" % (median(shown) / median(closed)), "(baseline: the same code, figure closed)")
 
 
-SECTIONS = ("startup", "round_trip", "parallel", "packages", "http_throughput", "http_calls", "memory", "images")
+SECTIONS = ("startup", "round_trip", "cpu", "parallel", "packages", "http_throughput", "http_calls", "memory", "images")
 
 
 def parse_arguments(argv):
@@ -502,6 +540,7 @@ def main(argv):
     warmup.close()
     runs = {"startup": lambda: bench_startup(env, 5 if quick else 20),
             "round_trip": lambda: bench_round_trip(env, 10 if quick else 60, options.compare),
+            "cpu": lambda: bench_cpu(env, 20 if quick else 100),
             "parallel": lambda: bench_parallel(env),
             "packages": lambda: bench_packages(env, wheels),
             "http_throughput": lambda: bench_http_throughput(env, 1.0 if quick else 5.0),

@@ -146,7 +146,8 @@ SETTINGS = [
     Setting(HTTP, "PORT", int, 8000, "the port to listen on"),
     Setting(HTTP, "WEB_CONCURRENCY", int, 32, "waitress threads (waitress-serve's --threads wins); open SSE "
             "streams and running tools/call may hold all but 2 + 1/8 of them", minimum=1),
-    Setting(HTTP, "SSE_KEEPALIVE", float, 15.0, "seconds between keep-alive comments on event streams"),
+    Setting(HTTP, "SSE_KEEPALIVE", float, 4.0, "seconds between keep-alive comments on event streams "
+            "(under the 5 s read timeout of httpx, which the Python SDK uses)"),
     Setting(HTTP, "MCP_STATELESS", bool, False, "true = Streamable HTTP without sessions (several instances)", "false"),
     Setting(HTTP, "STDIO_MODE_ONLY", bool, False, "true = HTTP lists no tools and runs no code", "false"),
     Setting(HTTP, "ALLOWED_ORIGINS", list, [], "comma-separated browser origins allowed besides localhost"),
@@ -1174,29 +1175,18 @@ class Pipes:
 
 class Child:
     """What supervise() needs of a running child, whatever started it: `pid`, `pipes`, the
-    call's directory `call`, and the methods below. SpawnedChild (here), ForkedChild
-    (section 6) and KernelCall (section 10) implement it."""
+    call's directory `call`, and exit_code() (None while it runs), wait(seconds) for its
+    end, and kill() of it and all it started. SpawnedChild (here), ForkedChild (section 6)
+    and KernelCall (section 10) implement it; the defaults below fit a process whose call
+    ends with it, and a kernel overrides them."""
     pid = pipes = call = None
 
-    def exit_code(self):
-        """The exit status once the process has ended, else None."""
-        raise NotImplementedError
-
-    def wait(self, seconds):
-        """Wait for the process to end, at most `seconds`."""
-        raise NotImplementedError
-
-    def kill(self):
-        """Kill it and everything it started, wherever that went."""
-        raise NotImplementedError
-
     def call_over(self, reading):
-        """Is the call over? `reading` names the pipes still open. A process's call ends
-        with the process; a kernel's, when its results have come."""
+        """Is the call over? `reading` names the pipes still open."""
         return self.exit_code() is not None
 
     def interrupt(self):
-        """Ask the code to stop but keep its state -> True if that was done (a kernel)."""
+        """Ask the code to stop but keep its state -> True if that was done."""
         return False
 
     def status(self, record):
@@ -2526,24 +2516,19 @@ def _clear_flags(name, parent):
 
 
 def _unlink_at(parent, name):
-    """-> True once the entry is gone."""
-    for attempt in (1, 2):
-        try:
-            os.unlink(name, dir_fd=parent)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            if attempt == 2 or exc.errno not in (errno.EPERM, errno.EACCES):
-                return False
-            _clear_flags(name, parent)
-    return False
+    return _remove_at(os.unlink, parent, name)
 
 
 def _rmdir_at(parent, name):
+    return _remove_at(os.rmdir, parent, name)
+
+
+def _remove_at(remove, parent, name):
+    """remove(name) in the directory `parent`, clearing the flags that forbid it once ->
+    True once the entry is gone."""
     for attempt in (1, 2):
         try:
-            os.rmdir(name, dir_fd=parent)
+            remove(name, dir_fd=parent)
             return True
         except FileNotFoundError:
             return True
@@ -3349,7 +3334,7 @@ def collect_files(result, work, before, owner, move=True):
             entry["note"] = ("larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20) if size > FILE_KEEP_MAX
                              else "its name is not UTF-8, or too long or deep: not returned")
             continue
-        if not OUTPUTS.make_room(size, owner):
+        if not OUTPUTS.make_room(size, owner, token):
             entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
             continue
         uri = OUTPUTS.keep(token, work, rel, move, owner)
@@ -3415,21 +3400,22 @@ class OutputStore:
             self.calls.setdefault(token, [time.time(), 0, owner])[1] += size
         return self.PREFIX + token + "/" + urllib.parse.quote(rel)
 
-    def make_room(self, size, owner):
-        """Evict what must go so that `size` more bytes fit -> False if they cannot."""
+    def make_room(self, size, owner, token):
+        """Evict what must go so that `size` more bytes fit -> False if they cannot. Never
+        the call being stored (`token`): its earlier files are in its result already."""
         self.expire()
         now, doomed = time.time(), []
         with self.lock:
             total = sum(entry[1] for entry in self.calls.values())
-            for token, (created, kept, whose) in list(self.calls.items()):
+            for key, (created, kept, whose) in list(self.calls.items()):
                 if total + size <= OUTPUT_STORE_MB << 20:
                     break
-                if whose == owner or now - created > OUTPUT_MIN_AGE:
-                    doomed.append(token)
+                if key != token and (whose == owner or now - created > OUTPUT_MIN_AGE):
+                    doomed.append(key)
                     total -= kept
-                    del self.calls[token]
-        for token in doomed:
-            remove_tree(os.path.join(self.root, token))
+                    del self.calls[key]
+        for key in doomed:
+            remove_tree(os.path.join(self.root, key))
         return total + size <= OUTPUT_STORE_MB << 20
 
     def _path(self, uri):
@@ -4005,15 +3991,13 @@ class Progress:
             with self.lock:
                 if self.stopped:
                     return
-                self._send(time.monotonic())
-
-    def _send(self, now):
-        progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
-        self.last_progress, self.last_sent = progress, now
-        params = {"progressToken": self.token, "progress": progress}
-        if self.with_message:
-            params["message"] = "%.0f s: %s" % (now - self.started, self.line)
-        self.notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+                now = time.monotonic()
+                progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
+                self.last_progress, self.last_sent = progress, now
+                params = {"progressToken": self.token, "progress": progress}
+                if self.with_message:
+                    params["message"] = "%.0f s: %s" % (now - self.started, self.line)
+                self.notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
     def stop(self):
         with self.lock:
@@ -4168,10 +4152,11 @@ class Jobs:
 JOBS = Jobs()
 
 
-def wait_for_job(job, request, seconds):
-    """Wait while the request lives: -> True once the run ended, False when `seconds` passed,
-    None if the request was cancelled. Progress the request asked for flows meanwhile."""
-    cancel = request.session.start_call(request.id)
+def wait_for_job(job, request, cancel, seconds):
+    """Wait while the request lives: -> True once the run ended, False when `seconds` passed
+    (None: no limit), None if the request was cancelled. The request's call was registered
+    (`cancel`) before the job started; it ends here.
+    Progress the request asked for flows meanwhile."""
     progress = Progress.for_request(request)
     job.listener = progress.output if progress else None
     try:
@@ -4180,7 +4165,7 @@ def wait_for_job(job, request, seconds):
     finally:
         job.listener = None
         if progress:
-            progress.stop()
+            progress.stop()      # progress.mdx: nothing about a request after its response
         request.session.end_call(request.id)
     return None if cancel.is_set() and not ended else ended
 
@@ -4194,9 +4179,9 @@ def job_call_mode(request, clean):
         job = JOBS.start(clean, request.session, _status_notifier(request))
         return {"task": job.task(False)}                        # at once (tasks.mdx)
     as_task = declares_extension(request, TASKS_EXTENSION)
-    wait = TASK_WAIT if as_task else CALL_WAIT or None      # CALL_WAIT=0: to the end
+    cancel = request.session.start_call(request.id)             # before the code can start
     job = JOBS.start(clean, request.session)
-    ended = wait_for_job(job, request, wait)
+    ended = wait_for_job(job, request, cancel, TASK_WAIT if as_task else CALL_WAIT or None)
     if ended is None:                      # cancellation.mdx: stop it, and answer nothing
         job.stop()
         job.done.wait()
@@ -4217,7 +4202,8 @@ def poll_job(request, clean):
         return tool_result(Result.refusal(_unknown_job(clean["job"])), request.version)
     if clean["cancel"]:
         job.stop()
-    if wait_for_job(job, request, CALL_WAIT or None) is None:
+    cancel = request.session.start_call(request.id)
+    if wait_for_job(job, request, cancel, CALL_WAIT or None) is None:
         return CANCELLED
     return tool_result(job.answer(), request.version)
 

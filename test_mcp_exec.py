@@ -1,17 +1,18 @@
 """Wire-level tests for mcp_exec.py.
 
-Every test starts a real `python mcp_exec.py` process and talks to it over pipes:
-JSON lines in on stdin, JSON lines out on stdout. No MCP SDK, no imports of the server
-module. Each test has its own MCP_EXEC_DIR (and TMPDIR) under pytest's tmp_path, so the
-suite is safe to run in parallel. Timeouts in this file are hang guards only; nothing
-asserts how fast the server is.
+The in-process layer (section "In-process") imports mcp_exec and calls the protocol's
+pure functions and HttpServer directly: no process, no socket. Every other test starts a
+real `python mcp_exec.py` process and talks to it over pipes or sockets: JSON lines in on
+stdin, JSON lines out on stdout, raw HTTP. No MCP SDK. Each test has its own MCP_EXEC_DIR
+(and TMPDIR) under pytest's tmp_path, so the suite is safe to run in parallel. Timeouts
+in this file are hang guards only; nothing asserts how fast the server is.
 
-The sections follow the server's own: helpers, then 3. Protocol (framing, lifecycle,
-tools), 2. Executor, 4. stdio transport, 7. Command line, 5. HTTP, and at the end 6. Client
-(the `client` sub-command).
+Section numbers are the server file's own: 2. The wire format, 3. stdio, 4. Executor ...
+15. Command line.
 """
 
 import base64
+import errno
 import hashlib
 import http.client
 import importlib.util
@@ -505,7 +506,7 @@ def test_inprocess_settings_table_is_the_one_source():
     assert mcp_exec.ThreadBudget(8).size == 5 and mcp_exec.ThreadBudget(32).size == 26   # 2 + 1/8 kept back
 
 
-# ===== 3. Protocol: JSON-RPC framing =====
+# ===== 2. The wire format: JSON-RPC framing =====
 
 
 def test_unparsable_line_is_parse_error_with_null_id(start_server):
@@ -743,7 +744,7 @@ def test_stdout_carries_only_json_lines(start_server):
     assert len(s.lines) >= 6
 
 
-# ===== 3. Protocol: lifecycle and versions =====
+# ===== 2. The wire format: lifecycle and versions =====
 
 
 def test_ping_before_initialize_is_answered(start_server):
@@ -850,7 +851,7 @@ def test_server_discover_lists_every_supported_version(start_server):
     assert "tools" in result["capabilities"]
 
 
-# ===== 3. Protocol: tools =====
+# ===== 2. The wire format: tools =====
 
 
 def list_tool(s, version):
@@ -887,13 +888,14 @@ def test_tool_annotations_declare_a_destructive_open_world_tool(start_server):
     assert annotations["openWorldHint"] is True
 
 
-def test_input_schema_requires_code_and_allows_only_known_arguments(start_server):
+def test_input_schema_allows_only_known_arguments(start_server):
     schema = list_tool(start_server(), LATEST)["inputSchema"]
     assert schema["type"] == "object"
-    assert schema["required"] == ["code"]
+    # "code" is required except to poll a job ({"job": ...} alone): the check, not the schema, says so
+    assert "required" not in schema and "except to poll a job" in schema["properties"]["code"]["description"]
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]) == {"code", "packages", "use_temp_dir", "timeout", "files", "session",
-                                         "end_session"}
+                                         "end_session", "job", "cancel"}
     assert schema["properties"]["code"]["type"] == "string"
     assert schema["properties"]["files"]["items"]["required"] == ["path", "content"]
     assert schema["properties"]["session"]["type"] == "string"
@@ -943,8 +945,8 @@ def test_tools_call_arguments_not_an_object_is_invalid_params(server, arguments)
     ({}, 'e.g. {"code"'),
     ({"code": 42}, 'e.g. {"code"'),
     ({"code": None}, 'e.g. {"code"'),
-    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir, timeout, files, session "
-                                        "and end_session"),
+    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir, timeout, files, session, "
+                                        "end_session, job and cancel"),
     ({"code": "print(1)", "timeout": -1}, "positive number"),
     ({"code": "print(1)", "timeout": 0}, "positive number"),
     ({"code": "print(1)", "timeout": True}, "positive number"),
@@ -1064,7 +1066,7 @@ def test_non_ascii_output_round_trips(server):
     assert out["stdout"] == "h\u00e9llo \u2603 \U0001f600\n"
 
 
-# ===== 2. Executor =====
+# ===== 4. Executor =====
 
 GRANDCHILD_CODE = """\
 import os, subprocess, sys, time
@@ -1376,11 +1378,12 @@ def test_exec_concurrency_one_runs_calls_one_after_another(start_server):
     assert spans[0][1] <= spans[1][0], spans   # the second started after the first ended
 
 
-def test_request_id_of_a_running_call_cannot_be_reused(server):
-    call = {"jsonrpc": "2.0", "id": 90, "method": "tools/call",
-            "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(1)\nprint('first')"}}}
+def test_request_id_of_a_running_call_cannot_be_reused(server, tmp_path):
+    started = out_dir(tmp_path) / "started"
+    code = "import time\nopen(%r, 'w').close()\ntime.sleep(1)\nprint('first')" % str(started)
+    call = {"jsonrpc": "2.0", "id": 90, "method": "tools/call", "params": {"name": TOOL, "arguments": {"code": code}}}
     server.send(call)
-    time.sleep(0.3)   # let the first call register its id
+    assert wait_until(started.exists)   # its code runs, so its id is registered (it is, before the code starts)
     server.send(dict(call, params={"name": TOOL, "arguments": {"code": "print('second')"}}))
     first = server.recv()
     assert_error(first, INVALID_REQUEST, 90)
@@ -1478,7 +1481,7 @@ def test_calls_beyond_the_queue_are_refused_as_busy(start_server, tmp_path):
     assert s.wait_for(71)["result"]["isError"] is False
 
 
-# ===== 5. Fork server =====
+# ===== 6. Fork server =====
 
 FORK_PROBE = r"""
 import json, os, random, sys
@@ -1607,7 +1610,7 @@ def test_timeout_and_cleanup_are_the_same_forked_or_spawned(start_server, tmp_pa
     assert wait_gone(pid), "a grandchild in its own session outlived the call"
 
 
-# ===== 7. What the model sees: values, images, files =====
+# ===== 9. What the model sees: values, images, files =====
 
 def test_last_expression_value_is_returned(server):
     assert server.run("x = 40\nx + 2")[1]["value"] == "42"
@@ -1820,7 +1823,7 @@ def rss_kb(pid, field="VmRSS"):
         return int(next(line for line in f if line.startswith(field + ":")).split()[1])
 
 
-# ===== 8. Sessions =====
+# ===== 10. Kernels (the "session" argument) =====
 
 def new_session(s, code="", **arguments):
     result, out = s.run(code, session="new", **arguments)
@@ -1900,19 +1903,22 @@ def test_session_limit_and_idle_expiry(start_server, tmp_path):
 
 
 def test_calls_to_one_session_run_in_order_and_two_sessions_in_parallel(server):
-    a, _ = new_session(server, "log = []")
-    b, _ = new_session(server)
-    code = "import time\nlog.append(%d)\ntime.sleep(0.6)\nlog"
+    a, _ = new_session(server, "import time\nlog = []")
+    b, _ = new_session(server, "import time")
+    code = "log.append(%d)\nt = time.time()\ntime.sleep(0.6)\n(log, t, time.time())"
     for n in range(3):
         server.send({"jsonrpc": "2.0", "id": 70 + n, "method": "tools/call",
                      "params": {"name": TOOL, "arguments": {"code": code % n, "session": a}}})
-    started = time.monotonic()
     server.send({"jsonrpc": "2.0", "id": 80, "method": "tools/call",
-                 "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(0.6)\n'b'", "session": b}}})
-    assert tool_output(server.wait_for(80)["result"])["value"] == "'b'"
-    assert time.monotonic() - started < 1.7, "the other session waited for this one"    # a hang guard
-    values = [tool_output(server.wait_for(70 + n)["result"])["value"] for n in range(3)]
-    assert values == ["[0]", "[0, 1]", "[0, 1, 2]"]
+                 "params": {"name": TOOL, "arguments": {"code": "t = time.time()\ntime.sleep(0.6)\n"
+                                                                 "('b', t, time.time())", "session": b}}})
+    b_span = eval(tool_output(server.wait_for(80)["result"])["value"])[1:]
+    a_values = [eval(tool_output(server.wait_for(70 + n)["result"])["value"]) for n in range(3)]
+    assert [log for log, _, _ in a_values] == [[0], [0, 1], [0, 1, 2]]
+    spans = [span[1:] for span in a_values]
+    assert all(one[1] <= two[0] for one, two in zip(spans, spans[1:]))   # a's calls in turn
+    # b ran while a was busy: its span overlaps a's (the processes' own clocks, no threshold)
+    assert b_span[0] < spans[-1][1] and spans[0][0] < b_span[1], (b_span, spans)
 
 
 def test_a_session_over_streamable_http_stateful_stateless_and_modern(start_http):
@@ -1994,12 +2000,12 @@ def test_a_session_whose_interpreter_exits_ends(server):
 
 
 def test_a_sessions_cpu_time_adds_up_without_killing_it(start_server):
-    s = start_server(EXEC_TIMEOUT_MAX=2)                   # the per-call CPU backstop is 7 s
+    s = start_server(EXEC_TIMEOUT_MAX=3)                   # the per-call CPU backstop is 8 s
     s.initialize()
     handle, _ = new_session(s)
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.8:\n    pass\n'ok'"
     for _ in range(5):                                     # 9 s of CPU in one interpreter
-        assert s.run(burn, session=handle, timeout=2, guard=30)[1]["value"] == "'ok'"
+        assert s.run(burn, session=handle, timeout=3, guard=30)[1]["value"] == "'ok'"
 
 
 def test_names_that_are_not_utf_8_are_refused_not_crashed_on(server):
@@ -2018,7 +2024,7 @@ def test_a_store_too_small_for_a_call_still_answers_it(start_server):
     assert not result["isError"] and len(out["files"]) == 3
 
 
-# ===== 6. Containment =====
+# ===== 7. Containment =====
 
 def landlock_abi():
     try:
@@ -2031,6 +2037,8 @@ def landlock_abi():
 
 
 LANDLOCK = landlock_abi()
+SECCOMP = (sys.platform.startswith("linux") and os.uname().machine in ("x86_64", "aarch64")
+           and os.path.exists("/proc/sys/kernel/seccomp"))
 needs_landlock = pytest.mark.skipif(LANDLOCK < 6, reason="needs Landlock ABI 6 or newer (Linux 6.12+; this "
                                                          "kernel has ABI %d): the sandbox is off here" % LANDLOCK)
 
@@ -2159,7 +2167,7 @@ def test_a_fork_loop_is_stopped_at_exec_max_procs(start_server):
         "timeout": 60}}})
     assert s.request("ping", request_id=96, timeout=10)["result"] == {}        # answered meanwhile
     out = tool_output(s.wait_for(95, timeout=30)["result"])
-    assert "more than 32 processes at once (EXEC_MAX_PROCS)" in out["stderr"], out
+    assert "more than 32 processes and threads at once (EXEC_MAX_PROCS)" in out["stderr"], out
     assert s.request("ping", request_id=97)["result"] == {}
 
 
@@ -2231,7 +2239,414 @@ def test_a_restart_after_kill_9_removes_what_the_dead_server_left(start_server, 
     assert restarted.run("print('ok')")[1]["stdout"] == "ok\n"
 
 
-# ===== 2. Executor: isolated environment cache (use_temp_dir) =====
+# --- Attacks from the second red-team pass, and what they leave ----------------------
+
+needs_seccomp = pytest.mark.skipif(not SECCOMP, reason="needs seccomp on Linux x86_64 or aarch64: the server "
+                                                       "installs no filter elsewhere")
+
+
+def http_call(web, sid, code, request_id=2, **arguments):
+    """One tools/call on a Streamable HTTP session -> its CallToolResult."""
+    status, _, body = web.mcp(call_message(code, request_id, **arguments), sid)
+    assert status == 200, body[:500]
+    return json.loads(body)["result"]
+
+
+def http_rpc(web, sid, method, params=None, request_id=3):
+    message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    status, _, body = web.mcp(message, sid)
+    assert status == 200, body[:500]
+    return json.loads(body)
+
+
+def processes_running(argv):
+    """Pids of the live processes whose command line is exactly argv."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for entry in (e for e in os.listdir("/proc") if e.isdigit()):
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                if f.read() == wanted and alive(int(entry)):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def call_dirs(tmp_path):
+    """The call and kernel directories under every run directory of tmp_path/state."""
+    run = tmp_path / "state" / "run"
+    return [n for d in (os.listdir(run) if run.is_dir() else []) if (run / d).is_dir()
+            for n in os.listdir(run / d) if n.startswith(("call-", "kernel-"))]
+
+
+STATUS_PROBE = ("import json, subprocess\n"
+                "def fields(text):\n"
+                "    return dict((k, v.strip()) for k, _, v in (l.partition(':') for l in text.splitlines()))\n"
+                "mine = fields(open('/proc/self/status').read())\n"
+                "execd = fields(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout)\n"
+                "print(json.dumps([mine, execd]))\n")
+CAPS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="reads /proc/self/status")
+@pytest.mark.parametrize("how", ["fork", "spawn", "session"])
+def test_code_has_no_capabilities_and_a_seccomp_filter(start_server, how):
+    # A root server's children would keep every capability, and an execve as root would
+    # get them back unless the bounding set is empty and the securebits locked.
+    if not (os.geteuid() == 0 or SECCOMP):
+        pytest.skip("needs root (capabilities to drop) or seccomp (a filter to see)")
+    s = start_server(FORK_SERVER=0 if how == "spawn" else 1)
+    s.initialize()
+    out = s.run(STATUS_PROBE, **({"session": "new"} if how == "session" else {}))[1]
+    for status in json.loads(out["stdout"]):
+        if os.geteuid() == 0:
+            assert {cap: int(status[cap], 16) for cap in CAPS} == dict.fromkeys(CAPS, 0), status
+        if SECCOMP:
+            assert status["Seccomp"] == "2" and status["NoNewPrivs"] == "1", status
+
+
+@pytest.mark.parametrize("family, kind, proto", [
+    ("socket.AF_PACKET", "socket.SOCK_RAW", "0x0300"),     # every frame on every interface
+    ("socket.AF_INET", "socket.SOCK_RAW", "socket.IPPROTO_ICMP"),
+    ("socket.AF_INET", "10", "0x0300"),                     # SOCK_PACKET: the kernel makes it AF_PACKET
+], ids=["AF_PACKET", "raw-ICMP", "SOCK_PACKET"])
+def test_raw_and_packet_sockets_are_refused(server, family, kind, proto):
+    code = "import socket\n" + ATTACK % ("socket.socket(%s, %s, %s).close()" % (family, kind, proto))
+    assert server.run(code)[1]["stdout"].split()[:2] == ["denied", "1"]        # EPERM
+    assert server.run("print('next')")[1]["stdout"] == "next\n"
+
+
+def limits_of(pid):
+    with open("/proc/%d/limits" % pid) as f:
+        return f.read()
+
+
+def open_files_limit(pid):
+    return [line for line in limits_of(pid).splitlines() if line.startswith("Max open files")]
+
+
+RESOURCE_ATTACK = """import json, os, resource
+got = {}
+for who, pid in (("server", SERVER), ("parent", os.getppid())):
+    for what in ("prlimit", "affinity"):
+        try:
+            if what == "prlimit":
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (3, 3))
+            else:
+                os.sched_setaffinity(pid, {0})
+            got[who + " " + what] = "ALLOWED"
+        except OSError:
+            got[who + " " + what] = "denied"
+print(json.dumps([os.getppid(), got]))
+"""
+
+
+@needs_seccomp
+@pytest.mark.parametrize("fork", [1, 0])
+def test_code_cannot_change_the_limits_or_cpus_of_the_server_or_its_template(start_server, fork):
+    # A server (or template) left with 3 file descriptors could start no call again.
+    s = start_server(FORK_SERVER=fork)
+    s.initialize()
+    before = limits_of(s.proc.pid)
+    out = s.run("SERVER = %d\n" % s.proc.pid + RESOURCE_ATTACK)[1]
+    parent, got = json.loads(out["stdout"])
+    assert set(got.values()) == {"denied"}, got
+    assert limits_of(s.proc.pid) == before
+    assert open_files_limit(parent) == open_files_limit(s.proc.pid)     # the template inherits the server's
+    for pid in {s.proc.pid, parent}:
+        assert os.sched_getaffinity(pid) == os.sched_getaffinity(0)
+    assert [s.run("print(%d * 7)" % n)[1]["stdout"] for n in range(5)] == ["%d\n" % (n * 7) for n in range(5)]
+
+
+DEEP_TREE = ("import os\nstart = os.getcwd()\nfor _ in range(1200):\n    os.mkdir('d' * 8)\n    os.chdir('d' * 8)\n"
+             "print(len(os.getcwd()), start)\n")       # 10,800 characters: far past PATH_MAX
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="finds processes through /proc")
+def test_a_tree_deeper_than_path_max_is_removed_even_after_a_crash(start_server, tmp_path):
+    s = start_server()
+    s.initialize()
+    out = s.run(DEEP_TREE)[1]
+    length, cwd = out["stdout"].split()
+    assert out["returncode"] == 0 and int(length) > 4096, out
+    assert not os.path.exists(cwd) and call_dirs(tmp_path) == []
+    # the same tree in a call still running when its server is killed: the next one removes it
+    made = out_dir(tmp_path) / "deep-made"
+    _, pid, cwd = start_victim(s, tmp_path, DEEP_TREE + "open(%r, 'w').close()\nimport time\ntime.sleep(60)\n"
+                               % str(made))
+    wait_for_file(made)
+    s.proc.kill()
+    s.proc.wait()
+    restarted = start_server()
+    restarted.initialize()
+    assert restarted.run("print('ok')")[1]["stdout"] == "ok\n"
+    assert wait_gone(pid) and not os.path.exists(cwd)
+    assert wait_until(lambda: call_dirs(tmp_path) == []), call_dirs(tmp_path)
+
+
+def test_a_files_path_of_2000_components_is_refused(server, tmp_path):
+    marker = out_dir(tmp_path) / "ran"
+    result = server.call("open(%r, 'w')" % str(marker), files=[{"path": "a/" * 1999 + "f", "content": "x"}])
+    assert result["isError"] and not marker.exists()
+    assert server.run("print('fine')")[1]["stdout"] == "fine\n"
+
+
+IMMUTABLE_ATTACK = """import fcntl, struct
+f = open('big.bin', 'wb')
+f.write(b'z' * (50 << 20))
+f.flush()
+def flags():
+    return struct.unpack('l', fcntl.ioctl(f.fileno(), 0x80086601, b'\\0' * 8))[0]
+for value in (0x10, flags() | 0x10, flags() | 0x20):     # immutable, append-only
+    try:
+        fcntl.ioctl(f.fileno(), 0x40086602, struct.pack('l', value))
+        print('ALLOWED')
+    except OSError:
+        print('denied')
+print(flags() & 0x30)
+"""
+
+
+def test_code_cannot_make_a_file_immutable(start_server, tmp_path):
+    s = start_server()
+    s.initialize()
+    out = s.run(IMMUTABLE_ATTACK, timeout=60, guard=60)[1]
+    assert out["stdout"].split() == ["denied"] * 3 + ["0"], out
+    assert call_dirs(tmp_path) == []
+    assert s.close() == 0
+    assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
+def test_a_session_whose_thread_spawns_past_exec_max_procs_between_calls_is_ended(start_server, tmp_path):
+    s = start_server(EXEC_MAX_PROCS=16)
+    s.initialize()
+    go, sleep = out_dir(tmp_path) / "go", ["sleep", "30.%d" % os.getpid()]     # a command line of our own
+    code = ("import os, subprocess, threading, time\n"
+            "def spawn():\n"
+            "    while not os.path.exists(%r):\n"
+            "        time.sleep(0.02)\n"
+            "    for _ in range(40):\n"
+            "        subprocess.Popen(%r)\n"
+            "threading.Thread(target=spawn, daemon=True).start()\n"
+            "os.getpid()" % (str(go), sleep))
+    handle, out = new_session(s, code)
+    assert out["returncode"] == 0 and "session_ended" not in out, out
+    go.touch()                                   # the call has answered: now the thread spawns
+    assert wait_gone(int(out["value"]), guard=HANG), "the kernel outlived its limit"
+    assert wait_until(lambda: processes_running(sleep) == []), processes_running(sleep)
+    result, out = s.run("1", session=handle)
+    assert result["isError"] and out["returncode"] != 0, out
+    assert s.run("print('fine')")[1]["stdout"] == "fine\n"
+
+
+@needs_seccomp
+def test_code_cannot_stop_being_the_reaper_of_its_orphans(server):
+    # Unset, an orphan of the code would go to the template or the server, out of its call.
+    code = ("import ctypes, json\nlibc = ctypes.CDLL(None, use_errno=True)\nu = ctypes.c_ulong\n"
+            "got = [[libc.prctl(36, u(v), u(0), u(0), u(0)), ctypes.get_errno()] for v in (0, 1)]\n"
+            "now = ctypes.c_int(-1)\nlibc.prctl(37, ctypes.byref(now), u(0), u(0), u(0))\n"
+            "print(json.dumps([got, now.value]))\n")
+    got, now = json.loads(server.run(code)[1]["stdout"])
+    assert got == [[-1, errno.EPERM]] * 2 and now == 1
+    assert server.run("print('next')")[1]["stdout"] == "next\n"
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
+def test_3000_threads_are_stopped_at_exec_max_procs(start_server):
+    s = start_server()                                  # EXEC_MAX_PROCS=256
+    s.initialize()
+    code = ("import threading, time\nthreading.stack_size(64 * 1024)\nfor _ in range(3000):\n"
+            "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\ntime.sleep(30)\n")
+    result, out = s.run(code, timeout=60, guard=60)
+    assert result["isError"] and out["returncode"] != 0 and not out["timed_out"], out
+    assert s.run("print('next')")[1]["stdout"] == "next\n"
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
+@pytest.mark.parametrize("flood", [
+    "for n in range(50000):\n    open('f%d' % n, 'w').close()\n",       # EXEC_MAX_ENTRIES=20000
+    "import os\nfd = os.open('big', os.O_WRONLY | os.O_CREAT)\nos.posix_fallocate(fd, 0, 300 << 20)\n",
+], ids=["50000-empty-files", "300-MB"])
+def test_a_disk_flood_is_stopped(start_server, flood):
+    s = start_server(EXEC_DISK_MB=100)
+    s.initialize()
+    result, out = s.run(flood + "import time\ntime.sleep(30)\n", timeout=60, guard=60)
+    assert result["isError"] and out["returncode"] != 0 and not out["timed_out"], out
+    assert s.run("print('next')")[1]["stdout"] == "next\n"
+
+
+def test_resources_list_shows_only_the_sessions_own_files_but_a_uri_is_a_capability(web):
+    a, _ = web.initialize("2025-11-25")
+    b, _ = web.initialize("2025-11-25")
+    result = http_call(web, a, "open('a-secret.txt', 'w').write('for A')")
+    [uri] = [f["uri"] for f in tool_output(result)["files"]]
+    listed = lambda sid: [r["uri"] for r in http_rpc(web, sid, "resources/list")["result"]["resources"]]  # noqa
+    assert uri in listed(a) and uri not in listed(b)
+    assert http_rpc(web, b, "resources/read", {"uri": uri})["result"]["contents"][0]["text"] == "for A"
+
+
+NETWORK_PROBE = """import json, socket
+def attempt(fn):
+    try:
+        fn()
+        return "ALLOWED"
+    except OSError:
+        return "denied"
+def udp():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+        u.sendto(b"from the code", ("127.0.0.1", UDP))
+def fast_open():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
+        t.sendto(b"x", 0x20000000, ("127.0.0.1", TCP))          # MSG_FASTOPEN
+def mptcp():
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262).close()
+def tcp():
+    socket.create_connection(("127.0.0.1", TCP), timeout=5).close()
+print(json.dumps({f.__name__: attempt(f) for f in (udp, fast_open, mptcp, tcp)}))
+"""
+
+
+@needs_seccomp
+def test_exec_network_off_refuses_every_ip_socket_and_on_allows_tcp(start_server, tmp_path):
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tcp = socket.socket()
+    try:
+        udp.bind(("127.0.0.1", 0))
+        udp.settimeout(HANG)
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen(16)
+        code = "UDP, TCP = %d, %d\n" % (udp.getsockname()[1], tcp.getsockname()[1]) + NETWORK_PROBE
+        off = start_server(EXEC_NETWORK="off", MCP_EXEC_DIR=tmp_path / "state-off")
+        off.initialize()
+        got = json.loads(off.run(code)[1]["stdout"])
+        assert got == dict.fromkeys(("udp", "fast_open", "mptcp", "tcp"), "denied"), got
+        tcp.setblocking(False)
+        with pytest.raises(BlockingIOError):            # no connection waits to be accepted
+            tcp.accept()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as control:
+            control.sendto(b"control", udp.getsockname())
+        assert udp.recvfrom(100)[0] == b"control"       # loopback delivers in order: nothing came first
+        on = start_server(EXEC_NETWORK="on")
+        on.initialize()
+        got = json.loads(on.run(code)[1]["stdout"])
+        assert got["udp"] == got["tcp"] == "ALLOWED", got
+        assert udp.recvfrom(100)[0] == b"from the code"
+        tcp.setblocking(True)
+        tcp.settimeout(HANG)
+        tcp.accept()[0].close()
+    finally:
+        udp.close()
+        tcp.close()
+
+
+PNG_BOMB = r'''
+import struct, zlib
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+class Bomb:
+    def _repr_png_(self):
+        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(b"\0" * 1000)) + chunk(b"IEND", b""))
+    def __repr__(self):
+        return "<Bomb>"
+Bomb()
+'''
+
+
+def test_a_png_that_declares_10_gigapixels_is_dropped_with_a_note(server):
+    result, out = server.run(PNG_BOMB)
+    assert out["value"] == "<Bomb>" and images_of(result) == [] and not out.get("images")
+    assert out["stderr"], "no note that an image was dropped"         # the code itself wrote nothing
+    result, out = server.run(PNG_CODE)
+    assert len(images_of(result)) == 1
+
+
+def status_line(sock):
+    """The first line of an HTTP response, or b"" if the server closed without one."""
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)             # the socket's timeout is the hang guard
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\r\n")[0]
+
+
+def files_open_under(pid, directory):
+    found = []
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            if os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith(str(directory)):
+                found.append(fd)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="looks for the server's open files through /proc")
+def test_a_huge_content_length_is_refused_before_the_body_without_a_key(start_http, tmp_path):
+    spool = tmp_path / "spool"                  # where waitress would buffer a body
+    spool.mkdir()
+    server = start_http(TMPDIR=spool)
+    head = ("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+            "Content-Length: 63000000\r\n\r\n" % server.port).encode()
+    conns = [socket.create_connection(("127.0.0.1", server.port), timeout=HANG) for _ in range(10)]
+    try:
+        for conn in conns:
+            conn.sendall(head + b"[" * 1024)        # then nothing more: the body never comes
+        assert _health(server)
+        for conn in conns:
+            assert status_line(conn).split(b" ")[1:2] in ([b"413"], []), "a body was awaited"
+        assert os.listdir(spool) == []
+        if os.geteuid() == 0:          # only root may list a non-dumpable server's files (waitress unlinks its own)
+            assert files_open_under(server.proc.pid, spool) == []
+        assert _health(server)
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_one_call_cannot_push_another_clients_files_out_of_the_store(start_http):
+    web = start_http(OUTPUT_STORE_MB=20)
+    b, _ = web.initialize("2025-11-25")
+    [b_uri] = [f["uri"] for f in tool_output(http_call(web, b, "open('b.txt', 'w').write('B was here')"))["files"]]
+    a, _ = web.initialize("2025-11-25")
+    code = "for n in range(3):\n    open('big%d.bin' % n, 'wb').write(bytes([n + 1]) * (15 << 20))\n"
+    files = tool_output(http_call(web, a, code, timeout=60))["files"]
+    assert len(files) == 3, files
+    assert http_rpc(web, b, "resources/read", {"uri": b_uri})["result"]["contents"][0]["text"] == "B was here"
+    kept = [f for f in files if "uri" in f]
+    assert len(kept) <= 1 and all(f.get("note") for f in files if "uri" not in f), files
+    for n, f in enumerate(kept):                 # a URI handed out must read back
+        read = http_rpc(web, a, "resources/read", {"uri": f["uri"]}, request_id=10 + n)
+        assert "result" in read, (f, read.get("error"))
+        contents = read["result"]["contents"][0]      # bytes 1..3 are text: UTF-8 without a NUL
+        data = base64.b64decode(contents["blob"]) if "blob" in contents else contents["text"].encode()
+        assert len(data) == 15 << 20
+
+
+def test_one_client_gets_at_most_half_of_the_sessions(start_http):
+    web = start_http(SESSION_LIMIT=4)
+    a, _ = web.initialize("2025-11-25")
+    b, _ = web.initialize("2025-11-25")
+    for n in range(2):
+        assert not http_call(web, a, "1", 10 + n, session="new")["isError"]
+    assert http_call(web, a, "1", 12, session="new")["isError"]
+    result = http_call(web, b, "1", 13, session="new")
+    assert not result["isError"] and tool_output(result)["session"].startswith("s-")
+
+
+def test_a_100_mb_repr_is_capped_and_marked_truncated(server):
+    result, out = server.run("'x' * 100_000_000", timeout=60, guard=60)
+    assert out["returncode"] == 0 and out["truncated"] is True, {k: v for k, v in out.items() if k != "value"}
+    assert out["value"].startswith("'xxx") and len(out["value"]) < 1_000_000
+
+
+# ===== 8. Package environments: the isolated cache (use_temp_dir) =====
 
 PREFIX_PROBE = "import sys\nimport mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE, sys.prefix)\n"
 
@@ -2400,7 +2815,7 @@ def test_hermetic_install_through_uv(start_server, tmp_path, wheelhouse):
 
 
 
-# ===== 4. stdio transport =====
+# ===== 3. stdio transport =====
 
 
 def test_ping_is_answered_while_a_call_runs(server):
@@ -2478,7 +2893,7 @@ def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_server):
     assert '<-- {"jsonrpc":"2.0","id":"traced-ping","result":{}}' in stderr
 
 
-# ===== 7. Command line =====
+# ===== 15. Command line =====
 
 
 def test_help_exits_zero_and_documents_the_settings(tmp_path):
@@ -2705,7 +3120,8 @@ def test_http_refuses_to_start_without_api_key(tmp_path):
 def test_health_needs_no_key_and_reveals_nothing(web):
     status, headers, body = web.request("GET", "/health", headers={})
     assert status == 200
-    assert json.loads(body) == {"status": "ok", "sandbox": "landlock" if LANDLOCK else "off"}
+    layers = [name for name, on in (("landlock", LANDLOCK), ("seccomp", SECCOMP)) if on]
+    assert json.loads(body) == {"status": "ok", "sandbox": "+".join(layers) or "off"}
 
 
 @pytest.mark.parametrize("headers, expected", [
@@ -2754,12 +3170,11 @@ def test_foreign_host_is_refused_on_loopback(web):
     assert web.mcp(init_message(), extra={"Host": "localhost:%d" % web.port})[0] == 200
 
 
-def test_body_cap_answers_413_with_a_json_rpc_error(start_http):
+def test_body_cap_is_waitress_own_413_from_the_content_length(start_http):
     server = start_http(MAX_BODY_BYTES="2000")
     status, headers, body = server.mcp(call_message("x = '%s'" % ("a" * 5000)))
-    assert status == 413
-    assert headers["content-type"].startswith("application/json")
-    assert json.loads(body)["error"]["code"] == -32600
+    assert status == 413          # waitress's own answer: the body was never buffered for the app
+    assert server.request("GET", "/health", headers={})[0] == 200
 
 
 def test_unknown_route_is_a_json_404(web):
@@ -2842,9 +3257,7 @@ def test_sse_tool_call_does_not_block_the_post(web):
     client = SseClient(web)
     client.post(init_message())
     client.next_message()
-    started = time.monotonic()
     assert client.post(call_message("import time; time.sleep(2); print('late')"))[0] == 202
-    assert time.monotonic() - started < 1.5, "the POST waited for the call"   # generous: 2 s call
     assert client.post({"jsonrpc": "2.0", "id": 3, "method": "ping"})[0] == 202
     first, second = client.next_message(), client.next_message()
     assert first["id"] == 3 and second["id"] == 2          # ping overtook the running call
@@ -3223,8 +3636,10 @@ def test_a_burst_of_calls_is_answered_and_health_stays_quick(start_http):
     busy = [(took, r) for took, _, r in results if r["result"]["isError"]]
     assert ran and all(tool_output(r["result"])["stdout"].strip().isdigit() for r in ran)
     assert all("Server busy" in tool_output(r["result"])["stderr"] for _, r in busy)
-    assert len(ran) + len(busy) == 100 and sorted(took for took, _ in busy)[len(busy) // 2] < 1.0
-    assert health and all(status == 200 and took < 1.0 for took, status in health), max(health)
+    # Each call that ran printed its own number: nothing crossed between calls.
+    printed = sorted(int(tool_output(r["result"])["stdout"]) for r in ran)
+    assert printed == sorted({r["id"] - 1 for r in ran}) and busy, (len(ran), len(busy))
+    assert health and all(status == 200 for _, status in health)    # answered throughout
 
 
 def test_slow_connections_do_not_starve_health(start_http):
@@ -3238,9 +3653,7 @@ def test_slow_connections_do_not_starve_health(start_http):
         for _ in range(3):
             for n, sock in enumerate(slow):
                 sock.sendall(b"X-Slow-%d: 1\r\n" % n)     # a header line now and then, never the end
-            started = time.monotonic()
             assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
-            assert time.monotonic() - started < 1.0
             time.sleep(0.5)
     finally:
         for sock in slow:
@@ -3284,15 +3697,17 @@ def test_a_batch_with_a_call_stays_within_the_thread_budget(start_http, tmp_path
     streams[1].kill()
 
 
-def test_a_20_mb_body_gets_the_json_rpc_413(web):
+def test_a_20_mb_body_gets_413_before_it_is_read(web):
     sid, _ = web.initialize("2025-11-25")
-    body = json.dumps(call_message("x = '%s'" % ("y" * (20 << 20)))).encode()
     conn = web.connect(timeout=60)
-    conn.request("POST", "/mcp", body, dict(AUTH, Accept=ACCEPT_BOTH, **{
-        "Content-Type": "application/json", "Mcp-Session-Id": sid}))
-    resp = conn.getresponse()
-    assert resp.status == 413
-    assert "MAX_BODY_BYTES" in json.loads(resp.read())["error"]["message"]
+    # Only the headers and 1 KB: waitress answers from the Content-Length alone.
+    conn.putrequest("POST", "/mcp")
+    for name, value in dict(AUTH, Accept=ACCEPT_BOTH, **{"Content-Type": "application/json",
+                                                          "Mcp-Session-Id": sid,
+                                                          "Content-Length": str(20 << 20)}).items():
+        conn.putheader(name, value)
+    conn.endheaders(b"{" + b" " * 1023)
+    assert conn.getresponse().status == 413
 
 
 # --- Progress over HTTP --------------------------------------------------------------
@@ -3498,7 +3913,8 @@ def test_client_sse_close_does_not_wait_for_the_next_keep_alive(start_http, tmp_
     done = run_client(tmp_path, "--url", "http://127.0.0.1:%d/sse" % web.port, "call", "print(3)",
                       API_KEY=KEY, guard=60)
     assert client_result(done)["stdout"] == "3\n"
-    # Before the fix the client sat in close() until the next keep-alive, 30 s later.
+    # Before the fix the client sat in close() until the next keep-alive, 30 s later: a hang
+    # guard with half of that as its margin, not a speed goal.
     assert time.monotonic() - started < 15, "the client waited for a keep-alive after the answer"
 
 
