@@ -1699,7 +1699,7 @@ def serve_template(config, fresh_modules):
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
     sel.register(wake_read, selectors.EVENT_READ)
-    roots = set()
+    roots, limits = set(), _rlimits()
     doomed = forgettable_modules(fresh_modules)         # the same for every child: found once
     gc.freeze()         # our objects are never collected: forked children do not copy them
     sock.send(json.dumps({"ready": os.getpid()}).encode())
@@ -1711,7 +1711,9 @@ def serve_template(config, fresh_modules):
                 _reap_children(sock, roots)
                 continue
             data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
-            if not data:                               # the server is gone: so is all we started
+            if not data or _rlimits() != limits:
+                # The server is gone, or someone changed our limits: we end, and all we started
+                # with us. The server spawns this call, and starts a fresh template after.
                 for pid in children_of(os.getpid()):
                     kill_tree(pid)
                 os._exit(0)
@@ -1728,6 +1730,12 @@ def serve_template(config, fresh_modules):
                 os.close(fd)
             roots.add(pid)
             sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def _rlimits():
+    import resource
+    return [resource.getrlimit(getattr(resource, name)) for name in
+            ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")]
 
 
 def _reap_children(sock, roots):
