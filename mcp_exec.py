@@ -4039,6 +4039,7 @@ class Job:
         self.cancel, self.done = threading.Event(), threading.Event()
         self.status, self.result, self.listener, self.on_end = "working", None, None, None
         self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
+        self.code_wrote_stderr = False
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, args=(args, session), daemon=True)
 
@@ -4060,6 +4061,7 @@ class Job:
         if stream in self.unread:
             with self.lock:
                 self.unread[stream].add(chunk)
+                self.code_wrote_stderr = self.code_wrote_stderr or stream == "stderr"
         listener = self.listener                    # the progress of a request waiting on us
         if listener:
             listener(stream, chunk)
@@ -4087,7 +4089,9 @@ class Job:
         final = self.result
         answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
                         out.truncated or err.truncated or final.value_truncated, final.cancelled)
-        for text in final.notes:
+        if not self.code_wrote_stderr:
+            answer.stderr = final.stderr        # all of it is the server's: a refusal, its notes
+        for text in final.notes if self.code_wrote_stderr else ():
             answer.note(text)
         for name in ("value", "images", "files", "session", "session_ended", "blocks"):
             setattr(answer, name, getattr(final, name))

@@ -2893,6 +2893,612 @@ def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_server):
     assert '<-- {"jsonrpc":"2.0","id":"traced-ping","result":{}}' in stderr
 
 
+# ===== 12. Jobs and tasks: CALL_WAIT, {"job": ...}, 2025-11-25 Tasks, the 2026-07-28 extension =====
+# Events are ordered by what the server says (handles, pids, statuses, files), never by sleeping.
+
+TASKS_EXT = "io.modelcontextprotocol/tasks"
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+MISSING_CAPABILITY = -32021
+FIELDS = {"returncode", "stdout", "stderr", "timed_out", "truncated"}
+JOB_GUARD = 60.0     # seconds: a job that is not over by then fails the test instead of hanging it
+
+# 6 lines, one a second, then a file, then a value: what a job returns in pieces.
+SIX_LINES = ("import time\n"
+             "for i in range(6):\n"
+             "    print('line', i, flush=True)\n"
+             "    time.sleep(1)\n"
+             "open('report.txt', 'w').write('done')\n"
+             "6 * 7\n")
+SIX_LINES_OUT = "".join("line %d\n" % i for i in range(6))
+
+# A process tree: the code's own interpreter and a `sleep 60.321` under it; both pids first.
+TREE = ("import os, subprocess\n"
+        "p = subprocess.Popen(['sleep', '60.321'])\n"
+        "print(os.getpid(), p.pid, flush=True)\n"
+        "p.wait()\n")
+
+
+def tree_with_pid_file(path):
+    """TREE that also leaves its two pids in `path` (in an EXEC_WRITE_PATHS directory): a
+    task's output cannot be read before it ends, a file can."""
+    return TREE.replace("p.wait()", "open(%r, 'w').write('%%d %%d' %% (os.getpid(), p.pid))\n"
+                                    "os.replace(%r, %r)\np.wait()" % (str(path) + ".tmp", str(path) + ".tmp",
+                                                                        str(path)))
+
+
+def pids_in(path):
+    return [int(p) for p in wait_for_file(path).split()]
+
+FOUR_SECONDS = "import time\nprint('start', flush=True)\ntime.sleep(4)\nprint('end')\n6 * 7\n"
+
+
+# --- Helpers for jobs and tasks ---
+
+
+def check_schema(value, schema, where="structuredContent"):
+    """A validator for the JSON Schema subset outputSchema uses (type, required, enum,
+    properties, items, additionalProperties): fails with the path of the first mismatch.
+    A keyword outside the subset fails too, so that nothing is silently not checked."""
+    known = {"type", "properties", "required", "enum", "items", "description", "additionalProperties", "default"}
+    assert set(schema) <= known, "%s: schema keywords this validator does not know: %s" % (
+        where, set(schema) - known)
+    kind = schema.get("type")
+    if kind is not None:
+        ok = {"object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
+              "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+              "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}[kind](value)
+        assert ok, "%s: %r is not of type %s" % (where, value, kind)
+    if "enum" in schema:
+        assert value in schema["enum"], "%s: %r is not one of %r" % (where, value, schema["enum"])
+    if isinstance(value, dict):
+        for name in schema.get("required", []):
+            assert name in value, "%s: required property %r is missing" % (where, name)
+        properties = schema.get("properties", {})
+        for name, sub in properties.items():
+            if name in value:
+                check_schema(value[name], sub, "%s.%s" % (where, name))
+        if schema.get("additionalProperties") is False:
+            assert set(value) <= set(properties), "%s: unexpected %s" % (where, set(value) - set(properties))
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            check_schema(item, schema["items"], "%s[%d]" % (where, i))
+
+
+def check_answer(result, schema):
+    """Every tools/call answer of a job must be a valid CallToolResult for a client that
+    validates structuredContent against outputSchema (the Python SDK does): the object
+    fits the schema, and the first text block is the same object."""
+    structured = result["structuredContent"]
+    check_schema(structured, schema)
+    try:
+        import jsonschema   # a second opinion where it is installed
+    except ImportError:
+        pass
+    else:
+        jsonschema.validate(structured, schema)
+    assert json.loads(result["content"][0]["text"]) == structured
+    return structured
+
+
+class Tool:
+    """The tool of one MCP session, over stdio (a StdioProcess) or Streamable HTTP (an
+    HttpProcess and a session id): call(arguments) -> CallToolResult, each answer checked
+    against the outputSchema that session's tools/list declares."""
+
+    def __init__(self, server, sid=None):
+        self.server, self.sid = server, sid
+        tools = self._request({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})["result"]["tools"]
+        self.schema = tools[0]["outputSchema"]
+        self.answers = []
+
+    def _request(self, message):
+        if isinstance(self.server, StdioProcess):
+            return self.server.request(message["method"], message.get("params"))
+        status, _, body = self.server.mcp(message, self.sid)
+        assert status == 200, body
+        return json.loads(body)
+
+    def call(self, **arguments):
+        response = self._request({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                  "params": {"name": TOOL, "arguments": arguments}})
+        assert "result" in response, response
+        result = response["result"]
+        check_answer(result, self.schema)
+        self.answers.append(result)
+        return result
+
+    def poll(self, handle, cancel=False):
+        return self.call(job=handle, cancel=True) if cancel else self.call(job=handle)
+
+    def poll_to_end(self, handle, guard=JOB_GUARD):
+        """Poll until the job's status is no longer "running" -> every answer, in order."""
+        answers, deadline = [], time.monotonic() + guard
+        while True:
+            answers.append(self.poll(handle))
+            if answers[-1]["structuredContent"]["status"] != "running":
+                return answers
+            assert time.monotonic() < deadline, "job %s still running after %g s" % (handle, guard)
+
+
+def running(result):
+    """A "running" answer -> its handle, after checking the shape the model sees."""
+    out = result["structuredContent"]
+    assert out["status"] == "running" and result["isError"] is False, result
+    assert out["returncode"] == 0 and out["job"].startswith("j-"), out
+    assert "value" not in out and "files" not in out, out
+    hint = result["content"][-1]["text"]   # the second text block: how to go on
+    assert '{"job": "%s"}' % out["job"] in hint and "cancel" in hint, hint
+    return out["job"]
+
+
+def http_session(server, version=LATEST):
+    sid, reply = server.initialize(version)
+    assert reply["result"]["protocolVersion"] == version and sid, reply
+    return sid
+
+
+def wait_pids(tool, answer, guard=HANG):
+    """Poll a job until its stdout has the line of pids TREE prints -> ([pids], answers)."""
+    seen, answers, deadline = answer["structuredContent"]["stdout"], [answer], time.monotonic() + guard
+    while not seen.strip():
+        assert answers[-1]["structuredContent"]["status"] == "running", answers[-1]
+        assert time.monotonic() < deadline, "no pids after %g s" % guard
+        answers.append(tool.poll(answers[0]["structuredContent"]["job"]))
+        seen += answers[-1]["structuredContent"]["stdout"]
+    return [int(p) for p in seen.split()], answers
+
+
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+# --- Jobs over stdio ---
+
+
+def test_a_long_run_answers_running_then_each_line_once_then_the_result(start_server):
+    # The model must see every line exactly once, whatever the polls' timing, and the
+    # end (value, files, exit status) on the last answer only.
+    s = start_server(CALL_WAIT=2)
+    s.initialize()
+    tool = Tool(s)
+    first = tool.call(code=SIX_LINES)
+    handle = running(first)
+    assert first["structuredContent"]["stdout"].startswith("line 0\n"), first   # the first lines come at once
+    answers = [first] + tool.poll_to_end(handle)
+    assert all(a["structuredContent"]["job"] == handle for a in answers)
+    assert all(a["structuredContent"]["status"] == "running" for a in answers[:-1])
+    assert "".join(a["structuredContent"]["stdout"] for a in answers) == SIX_LINES_OUT
+    last = answers[-1]
+    out = last["structuredContent"]
+    assert out["status"] == "completed" and out["returncode"] == 0 and last["isError"] is False, out
+    assert out["value"] == "42"
+    assert [f["path"] for f in out["files"]] == ["report.txt"]
+    assert any(b.get("type") in ("resource", "resource_link") for b in last["content"][1:]), last["content"]
+
+
+def test_cancel_kills_the_whole_process_tree(start_server):
+    # {"job": h, "cancel": true} must stop the code and everything it started, not only
+    # stop reporting on it.
+    s = start_server(CALL_WAIT=1)
+    s.initialize()
+    tool = Tool(s)
+    first = tool.call(code=TREE)
+    handle = running(first)
+    (python_pid, sleep_pid), _ = wait_pids(tool, first)
+    assert "sleep 60.321" in cmdline(sleep_pid), cmdline(sleep_pid)      # the pid we watch is that sleep
+    answer = tool.poll(handle, cancel=True)
+    answers = [answer] if answer["structuredContent"]["status"] != "running" else tool.poll_to_end(handle)
+    out = answers[-1]["structuredContent"]
+    assert out["status"] == "cancelled" and answers[-1]["isError"] is True, out
+    assert wait_gone(sleep_pid), "the sleep the code started survived the cancel"
+    assert wait_gone(python_pid), "the code's interpreter survived the cancel"
+
+
+@pytest.mark.parametrize("handle, says", [("j-nosuchjob", "Unknown or expired job"),
+                                          ("j-otherdyno-abcdef", "lives on instance otherdyno")])
+def test_an_unknown_handle_is_a_tool_error_that_says_to_run_the_code_again(start_server, handle, says):
+    # The model can act on it: the text tells it that the job is gone and what to do.
+    s = start_server()
+    s.initialize()
+    result = Tool(s).poll(handle)
+    assert result["isError"] is True
+    text = result["structuredContent"]["stderr"]
+    assert handle in text and says in text, text
+    assert "run the code again" in text.lower(), text
+    assert "status" not in result["structuredContent"], result
+
+
+def test_a_short_call_is_answered_as_before_jobs_existed(start_server):
+    # A call that ends within CALL_WAIT is never a job: no status, no handle, one block.
+    s = start_server(CALL_WAIT=2)
+    s.initialize()
+    result = Tool(s).call(code="import time\ntime.sleep(0.1)\nprint('hi')")
+    assert set(result) == {"content", "isError", "structuredContent"}, result
+    assert result["structuredContent"] == {"returncode": 0, "stdout": "hi\n", "stderr": "", "timed_out": False,
+                                           "truncated": False}
+    assert len(result["content"]) == 1 and result["isError"] is False
+
+
+def test_every_job_answer_fits_the_output_schema(start_server):
+    # A client that validates structuredContent (the Python SDK does) must accept the
+    # running, completed, cancelled and unknown-handle answers alike, in both eras.
+    s = start_server(CALL_WAIT=1)
+    s.initialize()
+    tool = Tool(s)                                   # Tool.call checks each answer against the schema
+    handle = running(tool.call(code="import time\nprint('a', flush=True)\ntime.sleep(2)\nprint('b')\n1"))
+    tool.poll_to_end(handle)
+    handle = running(tool.call(code=TREE))
+    tool.poll(handle, cancel=True)
+    tool.poll("j-nosuchjob")
+    statuses = [a["structuredContent"].get("status") for a in tool.answers]
+    assert {"running", "completed", "cancelled", None} <= set(statuses), statuses
+    assert set(tool.schema["properties"]["status"]["enum"]) == {"running", "completed", "cancelled"}
+    # the 2026-07-28 era declares the same schema; a job answer there fits it too
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
+    schema = s.request("tools/list", {"_meta": meta})["result"]["tools"][0]["outputSchema"]
+    called = s.request("tools/call", {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(3)"},
+                                      "_meta": meta})["result"]
+    assert check_answer(called, schema)["status"] == "running"
+    assert called["resultType"] == "complete"
+
+
+def test_a_job_over_the_memory_cap_ends_with_the_usual_message_on_the_next_poll(start_server):
+    # The cap still applies to a run that outlived its request, and the poll after the
+    # end carries the same message an ordinary call would have shown.
+    s = start_server(EXEC_MEMORY_MB=200, CALL_WAIT=1)
+    s.initialize()
+    tool = Tool(s)
+    code = ("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(3)\n"
+            "block = bytearray(400 * 2**20)\nprint('allocated')\n")
+    first = tool.call(code=code)
+    handle = running(first)
+    (pid,), answers = wait_pids(tool, first)
+    assert all(a["structuredContent"]["status"] == "running" for a in answers)
+    assert wait_gone(pid, guard=HANG), "the code did not end"
+    last = tool.poll(handle)                        # the next poll after the process ended
+    out = last["structuredContent"]
+    assert out["status"] == "completed" and last["isError"] is True, out
+    assert out["returncode"] != 0 and "allocated" not in out["stdout"], out
+    assert "MemoryError" in out["stderr"] or "(EXEC_MEMORY_MB)" in out["stderr"], out
+    # ...and it is the message an ordinary call gets (CALL_WAIT=0: no job at all)
+    plain = start_server(EXEC_MEMORY_MB=200, CALL_WAIT=0)
+    plain.initialize()
+    _, usual = plain.run(code.replace("time.sleep(3)", "time.sleep(0)"))
+    assert usual["stderr"].strip().splitlines()[-1] == out["stderr"].strip().splitlines()[-1], (usual, out)
+
+
+# --- Jobs over Streamable HTTP ---
+
+
+def test_a_job_outlives_its_http_session_and_another_session_polls_it_to_the_end(start_http):
+    # DELETE /mcp ends the MCP session, not the job: any session (same key) may poll it.
+    server = start_http(CALL_WAIT=1)
+    first_sid = http_session(server)
+    code = "import time\nprint('before', flush=True)\ntime.sleep(3)\nprint('after')\n'survived'"
+    first = Tool(server, first_sid).call(code=code)
+    handle = running(first)
+    status, _, body = server.request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": first_sid}))
+    assert status in (200, 202, 204), body
+    status, _, _ = server.mcp({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, first_sid)
+    assert status == 404                            # the first session is really gone
+    second = Tool(server, http_session(server))
+    answers = [first] + second.poll_to_end(handle)
+    assert "".join(a["structuredContent"]["stdout"] for a in answers) == "before\nafter\n"
+    out = answers[-1]["structuredContent"]
+    assert out["status"] == "completed" and out["value"] == "'survived'" and out["returncode"] == 0, out
+
+
+# --- 2025-11-25 Tasks: raw frames ---
+
+
+def task_call(s, code, request_id, ttl=60000):
+    response = s.request("tools/call", {"name": TOOL, "arguments": {"code": code}, "task": {"ttl": ttl}},
+                         request_id=request_id)
+    assert set(response["result"]) <= {"task", "_meta"}, response      # CreateTaskResult, at once
+    return response["result"]["task"]
+
+
+def check_task(task, status=None):
+    """A 2025-11-25 Task: the fields mcp 1.26 parses strictly (ints, ISO dates, ttl key)."""
+    assert {"taskId", "status", "createdAt", "lastUpdatedAt", "ttl"} <= set(task), task
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", task["createdAt"]), task
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", task["lastUpdatedAt"]), task
+    assert task["ttl"] is None or (isinstance(task["ttl"], int) and task["ttl"] > 0), task
+    assert isinstance(task.get("pollInterval", 1), int), task
+    assert "ttlMs" not in task and "resultType" not in task, task    # 2026 names stay out of 2025
+    if status:
+        assert task["status"] == status, task
+    return task
+
+
+def next_notification(s, method, guard=HANG):
+    """The next notification with this method, from what request() read past or new lines."""
+    for i, message in enumerate(s._stash):
+        if message.get("method") == method:
+            return s._stash.pop(i)
+    deadline = time.monotonic() + guard
+    while True:
+        message = json.loads(s.recv_line(max(0.01, deadline - time.monotonic())))
+        if message.get("method") == method:
+            return message
+        s._stash.append(message)
+
+
+def test_2025_tasks_are_declared_on_the_server_and_the_tool(start_server):
+    # The client may augment only when both say so (tasks.mdx, Capabilities and Tool-Level).
+    s = start_server()
+    capabilities = s.initialize(LATEST)["capabilities"]
+    assert capabilities["tasks"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+    tool = s.request("tools/list")["result"]["tools"][0]
+    assert tool["execution"] == {"taskSupport": "optional"}
+    older = start_server()
+    assert "tasks" not in older.initialize("2025-06-18")["capabilities"]
+    assert "execution" not in older.request("tools/list")["result"]["tools"][0]
+
+
+def test_2025_task_call_get_result_blocks_until_the_end(start_server, tmp_path):
+    # tasks/result must not answer before the task ends: the code waits for a file only
+    # the test creates, after it saw tasks/get say "working" while tasks/result was pending.
+    s = start_server()
+    s.initialize(LATEST)
+    release = out_dir(tmp_path) / "release"
+    code = ("import os, time\nprint('waiting', flush=True)\n"
+            "while not os.path.exists(%r):\n    time.sleep(0.05)\nprint('released')\n6 * 7\n" % str(release))
+    task = check_task(task_call(s, code, 30), "working")
+    handle = task["taskId"]
+    assert task["ttl"] >= 60000 and task["pollInterval"] > 0
+    s.send({"jsonrpc": "2.0", "id": 31, "method": "tasks/result", "params": {"taskId": handle}})
+    got = s.request("tasks/get", {"taskId": handle}, request_id=32)
+    check_task(got["result"], "working")
+    assert got["result"]["taskId"] == handle
+    assert not any(m.get("id") == 31 for m in s._stash), "tasks/result answered before the task ended"
+    release.write_text("go")
+    result = s.wait_for(31)["result"]
+    assert result["_meta"][RELATED_TASK] == {"taskId": handle}
+    assert result["isError"] is False
+    assert result["structuredContent"]["stdout"] == "waiting\nreleased\n"
+    assert result["structuredContent"]["value"] == "42"
+    assert "status" not in result["structuredContent"]     # what tools/call would have returned
+    done = check_task(s.request("tasks/get", {"taskId": handle}, request_id=33)["result"], "completed")
+    assert "result" not in done                            # 2025: the result comes from tasks/result only
+    note = next_notification(s, "notifications/tasks/status")   # optional in the spec; stdio sends it
+    assert note["params"]["taskId"] == handle and note["params"]["status"] == "completed"
+    again = s.request("tasks/result", {"taskId": handle}, request_id=34)["result"]   # terminal: at once, same
+    assert again["structuredContent"] == result["structuredContent"]
+
+
+def test_2025_tasks_list_shows_this_sessions_tasks(start_server):
+    s = start_server()
+    s.initialize(LATEST)
+    ids = {task_call(s, "print(%d)" % i, 40 + i)["taskId"] for i in range(2)}
+    for handle in ids:
+        s.request("tasks/result", {"taskId": handle})
+    listed = s.request("tasks/list", request_id=43)["result"]
+    assert {t["taskId"] for t in listed["tasks"]} == ids
+    for t in listed["tasks"]:
+        check_task(t, "completed")
+    assert "nextCursor" not in listed
+    assert_error(s.request("tasks/list", {"cursor": "nope"}, request_id=44), INVALID_PARAMS, 44)
+
+
+def test_2025_tasks_cancel_kills_the_tree_and_a_terminal_task_cannot_be_cancelled(start_server, tmp_path):
+    s = start_server()
+    s.initialize(LATEST)
+    pid_file = out_dir(tmp_path) / "tree.pids"
+    handle = task_call(s, tree_with_pid_file(pid_file), 50)["taskId"]
+    python_pid, sleep_pid = pids_in(pid_file)
+    assert "sleep 60.321" in cmdline(sleep_pid)
+    cancelled = check_task(s.request("tasks/cancel", {"taskId": handle}, request_id=51)["result"], "cancelled")
+    assert cancelled["taskId"] == handle
+    assert wait_gone(sleep_pid) and wait_gone(python_pid), "the cancelled task's processes survived"
+    check_task(s.request("tasks/get", {"taskId": handle}, request_id=52)["result"], "cancelled")
+    response = s.request("tasks/cancel", {"taskId": handle}, request_id=53)
+    assert_error(response, INVALID_PARAMS, 53)
+    assert "cancelled" in response["error"]["message"]
+    # a completed task is terminal too
+    done = task_call(s, "print(1)", 54)["taskId"]
+    s.request("tasks/result", {"taskId": done})
+    assert_error(s.request("tasks/cancel", {"taskId": done}, request_id=55), INVALID_PARAMS, 55)
+    check_task(s.request("tasks/get", {"taskId": done}, request_id=56)["result"], "completed")
+
+
+def test_2025_a_tool_error_completes_the_task_with_the_error_result(start_server):
+    # The filed issue's choice (research/tasks.md §4): "completed", so that every client
+    # can still fetch the isError result.
+    s = start_server()
+    s.initialize(LATEST)
+    handle = task_call(s, "raise ValueError('boom')", 60)["taskId"]
+    result = s.request("tasks/result", {"taskId": handle}, request_id=61)["result"]
+    assert result["isError"] is True and "ValueError: boom" in result["structuredContent"]["stderr"]
+    check_task(s.request("tasks/get", {"taskId": handle}, request_id=62)["result"], "completed")
+
+
+@pytest.mark.parametrize("method", ["tasks/get", "tasks/result", "tasks/cancel"])
+def test_2025_an_unknown_task_id_is_invalid_params(start_server, method):
+    s = start_server()
+    s.initialize(LATEST)
+    assert_error(s.request(method, {"taskId": "j-nosuchtask"}, request_id=70), INVALID_PARAMS, 70)
+    assert_error(s.request(method, {}, request_id=71), INVALID_PARAMS, 71)
+
+
+@pytest.mark.parametrize("method", ["tasks/get", "tasks/result", "tasks/list", "tasks/cancel"])
+def test_tasks_methods_do_not_exist_before_2025_11_25(start_server, method):
+    s = start_server()
+    s.initialize("2025-06-18")
+    assert_error(s.request(method, {"taskId": "j-x"}, request_id=80), METHOD_NOT_FOUND, 80)
+
+
+def test_a_task_param_before_2025_11_25_is_ignored(start_server):
+    # A receiver that did not declare tasks processes the request normally (tasks.mdx).
+    s = start_server()
+    s.initialize("2025-06-18")
+    response = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(1)"}, "task": {}},
+                         request_id=81)
+    assert "task" not in response["result"] and response["result"]["structuredContent"]["stdout"] == "1\n"
+
+
+# --- 2026-07-28 extension io.modelcontextprotocol/tasks: raw frames ---
+
+DECLARED = {"io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXT: {}}}}
+
+
+def modern(server, method, request_id, declared=True, **params):
+    """POST one 2026-07-28 request with its mirrored headers (Mcp-Name: the tool, or the
+    taskId as the extension asks for tasks/*) -> (HTTP status, JSON body)."""
+    if declared:
+        params["_meta"] = dict(DECLARED, **params.get("_meta", {}))
+    message = modern_message(method, request_id, **params)
+    headers = {"Mcp-Name": params["taskId"]} if "taskId" in params else {}
+    status, _, body = modern_post(server, message, **headers)
+    return status, json.loads(body)
+
+
+def check_modern_task(task, status=None):
+    assert {"taskId", "status", "createdAt", "lastUpdatedAt", "ttlMs"} <= set(task), task
+    assert task["ttlMs"] is None or isinstance(task["ttlMs"], int), task
+    assert isinstance(task.get("pollIntervalMs", 1), int), task
+    assert "ttl" not in task and "pollInterval" not in task, task
+    if status:
+        assert task["status"] == status, task
+    return task
+
+
+def modern_get_until(server, handle, statuses, guard=JOB_GUARD):
+    """tasks/get until the status is one of `statuses` -> every answer (a hang guard)."""
+    answers, deadline = [], time.monotonic() + guard
+    while True:
+        status, body = modern(server, "tasks/get", 100 + len(answers), taskId=handle)
+        assert status == 200, body
+        answers.append(check_modern_task(body["result"]))
+        assert answers[-1]["resultType"] == "complete" and answers[-1]["taskId"] == handle, answers[-1]
+        if answers[-1]["status"] in statuses:
+            return answers
+        assert time.monotonic() < deadline, "task %s still %s" % (handle, answers[-1]["status"])
+        time.sleep(answers[-1]["pollIntervalMs"] / 1000.0)       # the pace the server asks for
+
+
+def test_2026_discover_declares_the_extension_and_not_the_legacy_capability(web):
+    status, body = modern(web, "server/discover", 1, declared=False)
+    capabilities = body["result"]["capabilities"]
+    assert capabilities["extensions"][TASKS_EXT] == {}       # exactly {}: ext-tasks 0.2.2 insists
+    assert "tasks" not in capabilities                      # MUST NOT advertise legacy tasks here
+    status, body = modern(web, "tools/list", 2)
+    assert "execution" not in body["result"]["tools"][0]
+
+
+def test_2026_a_declared_long_call_becomes_a_task_that_completes_with_the_result_inline(web):
+    status, body = modern(web, "tools/call", 3, name=TOOL, arguments={"code": FOUR_SECONDS})
+    assert status == 200, body
+    task = check_modern_task(body["result"], "working")
+    assert task["resultType"] == "task" and task["taskId"].startswith("j-")
+    assert "content" not in task and "structuredContent" not in task
+    answers = modern_get_until(web, task["taskId"], ("completed", "failed", "cancelled"))
+    assert answers[0]["status"] == "working" and "result" not in answers[0]
+    done = answers[-1]
+    assert done["status"] == "completed", done
+    result = done["result"]
+    assert result["resultType"] == "complete" and result["isError"] is False, result
+    assert result["structuredContent"]["stdout"] == "start\nend\n" and result["structuredContent"]["value"] == "42"
+    assert "status" not in result["structuredContent"] and "job" not in result["structuredContent"]
+    assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
+
+
+def test_2026_tasks_cancel_acknowledges_and_kills_the_tree(web, tmp_path):
+    pid_file = web.out / (tmp_path.name + ".pids")
+    status, body = modern(web, "tools/call", 4, name=TOOL, arguments={"code": tree_with_pid_file(pid_file)})
+    handle = check_modern_task(body["result"], "working")["taskId"]
+    python_pid, sleep_pid = pids_in(pid_file)
+    assert "sleep 60.321" in cmdline(sleep_pid)
+    status, body = modern(web, "tasks/cancel", 6, taskId=handle)
+    assert status == 200 and body["result"]["resultType"] == "complete", body
+    assert set(body["result"]) <= {"resultType", "_meta"}, body          # an empty ack
+    assert wait_gone(sleep_pid) and wait_gone(python_pid), "the cancelled task's processes survived"
+    assert modern_get_until(web, handle, ("cancelled", "completed", "failed"))[-1]["status"] == "cancelled"
+
+
+def test_2026_an_undeclared_request_never_gets_a_task(web):
+    # The same 4 s call, without the extension in its own _meta: just the result.
+    status, body = modern(web, "tools/call", 7, declared=False, name=TOOL, arguments={"code": FOUR_SECONDS})
+    result = body["result"]
+    assert status == 200 and result["resultType"] == "complete", body
+    assert "taskId" not in result and "status" not in result["structuredContent"]
+    assert result["structuredContent"]["stdout"] == "start\nend\n"
+
+
+def test_2026_a_declared_call_that_ends_within_a_second_is_no_task(web):
+    # Creation is the server's choice: a quick run is simply answered.
+    status, body = modern(web, "tools/call", 12, name=TOOL, arguments={"code": "print(3)"})
+    result = body["result"]
+    assert status == 200 and result["resultType"] == "complete" and "taskId" not in result, body
+    assert result["structuredContent"] == {"returncode": 0, "stdout": "3\n", "stderr": "", "timed_out": False,
+                                           "truncated": False}
+
+
+def test_2026_task_methods_need_the_declaration(web):
+    status, body = modern(web, "tools/call", 8, name=TOOL, arguments={"code": "import time\ntime.sleep(2)"})
+    handle = check_modern_task(body["result"])["taskId"]
+    for method in ("tasks/get", "tasks/cancel"):
+        status, body = modern(web, method, 9, declared=False, taskId=handle)
+        assert body["error"]["code"] == MISSING_CAPABILITY, body
+        assert body["error"]["data"]["requiredCapabilities"] == {"extensions": {TASKS_EXT: {}}}
+    modern_get_until(web, handle, ("completed",))    # the refused cancel did not cancel it
+
+
+def test_2026_unknown_task_and_2025_only_methods(web):
+    status, body = modern(web, "tasks/get", 10, taskId="j-nosuchtask")
+    assert body["error"]["code"] == INVALID_PARAMS, body
+    for method in ("tasks/result", "tasks/list"):     # not part of the extension
+        status, body = modern(web, method, 11, taskId="j-nosuchtask")
+        assert body["error"]["code"] == METHOD_NOT_FOUND, body
+
+
+def test_2026_a_declared_call_becomes_a_task_over_stdio_too(start_server):
+    s = start_server()
+    meta = dict(MODERN_META, **DECLARED)
+    result = s.request("tools/call", {"name": TOOL, "arguments": {"code": FOUR_SECONDS}, "_meta": meta})["result"]
+    handle = check_modern_task(result, "working")["taskId"]
+    deadline = time.monotonic() + JOB_GUARD
+    while True:
+        got = s.request("tasks/get", {"taskId": handle, "_meta": meta})["result"]
+        if got["status"] != "working":
+            break
+        assert time.monotonic() < deadline
+        time.sleep(got["pollIntervalMs"] / 1000.0)
+    assert got["status"] == "completed" and got["result"]["structuredContent"]["value"] == "42", got
+    # a handshake-era client of the same process cannot see 2026 names
+    s.initialize(LATEST)
+    legacy = s.request("tasks/get", {"taskId": handle})["result"]
+    check_task(legacy, "completed")
+
+
+@pytest.mark.skipif(not POSIX, reason="the fake uv is a shell script")
+def test_a_job_whose_install_fails_after_call_wait_still_says_why(start_server, tmp_path):
+    # What the server itself puts in stderr (here "Dependency install failed ...") is not
+    # output the code streamed: the last poll must still carry it, as an ordinary call does.
+    # The fake uv fails only when the test releases it, so the call is a job for sure.
+    bin_dir, release = tmp_path / "fake-bin", tmp_path / "release-uv"
+    bin_dir.mkdir()
+    uv = bin_dir / "uv"
+    uv.write_text("#!/bin/sh\nwhile [ ! -e %s ]; do sleep 0.05; done\necho 'uv: no such package' >&2\nexit 3\n"
+                  % release)
+    uv.chmod(0o755)
+    s = start_server(CALL_WAIT=1, MCP_EXEC_INSTALLER="auto",
+                     PATH=str(bin_dir) + os.pathsep + os.environ.get("PATH", ""))
+    s.initialize()
+    tool = Tool(s)
+    handle = running(tool.call(code="print(1)", packages=["mcpexec_nosuchpkg"], use_temp_dir=True))
+    release.write_text("go")
+    last = tool.poll_to_end(handle)[-1]
+    out = last["structuredContent"]
+    assert out["status"] == "completed" and last["isError"] is True, out
+    assert "Dependency install failed" in out["stderr"], out
+
+
 # ===== 15. Command line =====
 
 
@@ -2921,7 +3527,7 @@ def test_demo_shows_a_session_on_the_wire(tmp_path):
 
 
 # =============================================================================
-# 5. HTTP transports
+# 13. HTTP transports
 # =============================================================================
 # A real waitress (python mcp_exec.py --http) on a free loopback port, spoken to with
 # http.client: the bytes on the wire are what we assert.
@@ -3784,7 +4390,7 @@ def test_no_progress_without_a_token(start_http):
 
 
 # =============================================================================
-# 6. Client
+# 14. Client
 # =============================================================================
 # `python mcp_exec.py client ...` as a subprocess, against a stdio server it starts
 # itself (its own environment, so this test's MCP_EXEC_DIR) or the HTTP servers above.
