@@ -237,14 +237,19 @@ def bench_round_trip(env, n, compare=None):
         runs.append(("stdio, %s" % os.path.basename(compare), dict(env), Stdio, [sys.executable, compare]))
     if have_http():
         runs.append(("Streamable HTTP (JSON)", dict(env), Http, None))
+    medians = {}
     for name, run_env, kind, argv in runs:
         server = kind(run_env, argv) if argv else kind(run_env)
         if kind is Stdio:
             server.initialize()
         times = call_times(server, n)
         server.close()
+        medians[name] = median(times)
         row(name + " median", ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)))
         row(name + " p95", ms(p95(times)), ms(p95(base)), "%.2fx" % (p95(times) / p95(base)))
+    sandboxed, bare = medians["stdio, forked from a template"], medians["stdio, no sandbox (EXEC_SANDBOX=off)"]
+    row("the sandbox's own cost (median difference)", ms(sandboxed - bare), ms(bare),
+        "%.2fx" % ((sandboxed - bare) / bare), "(Landlock + capabilities + seccomp; goal <= 1 ms)")
     server = Stdio(env)
     server.initialize()
     stateless = call_times(server, n)

@@ -4364,16 +4364,16 @@ Make one and start again:
     export API_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
 Clients then send "Authorization: Bearer $API_KEY" (or "X-API-Key: $API_KEY")."""
 
+NO_FLASK = ("mcp-exec: --http needs flask and waitress: python3 -m pip install -r requirements.txt "
+            "(or use a venv: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt)")
+
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
-class HttpReply:
+class HttpReply(collections.namedtuple("HttpReply", "status body headers content_type on_close",
+                                       defaults=(b"", None, "application/json", None))):
     """What a route answers, independent of Flask: create_app() turns it into a Response.
-    `body` is bytes, or an iterator of str for an event stream."""
-
-    def __init__(self, status=200, body=b"", headers=None, content_type="application/json", on_close=None):
-        self.status, self.body, self.headers = status, body, headers or {}
-        self.content_type, self.on_close = content_type, on_close
+    `body` is bytes, or an iterator of str for an event stream; `on_close` runs when it is sent."""
 
 
 def json_reply(message, status=200, headers=None):
@@ -4385,9 +4385,19 @@ def error_reply(status, message, code=INVALID_REQUEST, headers=None):
     return json_reply(error_response(None, code, message), status, headers)
 
 
-def sse_reply(events, on_close=None):
-    return HttpReply(200, events, {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                     "text/event-stream", on_close)
+def text_reply(status, body=b""):      # no JSON-RPC message: 202 Accepted, 204 No Content
+    return HttpReply(status, body, content_type="text/plain")
+
+
+def sse_reply(first, messages=(), on_close=None):
+    """An event stream: the text `first`, then each message as an event, and a keep-alive
+    comment for each None."""
+    def stream():
+        yield first
+        for message in messages:
+            yield ": keep-alive\n\n" if message is None else sse_event(message)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return HttpReply(200, stream(), headers, "text/event-stream", on_close)
 
 
 def sse_event(message):
@@ -4395,12 +4405,10 @@ def sse_event(message):
 
 
 def drain(outbox, client_disconnected, keepalive, done=None, poll=0.25):
-    """Yield what arrives in `outbox` until `done` arrives or the client leaves; None after
-    every `keepalive` seconds of silence (the caller writes a keep-alive comment for it).
-
-    Never blocks for long: a client that vanished is noticed within `poll` seconds through
-    waitress's client_disconnected (needs channel_request_lookahead), or at the latest
-    when a keep-alive write fails."""
+    """Yield what arrives in `outbox` until `done` arrives or the client leaves, and None after
+    every `keepalive` seconds of silence (for a keep-alive comment). Never blocks for long: a
+    client that vanished is noticed within `poll` seconds through waitress's client_disconnected
+    (needs channel_request_lookahead), or at the latest when a keep-alive write fails."""
     last_write = time.monotonic()
     while True:
         try:
@@ -4475,9 +4483,7 @@ class ThreadBudget:
         """-> a token to give back with release(), or None when the budget is spent."""
         with self.lock:
             if len(self.held) >= self.size:      # first free what departed clients still hold
-                for token, gone in list(self.held.items()):
-                    if gone is not None and gone():
-                        del self.held[token]
+                self.held = {t: gone for t, gone in self.held.items() if gone is None or not gone()}
             if len(self.held) >= self.size:
                 return None
             token = object()
@@ -4500,6 +4506,7 @@ class HttpServer:
         self.lock = threading.Lock()
         self.sse_sessions = {}      # session_id -> SseSession
         self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
+        self.allow_exec = not settings.stdio_mode_only
         self.budget = ThreadBudget(settings.web_concurrency)
         self.waitress_checked = False
         self.workers = Workers()
@@ -4554,7 +4561,7 @@ class HttpServer:
                 origin_host = (urlsplit(origin).hostname or "").lower()
             except ValueError:
                 origin_host = ""
-            if not (s.loopback and origin_host in ("localhost", "127.0.0.1", "::1")):
+            if not (s.loopback and origin_host in LOCAL_NAMES):
                 return error_reply(403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin)
         # The API key, in either header, compared in constant time (authorization.mdx:
         # every request is checked, and a missing or wrong key is 401).
@@ -4574,26 +4581,21 @@ class HttpServer:
         if token is None:
             return error_reply(503, self.budget.refusal() + " Streamable HTTP at /mcp holds no thread between calls.",
                                headers={"Retry-After": "2"})
-        session = SseSession(allow_exec=not self.settings.stdio_mode_only)
+        session = SseSession(self.allow_exec)
         with self.lock:
             self.sse_sessions[session.session_id] = session
-        released = []
 
-        def on_close():   # runs once when waitress closes the response, however it ended
-            if not released:
-                released.append(True)
-                with self.lock:
-                    self.sse_sessions.pop(session.session_id, None)
-                session.close()          # its running executions are killed
-                self.budget.release(token)
-
-        def events():
-            # The first event tells the client where to POST (a relative URI; clients
-            # resolve it against the stream's URL and refuse other origins).
-            yield "event: endpoint\ndata: %s/messages/?session_id=%s\n\n" % (script_root, session.session_id)
-            for message in drain(session.outbox, client_disconnected, self.settings.sse_keepalive, poll=0.05):
-                yield ": keep-alive\n\n" if message is None else sse_event(message)
-        return sse_reply(events(), on_close)
+        def on_close():   # when waitress closes the response, however it ended (idempotent)
+            with self.lock:
+                self.sse_sessions.pop(session.session_id, None)
+            session.close()          # its running executions are killed
+            self.budget.release(token)
+        # The first event tells the client where to POST (a relative URI; clients
+        # resolve it against the stream's URL and refuse other origins).
+        endpoint = "%s/messages/?session_id=%s" % (script_root, session.session_id)
+        messages = drain(session.outbox, client_disconnected, self.settings.sse_keepalive,
+                         poll=0.05)
+        return sse_reply("event: endpoint\ndata: %s\n\n" % endpoint, messages, on_close)
 
     def post_message(self, session_id, body):
         """POST /messages/: 202 at once; the answer travels on the session's stream."""
@@ -4607,7 +4609,7 @@ class HttpServer:
         if error:
             return error_reply(400, error["error"]["message"], PARSE_ERROR)
         dispatch(payload, session, session.deliver, self.workers)
-        return HttpReply(202, b"Accepted", content_type="text/plain")
+        return text_reply(202, b"Accepted")
 
     # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP) -------------------
     def mcp_post(self, headers, body, client_disconnected):
@@ -4644,19 +4646,17 @@ class HttpServer:
         finally:
             self.budget.release(token)
         if reply is None:
-            return HttpReply(202, content_type="text/plain")   # notifications and responses: accepted
+            return text_reply(202)   # notifications and responses: accepted
         refused = isinstance(reply, dict) and "error" in reply and reply["id"] is None
         return self.quick_reply(reply, accept, 400 if refused or not any(_is_request(m) for m in messages) else 200)
 
     def initialize_post(self, payload):
         """initialize opens a session, named in the Mcp-Session-Id header of the answer."""
-        if self.settings.mcp_stateless:
-            session = HttpSession(not self.settings.stdio_mode_only)
-        else:
-            session = self.new_http_session()
-            if session is None:
-                return error_reply(503, "Too many sessions running code (MAX_SESSIONS); retry shortly",
-                                   headers={"Retry-After": "5"})
+        stateless = self.settings.mcp_stateless
+        session = HttpSession(self.allow_exec) if stateless else self.new_http_session()
+        if session is None:
+            return error_reply(503, "Too many sessions running code (MAX_SESSIONS); retry shortly",
+                               headers={"Retry-After": "5"})
         reply = handle_payload(payload, session)
         if "error" in reply or not session.session_id:
             self.end_http_session(session.session_id)
@@ -4668,7 +4668,7 @@ class HttpServer:
         if self.settings.mcp_stateless:
             # Every POST stands alone: the version comes from the header (2025-03-26 if
             # absent, transports.mdx, Protocol Version Header), the session from nowhere.
-            session = HttpSession(not self.settings.stdio_mode_only)
+            session = HttpSession(self.allow_exec)
             session.protocol_version = header_version or "2025-03-26"
             return session
         if not session_id:
@@ -4681,7 +4681,7 @@ class HttpServer:
 
     def modern_post(self, payload, headers, client_disconnected):
         """A 2026-07-28 request: headers must mirror the body, and no session exists."""
-        session = HttpSession(not self.settings.stdio_mode_only)
+        session = HttpSession(self.allow_exec)
         if not isinstance(payload, dict):
             return json_reply(handle_payload(payload, session), 400)      # a batch: -32600
         if "id" in payload and isinstance(payload.get("method"), str):
@@ -4691,7 +4691,7 @@ class HttpServer:
                                                  HEADER_MISMATCH, "Header mismatch: " + problem), 400)
         request = parse_request(payload, session)
         if request is None:
-            return HttpReply(202, content_type="text/plain")
+            return text_reply(202)
         if not isinstance(request, Request):     # validated once, here, so errors get their status
             return json_reply(request, 404 if request["error"]["code"] == METHOD_NOT_FOUND else 400)
         accept = headers.get("Accept", "")
@@ -4708,7 +4708,7 @@ class HttpServer:
         """A request answered at once: JSON, or one SSE event for a client accepting only that."""
         if "application/json" in accept or "*/*" in accept or not accept or status != 200:
             return json_reply(reply, status)
-        return sse_reply(iter([sse_event(reply)]))
+        return sse_reply(sse_event(reply))
 
     def busy_reply(self, message, version, modern=False):
         """The answer to a tools/call when the thread budget is spent: a tool error that says so."""
@@ -4731,13 +4731,15 @@ class HttpServer:
                 self.budget.release(token)
                 if modern:
                     session.close()
-            return sse_reply(_sse_stream(stream), on_close=on_close)
+            # A comment first, so headers reach the client at once (waitress sends them with
+            # the first chunk) and Heroku's router sees bytes within its 30 s window.
+            return sse_reply(": stream open\n\n", stream, on_close)
         try:
             replies = [m for m in stream if m is not None and "id" in m]
         finally:
             self.budget.release(token)
         if not replies:                      # cancelled: no JSON-RPC response exists
-            return HttpReply(202, content_type="text/plain")
+            return text_reply(202)
         return json_reply(replies[-1])
 
     def worker_messages(self, work, session, client_disconnected, modern):
@@ -4768,7 +4770,7 @@ class HttpServer:
             return error_reply(400, "Missing Mcp-Session-Id header")
         if not self.end_http_session(session_id):
             return error_reply(404, "Unknown or ended session")
-        return HttpReply(204, content_type="text/plain")
+        return text_reply(204)
 
     # -- sessions ------------------------------------------------------------------------
     def new_http_session(self):
@@ -4786,7 +4788,7 @@ class HttpServer:
                 oldest = min(idle, key=lambda x: x.last_used)
                 del self.http_sessions[oldest.session_id]
                 oldest.close()
-            session = HttpSession(not self.settings.stdio_mode_only, secrets.token_urlsafe(24))
+            session = HttpSession(self.allow_exec, secrets.token_urlsafe(24))
             self.http_sessions[session.session_id] = session
         return session
 
@@ -4805,14 +4807,6 @@ class HttpServer:
             session.close()
         self.workers.wait(KILL_GRACE + 1)
         run_lifecycle("shutdown")
-
-
-def _sse_stream(messages):
-    # A comment first, so headers reach the client at once (waitress sends them with
-    # the first chunk) and Heroku's router sees bytes within its 30 s window.
-    yield ": stream open\n\n"
-    for message in messages:
-        yield ": keep-alive\n\n" if message is None else sse_event(message)
 
 
 def _header_value(value):
@@ -4898,17 +4892,15 @@ def create_app(settings=None):
     app.add_url_rule("/messages/", "messages", methods=["POST"], view_func=lambda: respond(
         server.post_message(request.args.get("session_id"), request.get_data())))
 
-    @app.route("/mcp", methods=["GET", "POST", "DELETE"])
-    def mcp():
-        if request.method == "POST":
-            return respond(server.mcp_post(request.headers, request.get_data(), disconnected()))
-        if request.method == "DELETE":
-            return respond(server.mcp_delete(request.headers.get("Mcp-Session-Id")))
-        # GET (and the HEAD Flask adds to it): we offer no standalone server-to-client
-        # stream, and 405 is the answer that says so (transports.mdx, Listening for Messages).
-        return respond(error_reply(405, "This server sends no unsolicited messages: GET is not offered",
-                                   headers={"Allow": "POST, DELETE"}))
-
+    app.add_url_rule("/mcp", "mcp_post", methods=["POST"], view_func=lambda: respond(
+        server.mcp_post(request.headers, request.get_data(), disconnected())))
+    app.add_url_rule("/mcp", "mcp_delete", methods=["DELETE"], view_func=lambda: respond(
+        server.mcp_delete(request.headers.get("Mcp-Session-Id"))))
+    # GET (and the HEAD Flask adds to it): we offer no standalone server-to-client
+    # stream, and 405 is the answer that says so (transports.mdx, Listening for Messages).
+    app.add_url_rule("/mcp", "mcp_get", lambda: respond(error_reply(
+        405, "This server sends no unsolicited messages: GET is not offered",
+        headers={"Allow": "POST, DELETE"})))
     return app
 
 
@@ -4921,38 +4913,64 @@ def __getattr__(name):
 
 
 def serve_http(args):
-    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress, configured."""
+    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress, configured.
+    -> 2 with one line on stderr, before anything else is said, when it cannot serve."""
     import argparse
     parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
     parser.add_argument("--host", help="interface to bind (HOST) [127.0.0.1]")
     parser.add_argument("--port", type=int, help="port (PORT) [8000]")
     parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [32]")
     options = parser.parse_args(args)
+    flags = {"HOST": options.host, "PORT": options.port, "WEB_CONCURRENCY": options.threads}
     env = dict(os.environ)
-    for name, value in (("HOST", options.host), ("PORT", options.port), ("WEB_CONCURRENCY", options.threads)):
-        if value is not None:
-            env[name] = str(value)
+    env.update({name: str(value) for name, value in flags.items() if value is not None})
     settings = HttpSettings(env)
-    if not settings.api_key:
-        sys.stderr.write(NO_API_KEY + "\n")
+    problem = _cannot_serve(settings)
+    if problem:
+        sys.stderr.write(problem + "\n")
         return 2
     app = create_app(settings)
     import waitress
-    server = app.extensions["mcp_exec"]
+    budget = app.extensions["mcp_exec"].budget
     log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, of which open "
         "SSE streams and running calls may hold %d%s%s" % (
-            settings.host, settings.port, settings.web_concurrency, server.budget.size,
+            settings.host, settings.port, settings.web_concurrency, budget.size,
             ", stateless" if settings.mcp_stateless else "",
             ", STDIO_MODE_ONLY: no code execution over HTTP" if settings.stdio_mode_only else ""))
     _raise_open_files_limit(WAITRESS_OPTIONS["connection_limit"] + 256)
     gc.freeze()     # the app's objects live forever: the collector need not walk them per call
+    # waitress answers 413 from Content-Length before it reads a byte of the body, key or no
+    # key: what it buffers for unseen requests is at most connection_limit x MAX_BODY_BYTES.
     waitress.serve(app, host=settings.host, port=settings.port, threads=settings.web_concurrency,
                    max_request_body_size=settings.max_body_bytes, **WAITRESS_OPTIONS)
     return 0
 
 
-# How waitress must run for this app (the Procfile says the same on waitress-serve's
-# command line). Measured on 2 cores with waitress 3.0.2:
+def _cannot_serve(settings):
+    """Why `--http` cannot start (no flask or waitress, no API_KEY, the port taken) -> the
+    message, or None. It binds the address once, as waitress will, and lets it go."""
+    from importlib.util import find_spec
+    if find_spec("flask") is None or find_spec("waitress") is None:
+        return NO_FLASK
+    if not settings.api_key:
+        return NO_API_KEY
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+                settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as waitress does
+                probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return ("mcp-exec: port %d on %s is in use; pick another with --port N or PORT=N"
+                    % (settings.port, settings.host))
+        return ("mcp-exec: cannot listen on %s port %d (%s); check --host/HOST and --port/PORT"
+                % (settings.host, settings.port, exc.strerror or exc))
+    return None
+
+
+# How waitress must run for this app (the Procfile says the same on waitress-serve's command
+# line). Measured on 2 cores with waitress 3.0.2:
 WAITRESS_OPTIONS = {
     # lets waitress see a client leave while its stream is open (client_disconnected);
     # without it, only a failed keep-alive write tells
@@ -4962,12 +4980,10 @@ WAITRESS_OPTIONS = {
     "connection_limit": 1000,
     # select() fails past file descriptor 1024 and takes the whole server down: use poll()
     "asyncore_use_poll": True,
-    # drops connections silent this long: above the 90 s idle time Heroku's router keeps
-    # (it must close first), below waitress's 120 s; checked every 10 s, not 30
-    "channel_timeout": 95, "cleanup_interval": 10,
-    # (max_request_body_size is MAX_BODY_BYTES: waitress answers 413 from Content-Length
-    # before it reads a byte of the body, key or no key. What it buffers while the app has
-    # not yet seen a request is thus at most connection_limit x MAX_BODY_BYTES.)
+    # drop connections silent for 95 s: above the 90 s idle time Heroku's router keeps (it
+    # must close first), below waitress's 120 s; checked every 10 s, not 30
+    "channel_timeout": 95,
+    "cleanup_interval": 10,
     "ident": "mcp-exec",
 }
 

@@ -1392,6 +1392,8 @@ def test_request_id_of_a_running_call_cannot_be_reused(server, tmp_path):
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"
+SECCOMP_HERE = (sys.platform.startswith("linux") and os.uname().machine in ("x86_64", "aarch64")
+                and os.path.exists("/proc/sys/kernel/seccomp"))
 
 
 def one_shot(argv, env, code, cwd=REPO):
@@ -1436,6 +1438,52 @@ def test_code_cannot_read_the_servers_environment_through_proc():
         reply, stderr = one_shot(argv, env, code, cwd=home)
         assert "result" in reply, stderr
         assert reply["result"]["structuredContent"]["stdout"].split()[0] == "refused"
+    finally:
+        subprocess.run(["rm", "-rf", home])
+
+
+NONROOT_ATTACKS = r"""
+import ctypes, json, os, resource, socket
+out = {}
+template = os.getppid()
+server = int(open('/proc/%d/stat' % template).read().rsplit(')', 1)[1].split()[1])
+def attempt(name, act):
+    try:
+        act()
+        out[name] = 'allowed'
+    except OSError as exc:
+        out[name] = exc.errno
+for pid in (template, server):
+    attempt('prlimit %d' % pid, lambda pid=pid: resource.prlimit(pid, resource.RLIMIT_NOFILE, (5, 5)))
+    attempt('affinity %d' % pid, lambda pid=pid: os.sched_setaffinity(pid, {0}))
+attempt('packet', lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+attempt('raw icmp', lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+attempt('udp (network off)', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+out['clear subreaper'] = ctypes.CDLL(None, use_errno=True).prctl(36, 0, 0, 0, 0)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0 and SECCOMP_HERE
+                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
+                    reason="needs Linux with seccomp, root (to switch to nobody), setpriv and a system Python")
+def test_the_attacks_are_refused_for_a_non_root_server_too():
+    # As nobody, the server and its children share a uid: only seccomp stands between code
+    # and prlimit/sched_setaffinity on the server; raw sockets need capabilities it lacks.
+    home = tempfile.mkdtemp(prefix="mcp-exec-nobody-")
+    try:
+        os.chmod(home, 0o777)
+        shutil.copy(SERVER, home)
+        os.chmod(os.path.join(home, "mcp_exec.py"), 0o644)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "EXEC_NETWORK": "off",
+               "MCP_EXEC_DIR": os.path.join(home, "state"), "TMPDIR": home}
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
+                os.path.join(home, "mcp_exec.py")]
+        reply, stderr = one_shot(argv, env, NONROOT_ATTACKS, cwd=home)
+        assert "result" in reply, stderr
+        outcomes = json.loads(reply["result"]["structuredContent"]["stdout"])
+        assert len(outcomes) == 8 and "allowed" not in outcomes.values(), outcomes
+        assert outcomes["clear subreaper"] == -1, outcomes
     finally:
         subprocess.run(["rm", "-rf", home])
 
@@ -4387,6 +4435,39 @@ def test_no_progress_without_a_token(start_http):
     events = read_events(conn.getresponse())
     messages = [json.loads(d) for k, d in events if k == "message"]
     assert [m.get("id") for m in messages] == [14]
+
+
+def start_refused(tmp_path, python, port):
+    """Run `PYTHON mcp_exec.py --http --port PORT` -> its stderr, after checking that it
+    exited 2 with exactly one line, no traceback, and never said it was serving."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PORT", "WEB_CONCURRENCY")}
+    env.update({"API_KEY": KEY, "MCP_EXEC_DIR": str(tmp_path / "state"), "HOST": "127.0.0.1"})
+    proc = subprocess.run(python + [os.path.join(HERE, "mcp_exec.py"), "--http", "--port", str(port)],
+                          cwd=HERE, env=env, capture_output=True, timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert len(err.splitlines()) == 1 and proc.stdout == b"", err
+    assert "Traceback" not in err and "serving" not in err, err
+    return err
+
+
+def test_http_on_a_port_in_use_says_so_in_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = start_refused(tmp_path, [sys.executable], port)
+    assert "port %d on 127.0.0.1 is in use" % port in err
+    assert "--port N" in err and "PORT=N" in err
+
+
+def test_http_without_flask_names_the_command_that_installs_it(tmp_path):
+    # -I -S: this Python without site-packages or PYTHONPATH, where flask is not to be found.
+    python = [sys.executable, "-I", "-S"]
+    if subprocess.run(python + ["-c", "import flask, waitress"], capture_output=True).returncode == 0:
+        pytest.skip("flask and waitress import even without site-packages: no Python that lacks them")
+    err = start_refused(tmp_path, python, free_port())
+    assert "flask and waitress" in err and "pip install -r requirements.txt" in err
 
 
 # =============================================================================
