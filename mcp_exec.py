@@ -313,7 +313,10 @@ def register_lifecycle(setup=None, shutdown=None):
 
 
 def run_lifecycle(stage):
-    for step in LIFECYCLE[stage]:
+    """Set up in the order of registration; shut down in the reverse order, as atexit does:
+    what a later section added stops before what it stands on."""
+    steps = LIFECYCLE[stage]
+    for step in steps if stage == "setup" else reversed(steps):
         step()
 
 
@@ -5003,475 +5006,365 @@ def _raise_open_files_limit(wanted):
 # =============================================================================
 # 14. Client
 # =============================================================================
-# The other side of the wire, for checking a server you just started or deployed:
-#     python mcp_exec.py client [--url URL] [options] (list | call CODE) [-- COMMAND...]
-# One small transport class per transport, each with request() and notify(); the
-# conversation on top (initialize or not, list, call) is the same for all three.
+# The other side of the wire, for checking a server you just started or deployed. McpClient
+# is the conversation, the same on every transport; a transport is a subclass that knows
+# only how to send one message and hand back the messages that came in answer.
 
 
 class ClientError(Exception):
     """The server could not be reached or refused us; the message says what to do."""
 
 
-class ClientTransport:
-    """What every client transport shares: ids, tracing, and passing notifications on."""
-    def __init__(self, trace):
-        self.trace = trace
-        self.next_id = 0
-        self.on_notification = None      # called with progress and other notifications
+class McpClient:
+    """The conversation: initialize (handshake era) or per-request _meta (2026-07-28), then
+    requests. A subclass implements close() and send(message) -> an iterable of the
+    messages the server sent back, read lazily: for a notification nothing is read."""
 
-    def new_id(self):
-        self.next_id += 1
-        return self.next_id
+    def __init__(self, version=LATEST_HANDSHAKE_VERSION, trace=None):
+        self.version, self.trace = version, trace
+        self.modern = version in MODERN_VERSIONS
+        self.protocol_version = None         # what HTTP sends as MCP-Protocol-Version
+        self.progress = False                # ask for progress, and write it to stderr
+        self.next_id = 0
+        self.info = {"name": "mcp-exec-client", "version": SERVER_VERSION}
 
     def show(self, direction, message):
         if self.trace:
-            text = message if isinstance(message, str) else encode_message(message).decode("utf-8")
-            self.trace.write("%s %s\n" % (direction, text))
-            self.trace.flush()
+            print(direction, encode_message(message).decode("utf-8"), file=self.trace, flush=True)
 
-    def received(self, message):
-        """Trace a message from the server; pass notifications on. -> message"""
-        self.show("<--", message)
-        if "id" not in message and self.on_notification:
-            self.on_notification(message)
-        return message
+    def request(self, method, params=None):
+        """Send a request; show the progress that comes before its reply -> its result."""
+        params = dict(params or {})
+        if self.modern:
+            params["_meta"] = dict(params.get("_meta", {}), **{
+                META_VERSION: self.version, META_CAPABILITIES: {}, META_CLIENT: self.info})
+        self.next_id += 1
+        message = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
+        self.show("-->", message)
+        for reply in self.send(message):
+            self.show("<--", reply)
+            if self.progress and reply.get("method") == "notifications/progress":
+                progress = reply["params"].get("message", reply["params"].get("progress"))
+                sys.stderr.write("progress: %s\n" % progress)
+            if reply.get("id") == message["id"] and "error" in reply:
+                raise ClientError("%s failed: %s" % (method, json.dumps(reply["error"])))
+            if reply.get("id") == message["id"]:
+                return reply["result"]
+        raise ClientError("the server stopped talking before it answered %s" % method)
+
+    def start(self):
+        """The opening: server/discover (2026-07-28), or initialize and initialized."""
+        if self.modern:
+            self.protocol_version = self.version
+            return self.request("server/discover")
+        result = self.request("initialize", {"protocolVersion": self.version, "capabilities": {},
+                                             "clientInfo": self.info})
+        self.protocol_version = result["protocolVersion"]
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        self.show("-->", initialized)
+        self.send(initialized)
+        return result
+
+    def call(self, arguments):
+        params = {"name": TOOL_NAME, "arguments": arguments}
+        if self.progress:
+            params["_meta"] = {"progressToken": "progress-1"}     # one request at a time
+        return self.request("tools/call", params)
+
+    def read(self, uri):
+        contents = self.request("resources/read", {"uri": uri})["contents"][0]
+        if "text" in contents:
+            return contents["text"].encode("utf-8")
+        return base64.b64decode(contents["blob"])
 
 
-class StdioClient(ClientTransport):
+class StdioClient(McpClient):
     """Launch a server command and speak newline-delimited JSON-RPC to it."""
-    def __init__(self, command, trace=None, env=None):
-        super().__init__(trace)
+
+    def __init__(self, command, version=LATEST_HANDSHAKE_VERSION, trace=None):
+        super().__init__(version, trace)
         try:
-            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         except OSError as exc:
             raise ClientError("cannot start %s: %s" % (command[0], exc))
 
-    def notify(self, message, headers=None):
-        self.show("-->", message)
+    def send(self, message):
         try:
             self.proc.stdin.write(encode_message(message) + b"\n")
             self.proc.stdin.flush()
         except OSError:
             raise ClientError("the server exited (status %s)" % self.proc.poll())
-
-    def request(self, message, headers=None):
-        self.notify(message)
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise ClientError("the server closed stdout (status %s)" % self.proc.wait())
-            reply, error = parse_frame(line)
-            if error or not isinstance(reply, dict):
-                raise ClientError("the server wrote a line that is not a JSON-RPC message: %r" % line[:200])
-            self.received(reply)
-            if reply.get("id") == message["id"]:
-                return reply
+        lines = iter(self.proc.stdout.readline, b"")      # until the server closes stdout
+        replies = (parse_frame(line)[0] for line in lines)
+        return (reply for reply in replies if isinstance(reply, dict))     # not JSON-RPC: skipped
 
     def close(self):
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
+        self.proc.stdin.close()              # end of input: the server shuts down
         try:
             self.proc.wait(EOF_GRACE + 2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
 
-def _http_open(url, method, body, headers, api_key=None, timeout=EXEC_TIMEOUT_MAX + 60):
-    """One HTTP request -> (status, lower-case headers, response with its body unread, socket).
-    The API key, if any, goes on every request (authorization.mdx: each one is checked)."""
-    import http.client          # the client's alone: it costs the server's start a few ms
-    parts = urlsplit(url)
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    path = parts.path + ("?" + parts.query if parts.query else "")
+def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
+    """One HTTP request -> the response, its body unread. No answer, or a status of 400 or
+    more, is a ClientError. Proxies come from the environment (http_proxy), as for curl."""
+    import urllib.request       # the client's alone: it costs the server's start a few ms
     try:
-        conn = kind(parts.hostname, parts.port, timeout=timeout)
-        if api_key:
-            headers = dict(headers, Authorization="Bearer " + api_key)
-        conn.request(method, path or "/", body=body, headers=headers)
-        sock = conn.sock        # kept: for a streamed body, getresponse() hands it to resp
-        resp = conn.getresponse()
-    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return urllib.request.urlopen(urllib.request.Request(url, body, headers, method=method),
+                                      timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode("utf-8", "replace").strip()
+        hint = " (check the API key: --api-key or API_KEY)" if exc.code == 401 else ""
+        raise ClientError("HTTP %d from %s: %s%s" % (exc.code, url, detail, hint))
+    except (OSError, ValueError) as exc:        # URLError is an OSError
         raise ClientError("cannot reach %s: %s" % (url, exc))
-    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp, sock
 
 
-def _http_refusal(url, status, body):
-    try:
-        detail = json.loads(body)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        detail = body[:200].decode("utf-8", "replace").strip()
-    hint = " (check the API key: --api-key or API_KEY)" if status == 401 else ""
-    return ClientError("HTTP %d from %s: %s%s" % (status, url, detail, hint))
-
-
-def _sse_events(resp):
-    """Parse a text/event-stream body into (event, data) pairs, comments skipped."""
+def _sse_messages(resp):
+    """A text/event-stream body -> its (event, data) pairs as they arrive; comments skipped."""
     event, data = "message", []
-    while True:
-        line = resp.readline()
-        if not line:
-            return
+    for line in iter(resp.readline, b""):
         line = line.decode("utf-8").rstrip("\r\n")
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith("event:"):
+        if line.startswith("event:"):
             event = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].lstrip(" "))
+        elif not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
 
 
-class StreamableHttpClient(ClientTransport):
-    """Streamable HTTP: every message is a POST to the MCP endpoint."""
-    def __init__(self, url, api_key, trace=None):
-        super().__init__(trace)
-        self.url, self.api_key = url, api_key
-        self.session_id = None
-        self.protocol_version = None
+class HttpClient(McpClient):
+    """Streamable HTTP: each message is a POST to the URL; the reply is the response's body,
+    JSON or an event stream ending with it. HTTP+SSE (2024-11-05; a URL ending in /sse): a
+    GET stream names the endpoint to POST to and carries every reply; the replies wait in
+    its socket until send() reads them, so no thread is needed."""
 
-    def post(self, message, headers=None):
-        all_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
-        if self.session_id:
-            all_headers["Mcp-Session-Id"] = self.session_id
+    def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
+        super().__init__(version, trace)
+        self.url, self.stream = url, None
+        self.headers = {"Content-Type": "application/json",
+                        "Accept": "application/json, text/event-stream"}
+        if api_key:                   # on every request: each one is checked (authorization.mdx)
+            self.headers["Authorization"] = "Bearer " + api_key
+        if urlsplit(url).path.rstrip("/").endswith("/sse"):
+            self.stream = _http_open(url, "GET", None, self.headers)
+            self.events = _sse_messages(self.stream)
+            event, data = next(self.events, (None, None))
+            self.url = urljoin(url, data or "")
+            if event != "endpoint" or urlsplit(self.url)[:2] != urlsplit(url)[:2]:
+                raise ClientError("%s announced no endpoint on its origin (got %r)" % (url, data))
+
+    def send(self, message):
+        headers = dict(self.headers)
         if self.protocol_version:
-            all_headers["MCP-Protocol-Version"] = self.protocol_version
-        all_headers.update(headers or {})
-        self.show("-->", message)
-        status, got, resp, _ = _http_open(self.url, "POST", encode_message(message), all_headers, self.api_key)
-        if status >= 400:
-            raise _http_refusal(self.url, status, resp.read())
-        if got.get("mcp-session-id"):
-            self.session_id = got["mcp-session-id"]
-        return got, resp
-
-    def notify(self, message, headers=None):
-        got, resp = self.post(message, headers)
-        resp.read()
-
-    def request(self, message, headers=None):
-        got, resp = self.post(message, headers)
-        if got.get("content-type", "").startswith("text/event-stream"):
-            for event, data in _sse_events(resp):
-                reply = self.received(json.loads(data))
-                if reply.get("id") == message["id"]:
-                    return reply
-            raise ClientError("the response stream ended without an answer")
-        return self.received(json.loads(resp.read()))
+            headers["MCP-Protocol-Version"] = self.protocol_version
+        if self.modern:               # 2026-07-28 mirrors the method and tool in headers
+            headers["Mcp-Method"] = message["method"]
+            headers["Mcp-Name"] = message["params"].get("name", "")
+        resp = _http_open(self.url, "POST", encode_message(message), headers)
+        if resp.headers.get("Mcp-Session-Id"):
+            self.headers["Mcp-Session-Id"] = resp.headers["Mcp-Session-Id"]
+        if self.stream:               # HTTP+SSE: the POST says only 202
+            return (json.loads(data) for event, data in self.events if event == "message")
+        if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return (json.loads(data) for event, data in _sse_messages(resp))
+        body = resp.read()            # empty (202) for a notification
+        return [json.loads(body)] if body else []
 
     def close(self):
-        if self.session_id:   # end the session politely (DELETE, 2025-11-25 transports.mdx)
-            try:
-                _http_open(self.url, "DELETE", None, {"Mcp-Session-Id": self.session_id}, self.api_key,
-                           timeout=10)[2].read()
-            except (ClientError, OSError):
-                pass
-
-
-class SseClient(ClientTransport):
-    """HTTP+SSE (2024-11-05): one GET stream for replies, POSTs to the endpoint it names."""
-    def __init__(self, url, api_key, trace=None):
-        super().__init__(trace)
-        self.api_key = api_key
-        status, _, self.resp, self.sock = _http_open(url, "GET", None, {"Accept": "text/event-stream"}, api_key)
-        if status != 200:
-            raise _http_refusal(url, status, self.resp.read())
-        self.events = _sse_events(self.resp)
-        event, data = next(self.events, (None, None))
-        if event != "endpoint":
-            raise ClientError("%s did not announce an endpoint (got %r)" % (url, event))
-        self.endpoint = urljoin(url, data)
-        if urlsplit(self.endpoint)[:2] != urlsplit(url)[:2]:
-            raise ClientError("the endpoint %s is on another origin; refusing it" % self.endpoint)
-        self.replies = queue.Queue()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        try:
-            for event, data in self.events:
-                if event == "message":
-                    message = self.received(json.loads(data))
-                    if "id" in message:
-                        self.replies.put(message)
-        except Exception:      # the stream broke, or close() shut it under us
-            pass
-        self.replies.put(None)
-
-    def notify(self, message, headers=None):
-        self.show("-->", message)
-        status, _, resp, _ = _http_open(self.endpoint, "POST", encode_message(message),
-                                        {"Content-Type": "application/json"}, self.api_key)
-        body = resp.read()
-        if status != 202:
-            raise _http_refusal(self.endpoint, status, body)
-
-    def request(self, message, headers=None):
-        self.notify(message)
-        while True:
-            reply = self.replies.get()
-            if reply is None:
-                raise ClientError("the event stream ended")
-            if reply.get("id") == message["id"]:
-                return reply
-
-    def close(self):
-        # The reader thread is blocked in a read of the stream, holding its buffer's lock:
-        # closing the response would wait for the next keep-alive. Shutting the socket
-        # down ends that read at once.
-        try:
-            self.sock.shutdown(2)      # socket.SHUT_RDWR
-        except (OSError, AttributeError):
-            pass
-        self.reader.join(2)
-        try:
-            self.resp.close()
-        except Exception:
-            pass
-
-
-class McpClient:
-    """The conversation: initialize (handshake era) or per-request _meta (2026-07-28)."""
-    def __init__(self, transport, version=LATEST_HANDSHAKE_VERSION):
-        self.transport, self.version = transport, version
-        self.modern = version in MODERN_VERSIONS
-        self.client_info = {"name": "mcp-exec-client", "version": SERVER_VERSION}
-
-    def request(self, method, params=None, headers=None):
-        params = dict(params or {})
-        if self.modern:
-            params["_meta"] = dict(params.get("_meta", {}), **{
-                META_VERSION: self.version, META_CAPABILITIES: {}, META_CLIENT: self.client_info})
-            headers = dict(headers or {}, **{"Mcp-Method": method})
-        message = {"jsonrpc": "2.0", "id": self.transport.new_id(), "method": method, "params": params}
-        reply = self.transport.request(message, headers)
-        if "error" in reply:
-            raise ClientError("%s failed: %s (%s)" % (method, reply["error"].get("message"), reply["error"].get("code")))
-        return reply["result"]
-
-    def start(self):
-        if isinstance(self.transport, StreamableHttpClient) and self.modern:
-            self.transport.protocol_version = self.version
-        if self.modern:
-            return self.request("server/discover")
-        result = self.request("initialize", {"protocolVersion": self.version, "capabilities": {},
-                                             "clientInfo": self.client_info})
-        if isinstance(self.transport, StreamableHttpClient):
-            self.transport.protocol_version = result["protocolVersion"]
-        self.transport.notify({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        return result
-
-    def list_tools(self):
-        return self.request("tools/list")["tools"]
-
-    def call(self, arguments, progress=False):
-        params = {"name": TOOL_NAME, "arguments": arguments}
-        if progress:
-            params["_meta"] = {"progressToken": "progress-1"}
-        return self.request("tools/call", params, {"Mcp-Name": TOOL_NAME})
+        if self.stream:
+            self.stream.close()
+        elif "Mcp-Session-Id" in self.headers:   # end the session politely (transports.mdx)
+            with contextlib.suppress(ClientError):
+                _http_open(self.url, "DELETE", None, self.headers, timeout=10).read()
 
 
 CLIENT_HELP = """\
-usage: python mcp_exec.py client [options] list
-       python mcp_exec.py client [options] call (CODE | --file FILE | -) [--packages P ...]
-                                 [--use-temp-dir] [--timeout S] [--session new|HANDLE [--end-session]]
-                                 [--put FILE]... [--save DIR]
-       python mcp_exec.py client [options] read URI [--save DIR]
-options: [--url URL] [--api-key KEY] [--protocol VERSION] [--format text|json]
-         [--trace] [--progress] [-- COMMAND ...]
+usage: python mcp_exec.py client [options] (list | call CODE | job HANDLE | read URI)
+options: --url URL, --api-key KEY, --protocol VERSION [%s], --format text|json,
+         --trace, --progress, --version, -- COMMAND...; call: --file FILE, --packages LIST,
+         --use-temp-dir, --timeout S, --session new|HANDLE, --end-session, --put FILE,
+         --save DIR, --no-follow; job: --cancel, --no-follow, --save DIR; read: --save DIR
 
-The server is, in this order: --url ending in /sse (HTTP+SSE), any other --url
-(Streamable HTTP; http:// is assumed without a scheme), the COMMAND after "--" (stdio),
-or else `python mcp_exec.py` started here (stdio). The API key comes from --api-key or
-API_KEY. Code comes as an argument, from --file, or from stdin with "-".
---format text (the default on a terminal) prints the code's stdout, its stderr (on
-stderr) and a status line; json (the default otherwise) prints the tool's JSON result.
---put FILE sends local files into the code's working directory (under their names);
---save DIR writes the images and files a call returned (or the resource read) into DIR.
---session new starts a session (its handle is printed); --session HANDLE reuses one,
-and --end-session ends it after the call. A session lives in one server process: reuse
-its handle against a server that stays up (--url), not a stdio server started per call.
-call exits 0, or 1 when the call failed (isError); errors reaching or talking to the
-server exit 2. read fetches a file a call returned (resources/read).
---trace writes every frame to stderr: --> sent, <-- received.
---progress asks for progress notifications (shown on stderr).
---protocol picks the version to speak [%s]; 2026-07-28 speaks the stateless era.
+The server: --url (HTTP+SSE if it ends in /sse, else Streamable HTTP), else the stdio
+COMMAND after "--", else `python mcp_exec.py`. The API key: --api-key, or API_KEY.
+CODE is one argument (quote it), or "-" for stdin. --packages takes one argument: the
+requirements, separated by spaces ("numpy pandas>=2,<3"); it may be repeated.
+--format text (a terminal's default) prints the output and a [status] on stderr; json,
+the tool's JSON result. --put sends a file to the code; --save DIR writes the images and
+files returned (or read) there. --session new|HANDLE runs in a session that keeps state.
+Code running longer than the server's CALL_WAIT becomes a job: call follows it, writing
+output as it comes (--no-follow: prints its handle); `job HANDLE` follows it later, and
+--cancel stops it. Sessions and jobs live in one server process: use them with --url.
+Exits 0, 1 if the call failed (isError; not if --cancel stopped it), 2 if the server was
+unreachable or refused. --trace shows every frame, --progress the progress, on stderr.
 """ % LATEST_HANDSHAKE_VERSION
 
 
 def client_arguments(args):
-    """The client's command line -> (options, stdio command)."""
+    """The client's command line -> (options, stdio command); a mistake exits 2 with one line."""
     import argparse
 
     class Arguments(argparse.ArgumentParser):   # says what was wrong in one line, and where help is
         def error(self, message):
+            if message.startswith("unrecognized arguments"):   # a second CODE, most likely
+                message += ': CODE is one argument (quote it); --packages takes one: "numpy scipy"'
             sys.stderr.write("%s: %s (try --help)\n" % (self.prog, message))
             sys.exit(2)
     command = []
     if "--" in args:
         args, command = args[:args.index("--")], args[args.index("--") + 1:]
     parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
-    parser.add_argument("-h", "--help", action="store_true")
-    parser.add_argument("action", nargs="?", choices=("list", "call", "read"))
-    parser.add_argument("code", nargs="?")
-    for flag in ("--url", "--file", "--session", "--save"):
+    parser.add_argument("action", nargs="?", choices=("list", "call", "job", "read"))
+    parser.add_argument("target", nargs="?")        # the code, the job's handle, or the URI
+    for flag in ("--url", "--session", "--save"):
         parser.add_argument(flag)
+    parser.add_argument("--file", type=argparse.FileType("r", encoding="utf-8"))
+    parser.add_argument("--put", type=argparse.FileType("rb"), action="append", default=[])
+    parser.add_argument("--packages", action="append", default=[])
+    for flags in (("-h", "--help"), ("-V", "--version"), ("--trace",), ("--progress",),
+                  ("--use-temp-dir",), ("--end-session",), ("--no-follow",), ("--cancel",)):
+        parser.add_argument(*flags, action="store_true")
+    parser.add_argument("--timeout", type=float)
     parser.add_argument("--api-key", default=os.environ.get("API_KEY"))
     parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION, choices=SUPPORTED_VERSIONS)
-    parser.add_argument("--format", choices=("text", "json"), default="text" if sys.stdout.isatty() else "json")
-    for flag in ("--trace", "--progress", "--use-temp-dir", "--end-session"):
-        parser.add_argument(flag, action="store_true")
-    parser.add_argument("--packages", nargs="+", default=[])
-    parser.add_argument("--put", action="append", default=[])
-    parser.add_argument("--timeout", type=float)
+    tty = sys.stdout.isatty()                       # a person: text; a program: JSON
+    parser.add_argument("--format", choices=("text", "json"), default="text" if tty else "json")
     options = parser.parse_intermixed_args(args)    # options may come after the code too
-    if options.action == "call" and options.code is None and options.file is None:
-        parser.error('call needs code: an argument, --file FILE, or "-" to read stdin')
-    if options.action == "read" and not options.code:
-        parser.error("read needs the URI of a file a call returned")
+    needs = {"call": 'code (an argument, --file FILE, or "-")', "job": "a HANDLE", "read": "a URI"}
+    if options.action in needs and options.target is None and not options.file:
+        parser.error("%s needs %s" % (options.action, needs[options.action]))
     if options.url and "://" not in options.url:
         options.url = "http://" + options.url
-    return options, command
-
-
-def client_transport(options, command):
-    trace = sys.stderr if options.trace else None
-    if options.url and urlsplit(options.url).path.rstrip("/").endswith("/sse"):
-        transport = SseClient(options.url, options.api_key, trace)
-    elif options.url:
-        transport = StreamableHttpClient(options.url, options.api_key, trace)
-    else:
-        transport = StdioClient(command or [sys.executable, os.path.abspath(__file__)], trace)
-    if options.progress:
-        transport.on_notification = lambda m: sys.stderr.write(
-            "progress: %s\n" % m.get("params", {}).get("message", m.get("params", {}).get("progress")))
-    return transport
+    return options, command or [sys.executable, os.path.abspath(__file__)]
 
 
 def client_main(args):
-    """`python mcp_exec.py client ...`: list the tools, run code, or read a returned file."""
+    """`python mcp_exec.py client ...` (CLIENT_HELP says what it does) -> the exit status."""
     options, command = client_arguments(args)
+    if options.version:
+        return main(["--version"])
     if options.help or not options.action:
         (sys.stdout if options.help else sys.stderr).write(CLIENT_HELP)
         return 0 if options.help else 2
+    trace = sys.stderr if options.trace else None
     try:
-        transport = client_transport(options, command)
-        client = McpClient(transport, options.protocol)
+        if options.url:
+            client = HttpClient(options.url, options.api_key, options.protocol, trace)
+        else:
+            client = StdioClient(command, options.protocol, trace)
+        client.progress = options.progress
         try:
             client.start()
             if options.action == "list":
-                print(json.dumps(client.list_tools(), indent=2, ensure_ascii=False))
-                return 0
-            if options.action == "read":
-                return client_read(client, options)
-            arguments = {"code": client_code(options)}
-            files = [{"path": os.path.basename(path), "encoding": "base64",
-                      "content": base64.b64encode(_read_bytes(path)).decode("ascii")} for path in options.put]
-            for name, value in (("packages", options.packages), ("use_temp_dir", options.use_temp_dir),
-                                ("timeout", options.timeout), ("session", options.session), ("files", files),
-                                ("end_session", options.end_session)):
-                if value:
-                    arguments[name] = value
-            started = time.monotonic()
-            result = client.call(arguments, options.progress)
-            seconds = time.monotonic() - started
-            saved = save_outputs(client, result, options.save) if options.save else []
+                tools = client.request("tools/list")["tools"]
+                print(json.dumps(tools, indent=2, ensure_ascii=False))
+            elif options.action == "read" and options.save:
+                name = urllib.parse.unquote(options.target.rsplit("/", 1)[-1])
+                sys.stderr.write("%s\n" % _save(options.save, name, client.read(options.target)))
+            elif options.action == "read":
+                sys.stdout.buffer.write(client.read(options.target))
+            else:
+                return client_call(client, options)
+            return 0
         finally:
-            transport.close()
-    except ClientError as exc:
+            client.close()
+    except BrokenPipeError:
+        raise                   # `... | head` closed our stdout: main() ends quietly
+    except (ClientError, OSError) as exc:
         sys.stderr.write("mcp-exec client: %s\n" % exc)
         return 2
-    show_result(result, options.format, seconds, saved)
-    return 1 if result.get("isError") else 0
 
 
-def client_code(options):
+def client_call(client, options):
+    """`call` and `job`: run the code or resume the job, and follow it while it runs (each
+    answer has only the new output) -> 0, or 1 if it failed (isError) but not by --cancel."""
+    arguments = {"job": options.target, "cancel": options.cancel}
+    if options.action == "call":
+        arguments = call_arguments(options)
+    started = time.monotonic()
+    answers = []
+    while True:
+        result = client.call(arguments)
+        text = result["content"][0]["text"]
+        if not text.startswith("{"):                # arguments refused, in words for the model
+            raise ClientError(text)
+        answers.append(result.get("structuredContent") or json.loads(text))
+        if options.format == "text":                # as it comes: a person is watching
+            print(answers[-1]["stdout"], end="", flush=True)
+            sys.stderr.write(answers[-1]["stderr"])
+        if answers[-1].get("status") != "running" or options.no_follow:
+            break
+        arguments = {"job": answers[-1]["job"]}
+    saved = save_outputs(client, answers[-1], result, options.save) if options.save else []
+    show_result(answers, options.format, time.monotonic() - started, saved)
+    stopped = options.cancel and answers[-1].get("status") == "cancelled"     # as asked
+    return 0 if stopped or not result.get("isError") else 1
+
+
+def call_arguments(options):
+    """The tool's arguments for `call`: the code, and the options that were given."""
+    code = sys.stdin.read() if options.target == "-" else options.target
     if options.file:
-        return _read_bytes(options.file).decode("utf-8")
-    return sys.stdin.read() if options.code == "-" else options.code
+        code = options.file.read()
+    files = [{"path": os.path.basename(f.name), "encoding": "base64",
+              "content": base64.b64encode(f.read()).decode("ascii")} for f in options.put]
+    arguments = {"code": code, "packages": " ".join(options.packages).split(), "files": files,
+                 "use_temp_dir": options.use_temp_dir, "timeout": options.timeout,
+                 "session": options.session, "end_session": options.end_session}
+    return {name: value for name, value in arguments.items() if value or name == "code"}
 
 
-def _read_bytes(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise ClientError("cannot read %s: %s" % (path, exc))
-
-
-def client_read(client, options):
-    """`client read URI`: the file's bytes to stdout, or into --save DIR."""
-    data = _read_resource(client, options.code)
-    if options.save:
-        path = _save(options.save, urllib.parse.unquote(options.code.rsplit("/", 1)[-1]), data)
-        sys.stderr.write("%d bytes -> %s\n" % (len(data), path))
-    else:
-        sys.stdout.buffer.write(data)
-    return 0
-
-
-def save_outputs(client, result, directory):
-    """Write a result's images and files into directory -> one line for each, for a person."""
-    obj = result.get("structuredContent") or {}
-    lines, images = [], [b for b in result.get("content", []) if b["type"] == "image"]
-    for n, (block, info) in enumerate(zip(images, obj.get("images", [{}] * len(images))), 1):
-        path = _save(directory, "image-%d.png" % n, base64.b64decode(block["data"]))
-        lines.append("image %d: %sx%s PNG, %d KB -> %s" % (n, info.get("width", "?"), info.get("height", "?"),
-                                                        os.path.getsize(path) // 1024, path))
+def save_outputs(client, obj, result, directory):
+    """Write a call's images and returned files into directory -> a line for each, for a person."""
+    images = [block["data"] for block in result["content"] if block["type"] == "image"]
+    outputs = [("image-%d.png" % n, base64.b64decode(data)) for n, data in enumerate(images, 1)]
     for info in obj.get("files", []):
-        if "uri" not in info:
-            lines.append("file %s: %s" % (info["path"], info.get("note", "not returned")))
-            continue
-        data = _read_resource(client, info["uri"])
-        lines.append("file %s: %d bytes -> %s" % (info["path"], len(data), _save(directory, info["path"], data)))
-    return lines
+        if "uri" in info:                      # else a note says why it was not kept
+            outputs.append((info["path"], client.read(info["uri"])))
+    return [_save(directory, name, data) for name, data in outputs]
 
 
-def _read_resource(client, uri):
-    contents = client.request("resources/read", {"uri": uri})["contents"][0]
-    return contents["text"].encode("utf-8") if "text" in contents else base64.b64decode(contents["blob"])
-
-
-def _save(directory, relative, data):
-    path = os.path.join(directory, *(_relative_path(relative) or "unnamed").split("/"))
+def _save(directory, name, data):
+    """Write one output file -> the line that says where it went."""
+    path = os.path.join(directory, *(_relative_path(name) or "unnamed").split("/"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
-    return path
+    return "%s: %d bytes -> %s" % (name, len(data), path)
 
 
-def show_result(result, form, seconds, saved=()):
-    """Print a tools/call result: the JSON object, or (text) as a person reads a terminal."""
-    text = result["content"][0]["text"] if result.get("content") else ""
-    try:
-        obj = result.get("structuredContent") or json.loads(text)
-    except ValueError:
-        obj = None                         # an argument error: plain text for the model
-    if obj is None:
-        (sys.stderr if form == "text" else sys.stdout).write(text + "\n")
-    elif form == "json":
+def show_result(answers, form, seconds, saved):
+    """The end of a call. json: its answers merged into one object, the output whole. text:
+    the output is already written, so the value, and on stderr how the run ended."""
+    obj = dict(answers[-1])
+    for name in ("stdout", "stderr"):
+        obj[name] = "".join(answer[name] for answer in answers)
+    obj["truncated"] = any(answer["truncated"] for answer in answers)
+    if form == "json":
         print(json.dumps(obj, indent=2, ensure_ascii=False))
-        for line in saved:
-            sys.stderr.write(line + "\n")
-    else:
-        sys.stdout.write(obj.get("stdout", ""))
-        if "value" in obj:
-            sys.stdout.write(obj["value"] + "\n")
-        sys.stdout.flush()
-        lines = [obj.get("stderr", "").rstrip("\n")] + list(saved)
-        if not saved and (obj.get("images") or obj.get("files")):
-            lines.append("%d image(s), %d file(s): --save DIR writes them" % (len(obj.get("images", [])),
-                                                                             len(obj.get("files", []))))
-        status = ("timed out after %.2f s" % seconds if obj.get("timed_out")
-                  else "exit %s in %.2f s" % (obj.get("returncode"), seconds))
-        if obj.get("truncated"):
-            status += ", output truncated"
-        if obj.get("session"):
-            status += ", session %s%s" % (obj["session"], " (ended)" if obj.get("session_ended") else "")
-        sys.stderr.write("".join(line + "\n" for line in lines if line) + "[%s]\n" % status)
+        sys.stderr.write("".join(line + "\n" for line in saved))
+        return
+    if "value" in obj:
+        print(obj["value"], flush=True)
+    if obj["stderr"] and not obj["stderr"].endswith("\n"):
+        sys.stderr.write("\n")          # what follows starts a line of its own
+    if not saved and (obj.get("images") or obj.get("files")):
+        saved = ["images or files came back: --save DIR writes them"]
+    status = "exit %s in %.2f s" % (obj["returncode"], seconds)
+    if obj.get("timed_out"):
+        status = "timed out after %.2f s" % seconds
+    if obj.get("status") == "cancelled":
+        status = "cancelled after %.2f s" % seconds
+    if obj.get("status") == "running":
+        status = "still running as job %s: `client job %s` follows it" % (obj["job"], obj["job"])
+    if obj.get("session"):
+        ended = " (ended)" if obj.get("session_ended") else ""
+        status += ", session %s%s" % (obj["session"], ended)
+    sys.stderr.write("".join(line + "\n" for line in saved) + "[%s]\n" % status)
 
 
 # =============================================================================
@@ -5539,10 +5432,9 @@ def main(argv=None):
 
 def demo():
     """Start `python mcp_exec.py` as a child and show a session with it, frame by frame."""
-    transport = StdioClient([sys.executable, os.path.abspath(__file__)], trace=sys.stdout)
-    client = McpClient(transport)
+    client = StdioClient([sys.executable, os.path.abspath(__file__)], trace=sys.stdout)
     try:
-        for step in (client.start, client.list_tools,
+        for step in (client.start, lambda: client.request("tools/list"),
                      lambda: client.call({"code": "import sys\nprint(sys.version.split()[0])\nsum(range(101))"}),
                      lambda: client.call({"code": "1/0"})):
             step()
@@ -5551,7 +5443,7 @@ def demo():
         sys.stderr.write("mcp-exec demo: %s\n" % exc)
         return 1
     finally:
-        transport.close()
+        client.close()
     return 0
 
 

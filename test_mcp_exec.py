@@ -4639,6 +4639,77 @@ def test_client_text_format_shows_output_as_a_terminal_would(tmp_path):
     assert timed.returncode == 1 and "[timed out after" in timed.stderr
 
 
+def test_client_packages_take_one_argument_and_the_code_may_follow(tmp_path, wheelhouse):
+    code = "import mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE)"
+    done = run_client(tmp_path, "call", "--packages", "mcpexec_testpkg", code, guard=120,
+                      **install_env(wheelhouse, tmp_path))
+    assert client_result(done)["stdout"] == "42\n"
+    both = "mcpexec_testpkg not-there"                              # one argument, two requirements
+    spaced = run_client(tmp_path, "--trace", "call", "--packages", both, code, guard=120,
+                        **install_env(wheelhouse, tmp_path))
+    sent = [m for d, m in traced_frames(spaced.stderr) if m.get("method") == "tools/call"]
+    assert sent[0]["params"]["arguments"]["packages"] == ["mcpexec_testpkg", "not-there"]
+    two = run_client(tmp_path, "call", "--packages", "mcpexec_testpkg", "numpy", code)
+    assert two.returncode == 2 and two.stdout == ""
+    assert "--packages takes one" in two.stderr and two.stderr.strip().endswith("(try --help)")
+
+
+def test_client_version_is_the_servers(tmp_path):
+    top = subprocess.run([sys.executable, SERVER, "--version"], capture_output=True, timeout=HANG,
+                         cwd=REPO)
+    done = run_client(tmp_path, "--version")
+    assert done.returncode == 0 and done.stdout == top.stdout.decode() and "mcp-exec" in done.stdout
+
+
+COUNT_CODE = "import time\nfor i in range(5):\n    print(i, flush=True)\n    time.sleep(1)\n"
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_client_follows_a_job_to_its_end(tmp_path, form):
+    done = run_client(tmp_path, "--format", form, "--trace", "call", COUNT_CODE, CALL_WAIT=2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = [m["params"]["arguments"] for d, m in traced_frames(done.stderr)
+             if m.get("method") == "tools/call"]
+    polls = [arguments for arguments in calls if "job" in arguments]
+    assert polls and all(set(p) == {"job"} for p in polls), polls      # it outlived CALL_WAIT
+    if form == "text":
+        assert done.stdout == "0\n1\n2\n3\n4\n"                # every line once, in order
+        assert re.search(r"\[exit 0 in \d+\.\d\d s\]\n$", done.stderr), done.stderr[-500:]
+    else:
+        out = json.loads(done.stdout)
+        assert out["stdout"] == "0\n1\n2\n3\n4\n" and out["status"] == "completed"
+        assert out["job"] == polls[0]["job"]
+
+
+def test_client_no_follow_prints_the_handle(tmp_path):
+    code = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
+    out = client_result(run_client(tmp_path, "call", "--no-follow", code, CALL_WAIT=1))
+    assert out["status"] == "running" and out["job"].startswith("j-") and out["returncode"] == 0
+    text = run_client(tmp_path, "--format", "text", "call", "--no-follow", code, CALL_WAIT=1)
+    assert text.returncode == 0, text.stderr[-2000:]
+    status = r"\n\[still running as job (j-\S+): `client job \1` follows it\]\n"   # its own line
+    assert re.search(status, text.stderr), text.stderr[-500:]
+
+
+def test_client_job_cancel_stops_a_run_over_http(start_http, tmp_path):
+    web = start_http(CALL_WAIT="1")
+    url = "http://127.0.0.1:%d/mcp" % web.port
+    pid_file = web.out / "cancelled.pid"
+    code = SLEEPER % str(pid_file)
+    started = run_client(tmp_path, "--url", url, "call", "--no-follow", code, API_KEY=KEY)
+    started = client_result(started)
+    assert started["status"] == "running"
+    assert wait_until(pid_file.exists, seconds=15)                 # the job runs on without us
+    pid = int(pid_file.read_text())
+    assert alive(pid)
+    done = run_client(tmp_path, "--url", url, "job", started["job"], "--cancel", API_KEY=KEY)
+    out = client_result(done)                                      # exit 0: stopped, as asked
+    assert out["status"] == "cancelled" and out["job"] == started["job"]
+    assert wait_until(lambda: not alive(pid), seconds=10), "the cancelled run is still alive"
+    polled = run_client(tmp_path, "--url", url, "job", started["job"], API_KEY=KEY)
+    assert client_result(polled, status=1)["status"] == "cancelled"   # a later poll: how it ended
+
+
 def test_version_names_the_protocol_versions(tmp_path):
     done = subprocess.run([sys.executable, SERVER, "--version"], capture_output=True, timeout=HANG, cwd=REPO)
     assert done.returncode == 0 and b"mcp-exec" in done.stdout and b"2026-07-28" in done.stdout
