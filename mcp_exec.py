@@ -29,14 +29,17 @@ it only through the register_*() functions of section 2:
 
 One tools/call over stdio, hop by hop:
 
-    StdioServer.serve()         reads a line; parse_frame(): bytes -> JSON, or -32700
-    StdioServer.dispatch()      a tools/call goes to a worker thread, so that ping and
-                                cancellation are answered while the code runs
-    handle_message()            parse_request() checks the envelope and finds the handler;
-                                answer_request() runs it
-    handle_tools_call()         validate_arguments(), then run_code() (section 4)
-    tool_result()               the Result as content blocks and structuredContent
-    StdioServer.send()          one JSON line on stdout
+    StdioServer.serve()      reads a line; parse_frame(): bytes -> JSON, or -32700
+    dispatch()               a request that may wait for code goes to a worker thread, so
+                             that ping and cancellation are answered meanwhile
+    handle_message()         parse_request() checks the envelope and finds the handler;
+                             answer_request() runs it
+    handle_tools_call()      validate_arguments(), then the call mode of section 12:
+    job_call_mode()          run_code() on a thread of its own, waited for CALL_WAIT at most
+    run_code()               a slot, an environment, then run_once(): a directory,
+                             start_child(), supervise() and finish() (section 4)
+    tool_result()            the Result as content blocks and structuredContent
+    StdioServer.send()       one JSON line on stdout
 
 References such as "lifecycle.mdx" point into the MCP specification,
 docs/specification/<version>/ in github.com/modelcontextprotocol/modelcontextprotocol.
@@ -987,6 +990,25 @@ from urllib.parse import urljoin, urlsplit
 
 EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
 LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
+# Handles (jobs, kernels, returned files) name the instance that made them: behind a router,
+# one that reaches another dyno is told where it lives instead of being called unknown.
+INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", os.environ.get("DYNO") or socket.gethostname())[:24] or "local"
+
+
+def new_handle(prefix):
+    """'j' -> 'j-<instance>-<random>': unguessable, and says where it lives."""
+    return "%s-%s-%s" % (prefix, INSTANCE, secrets.token_urlsafe(12))
+
+
+def lives_elsewhere(handle, shown=None):
+    """What to say of a handle minted by another instance (`shown` as the client knows it),
+    or None."""
+    parts = handle.split("-")
+    if len(parts) < 3 or parts[1] == INSTANCE or not re.match(r"^[A-Za-z0-9.]+$", parts[1]):
+        return None
+    return ("%s lives on instance %s, and this is %s: jobs, sessions and files stay on the server "
+            "process that made them. Retry until the request reaches it, or run the code again."
+            % (shown or handle, parts[1], INSTANCE))
 
 
 def run_code(args, session=LOCAL, cancel=None, on_output=None):
@@ -3332,7 +3354,7 @@ def collect_files(result, work, before, owner, move=True):
     after = snapshot_files(work)
     changed = sorted(rel for rel, info in after.items() if before.get(rel) != info)
     inline = 0
-    token = secrets.token_urlsafe(12)
+    token = new_handle("f")[2:]
     for rel in changed[:FILES_LISTED_MAX]:
         kind, size = after[rel][:2]
         entry = {"path": rel, "size": size, "mimeType": mimetypes.guess_type(rel)[0] or "application/octet-stream"}
@@ -3434,7 +3456,7 @@ class OutputStore:
             return None
         token, _, rel = uri[len(self.PREFIX):].partition("/")
         rel = _relative_path(urllib.parse.unquote(rel))
-        if not re.match(r"^[A-Za-z0-9_-]+$", token) or rel is None:
+        if not re.match(r"^[A-Za-z0-9._-]+$", token) or rel is None:
             return None
         return os.path.join(self.root, token, *rel.split("/"))
 
@@ -3487,9 +3509,10 @@ def handle_resources_read(request):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "uri" (a string) is required')
     data = OUTPUTS.read(uri)
     if data is None:   # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
-        raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
-                            "Resource not found: %s expired (files are kept %g s, OUTPUT_TTL) or never existed; "
-                            "run the code again to make it" % (uri, OUTPUT_TTL), {"uri": uri})
+        message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri)
+        raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND, "Resource not found: " + (
+            message or "%s expired (files are kept %g s, OUTPUT_TTL) or never existed; run the code again to "
+            "make it" % (uri, OUTPUT_TTL)), {"uri": uri})
     mime_type = mimetypes.guess_type(uri)[0] or "application/octet-stream"
     return {"contents": [resource_contents(uri, mime_type, data)]}
 
@@ -3646,7 +3669,7 @@ class Kernels:
                 return None, Result.refusal(
                     "No new session: %d are live (SESSION_LIMIT, of which one client may hold half). End one "
                     "with \"end_session\": true, reuse one, or call without \"session\"." % len(self.live))
-            handle = "s-" + secrets.token_urlsafe(12)
+            handle = new_handle("s")
             self.live[handle] = None                  # reserved while it starts
         env = call = ours = kernel = None
         try:
@@ -3734,7 +3757,7 @@ def run_in_kernel(args, session, cancel, on_output):
         return Result.refusal("The session %s was ended: %s Its state is lost; start a new one with "
                               "\"session\": \"new\"." % (args["session"], KERNELS.reasons[args["session"]]))
     if not new and kernel is None:
-        return Result.refusal(
+        return Result.refusal(lives_elsewhere(args["session"]) or
             "Unknown or expired session %s: sessions end after %g s idle (SESSION_IDLE), when their code "
             "cannot be interrupted, with end_session, or when the server restarts, and a handle is valid only "
             "on the server process that made it. Start a new one with \"session\": \"new\" and redo its setup."
@@ -4023,9 +4046,6 @@ RELATED_TASK = "io.modelcontextprotocol/related-task"
 MISSING_CAPABILITY = -32021         # 2026-07-28 basic/index.mdx: the client did not declare it
 TASK_WAIT = 1.0                     # seconds a 2026-07-28 call waits before it becomes a task
 POLL_INTERVAL_MS = 1000
-# Handles name the instance that made them: behind a router, a handle that reaches another
-# dyno is told where it lives instead of being called unknown.
-INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", os.environ.get("DYNO") or socket.gethostname())[:24] or "local"
 RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\": \"%s\"} (and no code) "
                 "to wait for more output and the result, or with {\"job\": \"%s\", \"cancel\": true} to stop it.")
 
@@ -4036,7 +4056,7 @@ class Job:
     cancelled, for good (2025-11-25 tasks.mdx, Task Status Lifecycle)."""
 
     def __init__(self, args, session):
-        self.handle = "j-%s-%s" % (INSTANCE, secrets.token_urlsafe(12))
+        self.handle = new_handle("j")
         self.owner = session.owner
         self.created = self.updated = time.time()
         self.cancel, self.done = threading.Event(), threading.Event()
@@ -4224,13 +4244,9 @@ def poll_job(request, clean):
 
 
 def _unknown_job(handle):
-    elsewhere = handle.split("-")[1] if handle.count("-") >= 2 else INSTANCE
-    if elsewhere != INSTANCE:
-        return ("The job %s lives on instance %s, and this is %s: jobs, sessions and files stay on the "
-                "server process that made them. Retry until the request reaches it, or run the code again."
-                % (handle, elsewhere, INSTANCE))
-    return ("Unknown or expired job %s: a finished job's result is kept %g s (JOB_TTL), and jobs end when "
-            "the server restarts. Run the code again." % (handle, JOB_TTL))
+    return lives_elsewhere(handle) or (
+        "Unknown or expired job %s: a finished job's result is kept %g s (JOB_TTL), and jobs end when "
+        "the server restarts. Run the code again." % (handle, JOB_TTL))
 
 
 def _status_notifier(request):
@@ -4323,7 +4339,12 @@ def tasks_capability(version):
     return None
 
 
-register_tool_feature(check=check_job, call_mode=job_call_mode, capability={
+JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", the output so far "
+            "and a \"job\" handle: call again with {\"job\": handle} and no code to wait for new output and "
+            "the result, or add \"cancel\": true to stop it; so a long run may use all of its \"timeout\"."
+            % CALL_WAIT)
+register_tool_feature(check=check_job, call_mode=job_call_mode,
+                      note=lambda local: JOB_NOTE if CALL_WAIT else "", capability={
     "tasks": tasks_capability,
     "extensions": lambda version: {TASKS_EXTENSION: {}} if version in MODERN_VERSIONS else None})
 register_method("tasks/get", handle_tasks_get)

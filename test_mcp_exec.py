@@ -506,6 +506,70 @@ def test_inprocess_settings_table_is_the_one_source():
     assert mcp_exec.ThreadBudget(8).size == 5 and mcp_exec.ThreadBudget(32).size == 26   # 2 + 1/8 kept back
 
 
+def test_inprocess_handles_name_their_instance():
+    handle = mcp_exec.new_handle("j")
+    assert handle.startswith("j-%s-" % mcp_exec.INSTANCE) and mcp_exec.lives_elsewhere(handle) is None
+    assert "lives on instance web.9" in mcp_exec.lives_elsewhere("s-web.9-abc")
+    assert mcp_exec.lives_elsewhere("j-nonsense") is None          # not a handle: just unknown
+
+
+# ===== 1-3. The core: cut off, it runs on its own =====
+
+CORE_STUB = """
+
+def run_code(args, session=None, cancel=None, on_output=None):
+    # The stub: what a reader writes to try the core alone.
+    return Result(0, "stub ran %s" % args["code"], "")
+
+
+if __name__ == "__main__":
+    serve_stdio()
+"""
+
+
+def test_the_core_cut_off_at_its_line_runs_with_a_stub(tmp_path):
+    lines = open(SERVER, encoding="utf-8").read().splitlines(keepends=True)
+    cut = [n for n, line in enumerate(lines) if line.startswith("# The core ends here")]
+    assert len(cut) == 1 and cut[0] < 1000, cut              # the card: at or before line 1,000
+    core = tmp_path / "core.py"
+    core.write_text("".join(lines[:cut[0]]) + CORE_STUB, encoding="utf-8")
+    frames = [json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                  "protocolVersion": LATEST, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}),
+              json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+              json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+              json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}),
+              json.dumps({"jsonrpc": "2.0", "id": 4, "method": "no/such/method"}),
+              "{not json",
+              json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                          "params": {"name": TOOL, "arguments": {"code": 7}}}),
+              json.dumps({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                          "params": {"name": TOOL, "arguments": {"code": "print(1)"}}})]
+    proc = subprocess.run([sys.executable, str(core)], input="\n".join(frames) + "\n", capture_output=True,
+                          text=True, timeout=HANG, env=make_env(tmp_path))
+    replies = [json.loads(line) for line in proc.stdout.splitlines()]
+    by_id = {r.get("id"): r for r in replies}
+    assert by_id[1]["result"]["protocolVersion"] == LATEST, proc.stderr
+    tool = by_id[2]["result"]["tools"][0]
+    assert tool["name"] == TOOL and tool["inputSchema"]["properties"]["code"]["type"] == "string"
+    assert tool["outputSchema"]["required"] == ["returncode", "stdout", "stderr", "timed_out", "truncated"]
+    assert by_id[3]["result"] == {}
+    assert by_id[4]["error"]["code"] == METHOD_NOT_FOUND
+    assert by_id[None]["error"]["code"] == PARSE_ERROR
+    assert by_id[5]["result"]["isError"] and "e.g." in by_id[5]["result"]["content"][0]["text"]
+    assert by_id[6]["result"]["structuredContent"]["stdout"] == "stub ran print(1)"
+    assert "flask" not in core.read_text() or "import flask" not in core.read_text()
+
+
+def test_every_name_in_the_reading_guide_exists():
+    guide = mcp_exec.__doc__.split("One tools/call over stdio, hop by hop:")[1]
+    names = re.findall(r"\b([A-Za-z_][A-Za-z_0-9]*(?:\.[A-Za-z_]+)?)\(\)", guide)
+    assert len(names) >= 6, names
+    for name in names:
+        owner, _, attribute = name.partition(".")
+        assert hasattr(mcp_exec, owner), name
+        assert not attribute or hasattr(getattr(mcp_exec, owner), attribute), name
+
+
 # ===== 2. The wire format: JSON-RPC framing =====
 
 
