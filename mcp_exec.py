@@ -1075,15 +1075,25 @@ class CallSlots:
 
     def acquire(self, cancel, owner=None):
         """-> "ok" (a slot is ours), "busy" (refused) or "cancelled" (while waiting)."""
+        turn = self.enqueue(owner)
+        return "busy" if turn is None else self.wait(turn, cancel, owner)
+
+    def enqueue(self, owner=None):
+        """Take a place in line now -> an Event, set once the slot is ours; None when busy."""
+        turn = threading.Event()
         with self.lock:
             if self.running < self.max_running and not self.waiters:
                 self.running += 1
                 self.held[owner] += 1
-                return "ok"
+                turn.set()
+                return turn
             if len(self.waiters) >= self.max_waiting:
-                return "busy"
-            turn = threading.Event()
+                return None
             self.waiters.append((turn, owner))
+        return turn
+
+    def wait(self, turn, cancel, owner=None):
+        """Wait for an enqueued turn -> "ok", or "cancelled" (the place is given up)."""
         if wait_or_cancel(turn.is_set, cancel, wake=turn) and not cancel.is_set():
             return "ok"
         with self.lock:
@@ -1692,6 +1702,9 @@ def _libc():
             lib = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
             if lib is not None:
                 lib.syscall.restype = ctypes.c_long
+                # The kernel reads prctl's arguments as unsigned longs: declared once here,
+                # plain ints are passed whole (a bare int would leave upper halves undefined).
+                lib.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
         except (OSError, TypeError, AttributeError, ImportError):
             lib = None
         _LIBC.append(lib)
@@ -1716,6 +1729,11 @@ def serve_template(config, fresh_modules):
     if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
         for network_off in (False, True):
             _filter(os.uname().machine, network_off)     # built once, not per child (7.2)
+    if config.get("sandbox") and libc is not None and os.geteuid() == 0:
+        try:
+            drop_bounding_set(libc)      # once for all its children (7.2)
+        except OSError:
+            pass                         # no CAP_SETPCAP here: nor in the children, who try too
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)
@@ -1815,7 +1833,8 @@ class Template:
         self.replies = {}        # ("pid", request id) or ("exit", pid) -> _Reply
         self.alive, self.retired, self.active, self.next_id = True, False, 0, 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps({"mode": "template", "socket_fd": theirs.fileno()})]
+        argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps({"mode": "template", "socket_fd": theirs.fileno(),
+                                                    "sandbox": SANDBOX.active})]
         try:
             self.proc = spawn(argv, child_environment(), RUN_DIR.path(),
                               (subprocess.DEVNULL, subprocess.DEVNULL, None), [theirs.fileno()])
@@ -2028,7 +2047,25 @@ def server_setup():
     RUN_DIR.recover()
     ENVIRONMENTS.recover()
     SANDBOX.nproc_limit = _nproc_limit()
+    _cache_bytecode()
     log("sandbox: %s" % SANDBOX.describe())
+
+
+def _cache_bytecode():
+    """Children import this file as a module (CHILD_COMMAND), and a sandboxed one cannot write
+    its bytecode cache: write it here, so that no child compiles 5,000 lines."""
+    import py_compile
+    from importlib.util import cache_from_source
+    source = os.path.abspath(__file__)
+    try:
+        if os.path.getmtime(cache_from_source(source)) >= os.path.getmtime(source):
+            return
+    except OSError:
+        pass
+    try:
+        py_compile.compile(source, doraise=True)
+    except (OSError, py_compile.PyCompileError):
+        pass                               # a read-only directory: children compile it each time
 
 
 PR_SET_DUMPABLE = 4
@@ -2201,12 +2238,15 @@ def _landlock_rule(libc, ruleset, path, access):
 
 def _prctl(libc, option, *args):
     import ctypes
-    # prctl is variadic and the kernel reads unsigned longs: pass c_ulong, never bare ints
-    # (EINVAL on PR_SET_NO_NEW_PRIVS and PR_CAPBSET_DROP if the upper halves are garbage).
-    args = [ctypes.c_ulong(a) for a in args] + [ctypes.c_ulong(0)] * (4 - len(args))
-    if libc.prctl(option, *args) < 0:
+    if libc.prctl(option, *(args + (0,) * (4 - len(args)))) < 0:
         err = ctypes.get_errno()
         raise OSError(err, "prctl(%d): %s" % (option, os.strerror(err)))
+
+
+@functools.lru_cache(maxsize=None)      # read once, in the template: its children inherit it
+def _last_cap():
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        return int(f.read())
 
 
 def drop_capabilities(libc):
@@ -2219,15 +2259,20 @@ def drop_capabilities(libc):
     if libc.capget(header, data) < 0:
         raise OSError(ctypes.get_errno(), "capget failed")
     setpcap = struct.unpack_from("=I", data.raw)[0] & 1 << 8      # CAP_SETPCAP is effective
-    if setpcap:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            for cap in range(int(f.read()) + 1):
-                _prctl(libc, 24, cap)                                # PR_CAPBSET_DROP
+    if setpcap and libc.prctl(23, 0, 0, 0, 0) == 1:      # PR_CAPBSET_READ: the template's is empty
+        drop_bounding_set(libc)
     _prctl(libc, 47, 4)                         # PR_CAP_AMBIENT_CLEAR_ALL: open to anyone
     if setpcap:      # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, each locked; KEEP_CAPS_LOCKED
         _prctl(libc, 28, 0x2f)
     if libc.capset(header, ctypes.create_string_buffer(24)) < 0:     # E = P = I = 0, last
         raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def drop_bounding_set(libc):
+    """Empty the bounding set (PR_CAPBSET_DROP, one capability at a time). A template does it
+    once for all its children; a spawned child does it itself."""
+    for cap in range(_last_cap() + 1):
+        _prctl(libc, 24, cap)
 
 
 # name x86_64 generic(aarch64); "-" = no such syscall. Checked against the 6.18 uapi headers.
@@ -3177,9 +3222,7 @@ def describe_value(value, config):
         png = _value_png(value, max_bytes)
         if png and len(images) < limit:
             images.append(png)
-    record["images"] = [{"data": base64.b64encode(png).decode("ascii"), "bytes": len(png),
-                         "width": struct.unpack(">I", png[16:20])[0], "height": struct.unpack(">I", png[20:24])[0]}
-                        for png in images]
+    record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: the server reads them
     record["notes"] = notes
     return record
 
@@ -3217,11 +3260,11 @@ def apply_record(result, record):
         result.value = record["value"]
         result.value_truncated = record.get("value_truncated") is True
         result.truncated = result.truncated or result.value_truncated
-    for image in record.get("images", [])[:IMAGE_LIMIT]:
+    for data in record.get("images", [])[:IMAGE_LIMIT]:
         try:
-            png = base64.b64decode(image["data"], validate=True)
+            png = base64.b64decode(data, validate=True)
             width, height = struct.unpack(">II", png[16:24])
-        except (KeyError, TypeError, ValueError, binascii.Error, struct.error):
+        except (TypeError, ValueError, binascii.Error, struct.error):
             continue
         if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
             continue
@@ -3230,7 +3273,7 @@ def apply_record(result, record):
                         % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
             continue
         result.images.append({"mimeType": "image/png", "width": width, "height": height, "bytes": len(png)})
-        result.blocks.append((None, {"type": "image", "data": image["data"], "mimeType": "image/png"}))
+        result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
     for note in record.get("notes", [])[:10]:
         result.note(str(note)[:300])
 
@@ -3564,36 +3607,22 @@ class Kernel:
         self.watch = None                        # its totals, watched for its whole life
         self.packages = sorted(env.packages)
         self.last_used = time.monotonic()
-        self.lock = threading.Lock()
-        self.next_ticket = self.serving = 0      # calls run in arrival order
-        self.skipped = set()                     # tickets of callers that were cancelled waiting
+        self.turns = CallSlots(1, KERNEL_QUEUE)   # one call at a time, in arrival order
         self.ended = False
 
-    def enter(self, cancel):
-        """Wait for this kernel's turn -> None, or a refusal Result."""
-        with self.lock:
-            if self.next_ticket - self.serving > KERNEL_QUEUE:
-                return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
-                                      % KERNEL_QUEUE, returncode=-1)
-            ticket = self.next_ticket
-            self.next_ticket += 1
-        if wait_or_cancel(lambda: self.serving == ticket, cancel, step=0.02):
-            return None
-        with self.lock:
-            mine = self.serving == ticket
-            if not mine:
-                self.skipped.add(ticket)         # its turn is passed on when it comes
-        if mine:
-            self.leave()                         # its turn came with the cancel: pass it on
-        return Result.refusal("cancelled", returncode=-1, cancelled=True)
+    def enter(self, cancel, turn="none yet"):
+        """Wait for this kernel's turn -> None, or a refusal Result. A call that took its place
+        in line when it arrived (KERNELS.line_up) brings its `turn`."""
+        turn = self.turns.enqueue() if turn == "none yet" else turn
+        if turn is None:
+            return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
+                                  % KERNEL_QUEUE, returncode=-1)
+        got = self.turns.wait(turn, cancel)
+        return None if got == "ok" else self.turns.refusal(got)
 
     def leave(self):
-        with self.lock:
-            self.serving += 1
-            while self.serving in self.skipped:
-                self.skipped.discard(self.serving)
-                self.serving += 1
-            self.last_used = time.monotonic()
+        self.last_used = time.monotonic()
+        self.turns.release()
 
     def run(self, args, cancel, on_output, before=None):
         """Run one call's code in the kernel -> Result. The first call's files and pipes
@@ -3708,6 +3737,12 @@ class Kernels:
             kernel = self.live.get(handle)
         return kernel if kernel and not kernel.ended else None
 
+    def line_up(self, clean):
+        """Calls to one kernel run in the order they arrived: take the call's place in line
+        now, before it moves to a thread of its own (its job, section 12)."""
+        kernel = self.get(clean.get("session") or "")
+        clean["turn"] = kernel.turns.enqueue() if kernel else "none yet"
+
     def end(self, kernel, reason=None):
         """End a kernel: its interpreter and everything it started die, its directory goes.
         A reason (a limit it crossed) is kept for the next call that names it."""
@@ -3734,7 +3769,7 @@ class Kernels:
             time.sleep(min(10.0, max(0.2, SESSION_IDLE / 4)))
             now = time.monotonic()
             with self.lock:
-                idle = [s for s in self.live.values() if s and s.serving == s.next_ticket
+                idle = [s for s in self.live.values() if s and not s.turns.running
                         and now - s.last_used > SESSION_IDLE]
             for kernel in idle:
                 self.end(kernel)
@@ -3762,8 +3797,12 @@ def run_in_kernel(args, session, cancel, on_output):
             "cannot be interrupted, with end_session, or when the server restarts, and a handle is valid only "
             "on the server process that made it. Start a new one with \"session\": \"new\" and redo its setup."
             % (json.dumps(args["session"]), SESSION_IDLE))
-    refusal = None if new else (_kernel_packages(kernel, args, cancel) or kernel.enter(cancel))
+    refusal = None if new else kernel.enter(cancel, args["turn"])      # its turn, in arrival order
     if refusal:
+        return refusal
+    refusal = None if new else _kernel_packages(kernel, args, cancel)
+    if refusal:
+        kernel.leave()
         return refusal
     slot = EXEC_SLOTS.acquire(cancel, session.owner)
     try:
@@ -3843,7 +3882,7 @@ def check_kernel(arguments, clean):
         return '"session" must be "new" (to start one) or a handle a result gave you, such as "s-..."'
     if not isinstance(end, bool) or (end and kernel is None):
         return '"end_session" must be true or false, and goes with "session": the handle of the session to end'
-    clean["session"], clean["end_session"] = kernel, end
+    clean["session"], clean["end_session"], clean["turn"] = kernel, end, "none yet"
     return None
 
 
@@ -3980,63 +4019,40 @@ class LatestLine:
 
 
 class Progress:
-    """notifications/progress for one tools/call that asked for it with _meta.progressToken.
-    A background thread reports every PROGRESS_INTERVAL seconds, and sooner (at most every
-    PROGRESS_MIN_GAP) when new output appears. `progress` is the seconds elapsed, strictly
-    increasing; `message` (2025-03-26 and later) is the latest line of output or install
-    step. stop() returns only when no notification can follow."""
+    """notifications/progress for a request that asked for it with _meta.progressToken, sent
+    by the thread that waits for the request's job (wait_for_job): every PROGRESS_INTERVAL
+    seconds, and sooner, at most every PROGRESS_MIN_GAP, when a new line of output came.
+    `progress` is the seconds elapsed, strictly increasing; `message` (2025-03-26 and
+    later) is the latest line of output or of the installer."""
 
-    @classmethod
-    def for_request(cls, request):
+    def __init__(self, request):
         meta = request.params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
-        if request.notify is None or not valid_id(token):
-            return None
-        return cls(token, request.notify, at_least(request.version, "2025-03-26"))
-
-    def __init__(self, token, notify, with_message):
-        self.token, self.notify, self.with_message = token, notify, with_message
-        self.started = time.monotonic()
-        self.last_progress = 0.0
-        self.last_sent = self.started
-        self.line = "started"
+        self.token = token if valid_id(token) and request.notify else None
+        self.notify, self.with_message = request.notify, at_least(request.version, "2025-03-26")
+        self.started = self.last_sent = time.monotonic()
+        self.last_progress, self.line, self.fresh = 0.0, "started", False
         self.latest = {"stdout": LatestLine(), "stderr": LatestLine(), "install": LatestLine()}
-        self.lock = threading.Lock()
-        self.wake = threading.Event()
-        self.stopped = False
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
 
     def output(self, stream, chunk):
-        """Called by the executor with what the code (stream: stdout, stderr) or the
-        installer ("install") wrote."""
+        """What the code (stream: stdout, stderr) or the installer ("install") wrote."""
         line = self.latest[stream].feed(chunk)
         if line:
             self.line = ("installing: " + line) if stream == "install" else line
-            self.wake.set()
+            self.fresh = True
 
-    def _run(self):
-        while not self.stopped:
-            self.wake.wait(PROGRESS_INTERVAL)
-            self.wake.clear()
-            pause = self.last_sent + PROGRESS_MIN_GAP - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)   # rate limit: output arriving meanwhile goes in this report
-            with self.lock:
-                if self.stopped:
-                    return
-                now = time.monotonic()
-                progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
-                self.last_progress, self.last_sent = progress, now
-                params = {"progressToken": self.token, "progress": progress}
-                if self.with_message:
-                    params["message"] = "%.0f s: %s" % (now - self.started, self.line)
-                self.notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+    def due(self):
+        gap = PROGRESS_MIN_GAP if self.fresh else PROGRESS_INTERVAL
+        return self.token is not None and time.monotonic() - self.last_sent >= gap
 
-    def stop(self):
-        with self.lock:
-            self.stopped = True
-        self.wake.set()
+    def send(self):
+        now = time.monotonic()
+        progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
+        self.last_progress, self.last_sent, self.fresh = progress, now, False
+        params = {"progressToken": self.token, "progress": progress}
+        if self.with_message:
+            params["message"] = "%.0f s: %s" % (now - self.started, self.line)
+        self.notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
 
 # --- Jobs ------------------------------------------------------------------------------
@@ -4190,19 +4206,20 @@ JOBS = Jobs()
 def wait_for_job(job, request, cancel, seconds):
     """Wait while the request lives: -> True once the run ended, False when `seconds` passed
     (None: no limit), None if the request was cancelled. The request's call was registered
-    (`cancel`) before the job started; it ends here.
-    Progress the request asked for flows meanwhile."""
-    progress = Progress.for_request(request)
-    job.listener = progress.output if progress else None
+    (`cancel`) before the job started; it ends here. Progress the request asked for is sent
+    meanwhile, and never after (progress.mdx: nothing about a request after its response)."""
+    progress = Progress(request)
+    job.listener = progress.output if progress.token is not None else None
+    deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        deadline = None if seconds is None else time.monotonic() + seconds
-        ended = wait_or_cancel(job.done.is_set, cancel, deadline, wake=job.done)
+        while wait_or_cancel(lambda: job.done.is_set() or progress.due(), cancel, deadline, wake=job.done):
+            if job.done.is_set():
+                break
+            progress.send()
     finally:
         job.listener = None
-        if progress:
-            progress.stop()      # progress.mdx: nothing about a request after its response
         request.session.end_call(request.id)
-    return None if cancel.is_set() and not ended else ended
+    return None if cancel.is_set() and not job.done.is_set() else job.done.is_set()
 
 
 def job_call_mode(request, clean):
@@ -4215,6 +4232,7 @@ def job_call_mode(request, clean):
         return {"task": job.task(False)}                        # at once (tasks.mdx)
     as_task = declares_extension(request, TASKS_EXTENSION)
     cancel = request.session.start_call(request.id)             # before the code can start
+    KERNELS.line_up(clean)
     job = JOBS.start(clean, request.session)
     ended = wait_for_job(job, request, cancel, TASK_WAIT if as_task else CALL_WAIT or None)
     if ended is None:                      # cancellation.mdx: stop it, and answer nothing
