@@ -3206,10 +3206,8 @@ def describe_value(value, config):
         numbers = plt.get_fignums()
         for number in numbers[:limit]:
             figure = plt.figure(number)
-            width, height = figure.get_size_inches() * figure.dpi
-            scale = min(1.0, IMAGE_MAX_SIDE / max(width, height, 1),
-                        (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
-            png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s), max_bytes, scale)
+            png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s), max_bytes,
+                           _figure_scale(figure))
             (images.append(png) if png else notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) "
                                                          "even at a low resolution" % (number, max_bytes)))
         if len(numbers) > limit:
@@ -3225,6 +3223,15 @@ def describe_value(value, config):
     record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: the server reads them
     record["notes"] = notes
     return record
+
+
+def _figure_scale(figure):
+    """The scale that keeps a figure within IMAGE_MAX_SIDE and IMAGE_MAX_PIXELS."""
+    try:
+        width, height = figure.get_size_inches() * figure.dpi
+    except Exception:                    # not matplotlib's Figure after all
+        return 1.0
+    return min(1.0, IMAGE_MAX_SIDE / max(width, height, 1), (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
 
 
 def _fit_png(render, max_bytes, scale=1.0):
