@@ -107,9 +107,9 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_TIMEOUT", float, 30.0, "seconds a call may run unless it asks otherwise"),
     Setting(EXECUTION, "EXEC_TIMEOUT_MAX", float, lambda v: max(3600.0, v["EXEC_TIMEOUT"]),
             'the largest per-call "timeout"; larger ones (and the default) are clamped', 3600),
-    Setting(EXECUTION, "CALL_WAIT", float, 50.0, "seconds a tools/call waits for its code; then it answers "
-            "with a job handle to poll, and the code runs on (0 = wait to the end)", minimum=0.0),
-    Setting(EXECUTION, "JOB_TTL", float, 900.0, "seconds a finished job's (or task's) result stays available"),
+    Setting(EXECUTION, "CALL_WAIT", float, 50.0, "seconds a tools/call waits for its code; then it "
+            "answers with a job handle to poll, the code running on; 0 = to the end", minimum=0.0),
+    Setting(EXECUTION, "JOB_TTL", float, 900.0, "seconds a finished job's (task's) result is kept"),
     Setting(EXECUTION, "INSTALL_TIMEOUT", float, 300.0, "seconds for creating an environment and installing packages"),
     Setting(EXECUTION, "OUTPUT_LIMIT", int, 64 * 1024, "bytes of stdout, of stderr kept per call (head, tail)", minimum=256),
     Setting(EXECUTION, "EXEC_MEMORY_MB", int, 2048,
@@ -119,13 +119,13 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_CONCURRENCY", int, 8, "calls that run at once; more wait for a slot", minimum=1),
     Setting(EXECUTION, "EXEC_QUEUE", int, lambda v: 4 * v["EXEC_CONCURRENCY"],
             "calls that may wait for a slot; more are refused as busy", "4 x EXEC_CONCURRENCY", minimum=0),
-    Setting(EXECUTION, "EXEC_MAX_PROCS", int, 256, "processes and threads a call may run at once; 0 = no limit"),
+    Setting(EXECUTION, "EXEC_MAX_PROCS", int, 256, "processes + threads a call may run at once; 0 = any"),
     Setting(EXECUTION, "EXEC_DISK_MB", int, 2048, "bytes a call may have on disk in its directory, MB; 0 = none"),
-    Setting(EXECUTION, "EXEC_MAX_ENTRIES", int, 20000, "files and directories a call may create; 0 = none"),
+    Setting(EXECUTION, "EXEC_MAX_ENTRIES", int, 20000, "files and directories in a call's; 0 = any"),
     Setting(EXECUTION, "EXEC_ENV_PASSTHROUGH", list, [], "comma-separated names of extra variables the code may see"),
-    Setting(EXECUTION, "EXEC_SANDBOX", str, "auto", "auto (Landlock and seccomp where the kernel has them), "
-            "landlock (refuse to start without), off"),
-    Setting(EXECUTION, "EXEC_NETWORK", str, "on", "off = the sandbox denies every IP socket (TCP, UDP, raw)"),
+    Setting(EXECUTION, "EXEC_SANDBOX", str, "auto", "auto (Landlock and seccomp where the kernel "
+            "has them), landlock (refuse to start without), off"),
+    Setting(EXECUTION, "EXEC_NETWORK", str, "on", "off = the sandbox denies every IP socket"),
     Setting(EXECUTION, "EXEC_READ_PATHS", list, [], "over HTTP, more paths the code may read (sandbox)"),
     Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
     Setting(EXECUTION, "FORK_SERVER", bool, True, "fork each call from a template interpreter (Linux); 0 = spawn", 1),
@@ -134,7 +134,8 @@ SETTINGS = [
     Setting(EXECUTION, "FILE_INLINE_BYTES", int, 256 * 1024, "files up to this size are embedded in the result"),
     Setting(EXECUTION, "OUTPUT_TTL", float, 3600.0, "seconds returned files stay readable (resources/read)"),
     Setting(EXECUTION, "OUTPUT_STORE_MB", int, 512, "returned files kept together, MB; the oldest go first"),
-    Setting(EXECUTION, "SESSION_LIMIT", int, 4, "live kernels (\"session\": \"new\"); more are refused", minimum=0),
+    Setting(EXECUTION, "SESSION_LIMIT", int, 4, "live kernels (\"session\": \"new\"); more are "
+            "refused", minimum=0),
     Setting(EXECUTION, "SESSION_IDLE", float, 900.0, "seconds of idleness before a kernel ends"),
     Setting(EXECUTION, "PROGRESS_INTERVAL", float, 3.0, "seconds between progress notifications, when a call asks"),
     Setting(EXECUTION, "MCP_EXEC_DIR", str, _default_state_dir,
@@ -149,13 +150,13 @@ SETTINGS = [
     Setting(HTTP, "PORT", int, 8000, "the port to listen on"),
     Setting(HTTP, "WEB_CONCURRENCY", int, 32, "waitress threads (waitress-serve's --threads wins); open SSE "
             "streams and running tools/call may hold all but 2 + 1/8 of them", minimum=1),
-    Setting(HTTP, "SSE_KEEPALIVE", float, 4.0, "seconds between keep-alive comments on event streams "
-            "(under the 5 s read timeout of httpx, which the Python SDK uses)"),
+    Setting(HTTP, "SSE_KEEPALIVE", float, 4.0, "seconds between keep-alive comments on event "
+            "streams (under the 5 s read timeout of httpx, which the Python SDK uses)"),
     Setting(HTTP, "MCP_STATELESS", bool, False, "true = Streamable HTTP without sessions (several instances)", "false"),
     Setting(HTTP, "STDIO_MODE_ONLY", bool, False, "true = HTTP lists no tools and runs no code", "false"),
     Setting(HTTP, "ALLOWED_ORIGINS", list, [], "comma-separated browser origins allowed besides localhost"),
     Setting(HTTP, "ALLOWED_HOSTS", list, [], "comma-separated Host names allowed (* = any)"),
-    Setting(HTTP, "MAX_BODY_BYTES", int, 4 * 1024 * 1024, "the largest request body (waitress refuses larger)"),
+    Setting(HTTP, "MAX_BODY_BYTES", int, 4 << 20, "the largest request body (waitress's limit)"),
     Setting(HTTP, "SESSION_IDLE_TIMEOUT", float, 3600.0, "seconds before an idle Streamable HTTP session is dropped"),
     Setting(HTTP, "MAX_SESSIONS", int, 1000, "Streamable HTTP sessions kept; the oldest idle go first", minimum=1),
 ]
@@ -178,7 +179,8 @@ CALL_WAIT, JOB_TTL = _EXEC["CALL_WAIT"], _EXEC["JOB_TTL"]
 OUTPUT_LIMIT, EXEC_ENV_PASSTHROUGH = _EXEC["OUTPUT_LIMIT"], _EXEC["EXEC_ENV_PASSTHROUGH"]
 EXEC_MEMORY_MB, EXEC_FILE_MB, EXEC_MAX_FILES = _EXEC["EXEC_MEMORY_MB"], _EXEC["EXEC_FILE_MB"], _EXEC["EXEC_MAX_FILES"]
 EXEC_CONCURRENCY, EXEC_QUEUE = _EXEC["EXEC_CONCURRENCY"], _EXEC["EXEC_QUEUE"]
-EXEC_MAX_PROCS, EXEC_DISK_MB, EXEC_MAX_ENTRIES = _EXEC["EXEC_MAX_PROCS"], _EXEC["EXEC_DISK_MB"], _EXEC["EXEC_MAX_ENTRIES"]
+EXEC_MAX_PROCS, EXEC_DISK_MB = _EXEC["EXEC_MAX_PROCS"], _EXEC["EXEC_DISK_MB"]
+EXEC_MAX_ENTRIES = _EXEC["EXEC_MAX_ENTRIES"]
 EXEC_SANDBOX, EXEC_NETWORK = _EXEC["EXEC_SANDBOX"].lower(), _EXEC["EXEC_NETWORK"].lower()
 EXEC_READ_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_READ_PATHS"]]
 EXEC_WRITE_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_WRITE_PATHS"]]
@@ -527,7 +529,8 @@ def handle_tools_list(request):
     if request.params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
     session = request.session
-    return {"tools": [tool_definition(request.version, session.local)] if session.allow_exec else []}
+    tools = [tool_definition(request.version, session.local)] if session.allow_exec else []
+    return {"tools": tools}
 
 
 def handle_tools_call(request):
@@ -588,8 +591,8 @@ register_notification("notifications/cancelled", notify_cancelled)
 INPUT_SCHEMA = {
     "type": "object",
     "properties": {
-        "code": {"type": "string", "description": "Python source, run as the __main__ module. Required, "
-                                                  "except to poll a job."},
+        "code": {"type": "string", "description": "Python source, run as the __main__ module. "
+                                                  "Required, except to poll a job."},
         "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
                      "description": "pip requirements to install first, e.g. [\"numpy\", \"pandas==2.2.3\"]."},
         "use_temp_dir": {"type": "boolean", "default": False,
@@ -598,20 +601,23 @@ INPUT_SCHEMA = {
                     "description": "Seconds before the run is killed (default %g, at most %g)."
                                    % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
         "files": {"type": "array", "maxItems": 100,
-                  "description": "Files to put in the working directory first: [{\"path\": \"data.csv\", "
-                                 "\"content\": \"...\"}], with \"encoding\": \"base64\" for binary content.",
-                  "items": {"type": "object", "required": ["path", "content"], "additionalProperties": False,
+                  "description": "Files to put in the working directory first: [{\"path\": "
+                                 "\"data.csv\", \"content\": \"...\"}], with \"encoding\": "
+                                 "\"base64\" for binary content.",
+                  "items": {"type": "object", "required": ["path", "content"],
+                            "additionalProperties": False,
                             "properties": {"path": {"type": "string"}, "content": {"type": "string"},
-                                           "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}},
-        "session": {"type": "string", "description": "\"new\" starts a session that keeps variables, imports "
-                                                     "and files across calls; then pass the handle the result "
-                                                     "gives you."},
+                                           "encoding": {"type": "string",
+                                                        "enum": ["utf-8", "base64"]}}}},
+        "session": {"type": "string",
+                    "description": "\"new\" starts a session that keeps variables, imports and "
+                                   "files across calls; then pass the handle the result gives you."},
         "end_session": {"type": "boolean", "default": False,
-                        "description": "true ends the session after this call's code (which may be empty)."},
-        "job": {"type": "string", "description": "Instead of code: the handle (\"j-...\") of a run still going; "
-                                                 "waits for it, and returns its new output and, once it ended, "
-                                                 "its result."},
-        "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop that run."},
+                        "description": "true ends the session after this call's code."},
+        "job": {"type": "string",
+                "description": "Instead of code: the handle (\"j-...\") of a run still going; "
+                               "waits for it, and returns its new output and, at the end, its result."},
+        "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop it."},
     },
     "additionalProperties": False,
 }
@@ -623,7 +629,7 @@ OUTPUT_SCHEMA = {
         "stdout": {"type": "string"},
         "stderr": {"type": "string"},
         "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
-        "truncated": {"type": "boolean", "description": "Something was longer than its limit and was cut."},
+        "truncated": {"type": "boolean", "description": "Something longer than its limit was cut."},
         "value": {"type": "string", "description": "repr() of the last expression, when the code ends with one."},
         "images": {"type": "array", "description": "The PNG images returned as image content, in order.",
                    "items": {"type": "object", "properties": {
@@ -631,13 +637,13 @@ OUTPUT_SCHEMA = {
                        "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
         "files": {"type": "array", "description": "Files the code created or changed in its working directory.",
                   "items": {"type": "object", "properties": {
-                      "path": {"type": "string"}, "size": {"type": "integer"}, "mimeType": {"type": "string"},
-                      "uri": {"type": "string"}, "note": {"type": "string"}}}},
-        "session": {"type": "string", "description": "The session this call ran in: pass it as \"session\" next time."},
-        "session_ended": {"type": "boolean", "description": "The session ended with this call; its state is gone."},
+                      "path": {"type": "string"}, "size": {"type": "integer"}, "uri": {"type": "string"},
+                      "mimeType": {"type": "string"}, "note": {"type": "string"}}}},
+        "session": {"type": "string", "description": "The session this call ran in: pass it on."},
+        "session_ended": {"type": "boolean", "description": "The session ended: its state is gone."},
         "status": {"type": "string", "enum": ["running", "completed", "cancelled"],
-                   "description": "Only for a job: \"running\" = still going, call again with \"job\"."},
-        "job": {"type": "string", "description": "The job's handle: pass it as \"job\" to wait for more."},
+                   "description": "Only for a job: \"running\" = still going, call with \"job\"."},
+        "job": {"type": "string", "description": "The job's handle: pass it as \"job\" for more."},
     },
     "required": ["returncode", "stdout", "stderr", "timed_out", "truncated"],
 }
@@ -679,10 +685,11 @@ def instructions(session):
 
 def limits_text():
     return ("Each call runs in a fresh Python %d.%d interpreter in a new, empty working directory "
-            "that is deleted afterwards. Limits: %g s per call by default (argument \"timeout\", at "
-            "most %g s), %d KiB of stdout and of stderr each (the middle of longer output is cut), no "
-            "stdin. Code gets a minimal environment, without the server's secrets."
-            % (sys.version_info[0], sys.version_info[1], EXEC_TIMEOUT, EXEC_TIMEOUT_MAX, OUTPUT_LIMIT // 1024))
+            "that is deleted afterwards. Limits: %g s per call by default (argument \"timeout\", "
+            "at most %g s), %d KiB of stdout and of stderr each (the middle of longer output is "
+            "cut), no stdin. Code gets a minimal environment, without the server's secrets."
+            % (sys.version_info[0], sys.version_info[1], EXEC_TIMEOUT, EXEC_TIMEOUT_MAX,
+               OUTPUT_LIMIT // 1024))
 
 
 def validate_arguments(arguments):
@@ -790,9 +797,9 @@ def handle_batch(batch, session, notify=None):
     a single error object."""
     if not batch:
         return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
-    modern = any(isinstance(m, dict) and isinstance(m.get("params"), dict)
-                 and isinstance(m["params"].get("_meta"), dict) and META_VERSION in m["params"]["_meta"]
-                 for m in batch)
+    metas = [m["params"].get("_meta") for m in batch
+             if isinstance(m, dict) and isinstance(m.get("params"), dict)]
+    modern = any(isinstance(meta, dict) and META_VERSION in meta for meta in metas)
     if modern or at_least(session.protocol_version, "2025-06-18"):
         return error_response(None, INVALID_REQUEST, "Invalid Request: protocol version %s has no JSON-RPC "
                               "batches (they exist only in 2025-03-26); send one message at a time"
@@ -992,7 +999,8 @@ EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the 
 LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
 # Handles (jobs, kernels, returned files) name the instance that made them: behind a router,
 # one that reaches another dyno is told where it lives instead of being called unknown.
-INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", os.environ.get("DYNO") or socket.gethostname())[:24] or "local"
+_HOST = os.environ.get("DYNO") or socket.gethostname()
+INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST)[:24] or "local"
 
 
 def new_handle(prefix):
@@ -2116,7 +2124,8 @@ class Sandbox:
 
     def name(self):
         """For /health: which layers are on."""
-        return "+".join(n for n, on in (("landlock", self.abi), ("seccomp", self.seccomp)) if on) or "off"
+        layers = [name for name, on in (("landlock", self.abi), ("seccomp", self.seccomp)) if on]
+        return "+".join(layers) or "off"
 
     @property
     def abi(self):
@@ -2396,8 +2405,8 @@ class Watch:
     def check(self):
         pids = [self.pid] + descendants(self.pid)
         if EXEC_MAX_PROCS and sum(_thread_count(p) for p in pids) > EXEC_MAX_PROCS:
-            self.reason = ("Stopped: the call ran more than %d processes and threads at once (EXEC_MAX_PROCS)."
-                           % EXEC_MAX_PROCS)
+            self.reason = ("Stopped: the call ran more than %d processes and threads at once "
+                           "(EXEC_MAX_PROCS)." % EXEC_MAX_PROCS)
         elif EXEC_MEMORY_MB and sum(_memory_kb(p) for p in pids) > EXEC_MEMORY_MB * 1024:
             self.reason = ("Stopped: the call's processes used more than %d MB of memory together "
                            "(EXEC_MEMORY_MB)." % EXEC_MEMORY_MB)
@@ -2465,7 +2474,8 @@ def _disk_over(directory):
         return ("Stopped: the call made more than %d files and directories (EXEC_MAX_ENTRIES)."
                 % EXEC_MAX_ENTRIES)
     if EXEC_DISK_MB and kb > EXEC_DISK_MB * 1024:
-        return "Stopped: the call wrote more than %d MB in its directory (EXEC_DISK_MB)." % EXEC_DISK_MB
+        return "Stopped: the call wrote more than %d MB in its directory (EXEC_DISK_MB)." % (
+            EXEC_DISK_MB)
     return None
 
 
@@ -2528,43 +2538,46 @@ def remove_tree(path):
     except FileNotFoundError:
         return
     except OSError:
-        _unlink_at(None, path)                # a file or a link where a directory was
+        _remove_at(os.unlink, None, path)     # a file or a link where a directory was
         return
     pending, moved, left = [None], 0, 0       # None: the top itself; else a name under it
     try:
         while pending:
             name = pending.pop()
             try:
-                fd = top if name is None else _open_dir(name, top)
+                if name is not None:
+                    _make_removable(name, top)
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                fd = top if name is None else os.open(name, flags, dir_fd=top)
             except OSError:
                 left += 1
                 continue
-            try:
-                for entry in list(os.scandir(fd)):
+            for entry in _entries(fd):
+                moved += 1
+                try:
                     if entry.is_dir(follow_symlinks=False):
-                        moved += 1
-                        flat = ".rm-%d" % moved
                         _make_removable(entry.name, fd)
-                        os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
-                        pending.append(flat)
+                        os.rename(entry.name, ".rm-%d" % moved, src_dir_fd=fd, dst_dir_fd=top)
+                        pending.append(".rm-%d" % moved)
                     else:
-                        left += not _unlink_at(fd, entry.name)
-            except OSError:
-                left += 1
-            finally:
-                if fd != top:
-                    os.close(fd)
+                        left += not _remove_at(os.unlink, fd, entry.name)
+                except OSError:
+                    left += 1
+            if fd != top:
+                os.close(fd)
             if name is not None:
-                left += not _rmdir_at(top, name)
+                left += not _remove_at(os.rmdir, top, name)
     finally:
         os.close(top)
-    if not _rmdir_at(None, path) or left:
+    if not _remove_at(os.rmdir, None, path) or left:
         log("could not remove all of %s (%d entries left)" % (path, left))
 
 
-def _open_dir(name, parent):
-    _make_removable(name, parent)
-    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+def _entries(fd):
+    try:
+        return list(os.scandir(fd))
+    except OSError:
+        return []
 
 
 def _make_removable(name, parent):
@@ -2591,14 +2604,6 @@ def _clear_flags(name, parent):
         pass
     finally:
         os.close(fd)
-
-
-def _unlink_at(parent, name):
-    return _remove_at(os.unlink, parent, name)
-
-
-def _rmdir_at(parent, name):
-    return _remove_at(os.rmdir, parent, name)
 
 
 def _remove_at(remove, parent, name):
@@ -2738,7 +2743,8 @@ def shutdown():
 def limits_note(local):
     """What the model is told of the limits and the sandbox."""
     memory = "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"
-    return "Memory: %s for the call's processes together. %s" % (memory, SANDBOX.for_the_model(local))
+    return "Memory: %s for the call's processes together. %s" % (
+        memory, SANDBOX.for_the_model(local))
 
 
 SANDBOX = Sandbox(EXEC_SANDBOX, EXEC_NETWORK)
@@ -3220,7 +3226,7 @@ def describe_value(value, config):
         png = _value_png(value, max_bytes)
         if png and len(images) < limit:
             images.append(png)
-    record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: the server reads them
+    record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: server
     record["notes"] = notes
     return record
 
@@ -3231,7 +3237,8 @@ def _figure_scale(figure):
         width, height = figure.get_size_inches() * figure.dpi
     except Exception:                    # not matplotlib's Figure after all
         return 1.0
-    return min(1.0, IMAGE_MAX_SIDE / max(width, height, 1), (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
+    pixels = max(width * height, 1)
+    return min(1.0, IMAGE_MAX_SIDE / max(width, height, 1), (IMAGE_MAX_PIXELS / pixels) ** 0.5)
 
 
 def _fit_png(render, max_bytes, scale=1.0):
@@ -3279,7 +3286,8 @@ def apply_record(result, record):
             result.note("an image of %d x %d pixels was dropped: more than %d a side or %d megapixels"
                         % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
             continue
-        result.images.append({"mimeType": "image/png", "width": width, "height": height, "bytes": len(png)})
+        result.images.append({"mimeType": "image/png", "width": width, "height": height,
+                              "bytes": len(png)})
         result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
     for note in record.get("notes", [])[:10]:
         result.note(str(note)[:300])
@@ -3326,7 +3334,9 @@ def _relative_path(path):
     """'a/./b.csv' -> 'a/b.csv'; None for anything that could leave the directory, that is
     not UTF-8 (a lone surrogate, a file name in another encoding), longer than 1024
     characters or deeper than 32 directories."""
-    if not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path or "\\" in path or path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+    if not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path or "\\" in path:
+        return None
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
         return None
     try:
         path.encode("utf-8")
@@ -3559,10 +3569,11 @@ def handle_resources_read(request):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "uri" (a string) is required')
     data = OUTPUTS.read(uri)
     if data is None:   # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
-        message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri)
-        raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND, "Resource not found: " + (
-            message or "%s expired (files are kept %g s, OUTPUT_TTL) or never existed; run the code again to "
-            "make it" % (uri, OUTPUT_TTL)), {"uri": uri})
+        message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri) or (
+            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed; run the code again to "
+            "make it" % (uri, OUTPUT_TTL))
+        raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
+                            "Resource not found: " + message, {"uri": uri})
     mime_type = mimetypes.guess_type(uri)[0] or "application/octet-stream"
     return {"contents": [resource_contents(uri, mime_type, data)]}
 
@@ -3583,7 +3594,8 @@ FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"v
               "last value that can draw itself (a PIL image). \"files\" puts files in the working directory "
               "first; files the code writes there come back: small ones embedded, larger ones as links to "
               "read with resources/read, kept for %d minutes." % (OUTPUT_TTL // 60))
-register_tool_feature(check=check_files, note=lambda local: FILES_NOTE, capability={"resources": {}})
+register_tool_feature(check=check_files, note=lambda local: FILES_NOTE,
+                      capability={"resources": {}})
 register_method("resources/read", handle_resources_read)
 register_method("resources/list", handle_resources_list)
 
@@ -3701,10 +3713,12 @@ class Kernels:
         """A "session": "new" call -> (kernel, first Result)."""
         with self.lock:
             mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)
-            if len(self.live) >= SESSION_LIMIT or (not session.local and mine >= (SESSION_LIMIT + 1) // 2):
+            over_half = not session.local and mine >= (SESSION_LIMIT + 1) // 2
+            if len(self.live) >= SESSION_LIMIT or over_half:
                 return None, Result.refusal(
-                    "No new session: %d are live (SESSION_LIMIT, of which one client may hold half). End one "
-                    "with \"end_session\": true, reuse one, or call without \"session\"." % len(self.live))
+                    "No new session: %d are live (SESSION_LIMIT, of which one client may hold "
+                    "half). End one with \"end_session\": true, reuse one, or call without "
+                    "\"session\"." % len(self.live))
             handle = new_handle("s")
             self.live[handle] = None                  # reserved while it starts
         env = call = ours = kernel = None
@@ -3724,7 +3738,8 @@ class Kernels:
                 theirs.close()
             kernel = Kernel(handle, env, call, child, ours, session.owner)
             # Its totals hold for its whole life, between calls too (a thread it left running).
-            kernel.watch = MONITOR.watch(child.pid, call.root, lambda reason: self.end(kernel, reason))
+            kernel.watch = MONITOR.watch(child.pid, call.root,
+                                         lambda reason: self.end(kernel, reason))
             with self.lock:
                 self.live[handle] = kernel
                 if self.reaper is None:
@@ -3796,8 +3811,9 @@ def run_in_kernel(args, session, cancel, on_output):
     new = args["session"] == "new"
     kernel = None if new else KERNELS.get(args["session"])
     if not new and kernel is None and args["session"] in KERNELS.reasons:
-        return Result.refusal("The session %s was ended: %s Its state is lost; start a new one with "
-                              "\"session\": \"new\"." % (args["session"], KERNELS.reasons[args["session"]]))
+        return Result.refusal("The session %s was ended: %s Its state is lost; start a new one "
+                              "with \"session\": \"new\"." % (args["session"],
+                                                              KERNELS.reasons[args["session"]]))
     if not new and kernel is None:
         return Result.refusal(lives_elsewhere(args["session"]) or
             "Unknown or expired session %s: sessions end after %g s idle (SESSION_IDLE), when their code "
@@ -3893,9 +3909,10 @@ def check_kernel(arguments, clean):
     return None
 
 
-KERNEL_NOTE = ("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, imports "
-               "and files across calls, then pass the returned \"session\" handle in the next calls; end it "
-               "with \"end_session\": true when done. Sessions end after %d minutes idle." % (SESSION_IDLE // 60))
+KERNEL_NOTE = ("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, "
+               "imports and files across calls, then pass the returned \"session\" handle in the "
+               "next calls; end it with \"end_session\": true when done. Sessions end after %d "
+               "minutes idle." % (SESSION_IDLE // 60))
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE)
 
 
@@ -4069,8 +4086,10 @@ RELATED_TASK = "io.modelcontextprotocol/related-task"
 MISSING_CAPABILITY = -32021         # 2026-07-28 basic/index.mdx: the client did not declare it
 TASK_WAIT = 1.0                     # seconds a 2026-07-28 call waits before it becomes a task
 POLL_INTERVAL_MS = 1000
-RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\": \"%s\"} (and no code) "
-                "to wait for more output and the result, or with {\"job\": \"%s\", \"cancel\": true} to stop it.")
+JOBS_KEPT = 1000                    # finished jobs kept at most (the oldest go first)
+RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\": \"%s\"} (and "
+                "no code) to wait for more output and the result, or with {\"job\": \"%s\", "
+                "\"cancel\": true} to stop it.")
 
 
 class Job:
@@ -4094,7 +4113,8 @@ class Job:
             result, status = run_code(args, session, self.cancel, self._output), "completed"
         except Exception:
             log("internal error in job %s:\n%s" % (self.handle, traceback.format_exc()))
-            result, status = Result.refusal("Internal error (details are in the server's log)"), "failed"
+            result = Result.refusal("Internal error (details are in the server's log)")
+            status = "failed"
         with self.lock:
             self.result, self.updated = result, time.time()
             if self.status == "working":            # a cancel already said "cancelled"
@@ -4123,9 +4143,10 @@ class Job:
 
     def answer(self):
         """What a poll is answered now: the new output, and once the run ended, its Result."""
+        fresh = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
         with self.lock:
             out, err = self.unread["stdout"], self.unread["stderr"]
-            self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
+            self.unread = fresh
         if not self.done.is_set():
             answer = Result(0, out.text(), err.text(), False, out.truncated or err.truncated)
             answer.status, answer.job = "running", self.handle
@@ -4178,17 +4199,23 @@ class Jobs:
         job = Job(args, session)
         job.on_end = on_end
         with self.lock:
+            self._forget_old()
             self.jobs[job.handle] = job
         job.thread.start()
         return job
 
     def get(self, handle):
-        now = time.time()
         with self.lock:
-            for key, job in list(self.jobs.items()):
-                if job.done.is_set() and now - job.updated > JOB_TTL:
-                    del self.jobs[key]
+            self._forget_old()
             return self.jobs.get(handle)
+
+    def _forget_old(self):
+        """Finished jobs go JOB_TTL after they ended, and the oldest of them beyond JOBS_KEPT:
+        a flood of calls cannot fill the memory with results."""
+        now, finished = time.time(), [job for job in self.jobs.values() if job.done.is_set()]
+        for n, job in enumerate(sorted(finished, key=lambda job: job.updated)):
+            if now - job.updated > JOB_TTL or len(finished) - n > JOBS_KEPT:
+                del self.jobs[job.handle]
 
     def forget(self, job):
         with self.lock:
@@ -4219,7 +4246,9 @@ def wait_for_job(job, request, cancel, seconds):
     job.listener = progress.output if progress.token is not None else None
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        while wait_or_cancel(lambda: job.done.is_set() or progress.due(), cancel, deadline, wake=job.done):
+        def ended_or_report_due():
+            return job.done.is_set() or progress.due()
+        while wait_or_cancel(ended_or_report_due, cancel, deadline, wake=job.done):
             if job.done.is_set():
                 break
             progress.send()
@@ -4270,8 +4299,8 @@ def poll_job(request, clean):
 
 def _unknown_job(handle):
     return lives_elsewhere(handle) or (
-        "Unknown or expired job %s: a finished job's result is kept %g s (JOB_TTL), and jobs end when "
-        "the server restarts. Run the code again." % (handle, JOB_TTL))
+        "Unknown or expired job %s: a finished job's result is kept %g s (JOB_TTL), and jobs "
+        "end when the server restarts. Run the code again." % (handle, JOB_TTL))
 
 
 def _status_notifier(request):
@@ -4344,7 +4373,7 @@ def handle_tasks_result(request):
 def handle_tasks_list(request):
     """This MCP session's tasks: with one shared key, the narrowest list we can give."""
     if request.version != "2025-11-25":
-        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: tasks/list (tasks exist from 2025-11-25)")
+        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: tasks/list (from 2025-11-25)")
     if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
     return {"tasks": [job.task(False) for job in JOBS.of(request.session.owner)]}
@@ -4353,7 +4382,8 @@ def handle_tasks_list(request):
 def handle_tasks_cancel(request):
     job = task_of(request)
     if not job.stop() and not request.modern:      # 2025: cancelling an ended task is an error
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: task %s already %s" % (job.handle, job.status))
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: task %s already %s"
+                            % (job.handle, job.status))
     return {} if request.modern else job.task(False)
 
 
@@ -4364,10 +4394,10 @@ def tasks_capability(version):
     return None
 
 
-JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", the output so far "
-            "and a \"job\" handle: call again with {\"job\": handle} and no code to wait for new output and "
-            "the result, or add \"cancel\": true to stop it; so a long run may use all of its \"timeout\"."
-            % CALL_WAIT)
+JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", the "
+            "output so far and a \"job\" handle: call again with {\"job\": handle} and no code to "
+            "wait for new output and the result, or add \"cancel\": true to stop it; so a long run "
+            "may use all of its \"timeout\"." % CALL_WAIT)
 register_tool_feature(check=check_job, call_mode=job_call_mode,
                       note=lambda local: JOB_NOTE if CALL_WAIT else "", capability={
     "tasks": tasks_capability,
