@@ -942,6 +942,7 @@ def serve_stdio():
             "To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client call 'print(1)'`; "
             "Ctrl-D ends it.")
     run_lifecycle("setup")
+    release_memory()
     server = StdioServer(sys.stdin.buffer, sys.stdout.buffer)
     try:
         server.serve()
@@ -950,6 +951,15 @@ def serve_stdio():
     finally:
         run_lifecycle("shutdown")
     return 0
+
+
+def release_memory():
+    """Give back to the system what compiling and setting up left free (glibc keeps it)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError, ImportError):
+        pass                              # not glibc: nothing to do
 
 
 # The core ends here. What follows is the executor behind run_code() and everything the
