@@ -4549,10 +4549,6 @@ def _host_name(value):
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-def _is_request(message):
-    return isinstance(message, dict) and "method" in message and "id" in message
-
-
 class ThreadBudget:
     """The waitress threads that requests may hold for long: open SSE streams and running
     tools/call. It stays below the thread count by a reserve, so that /health, initialize,
@@ -4737,7 +4733,8 @@ class HttpServer:
         if reply is None:
             return text_reply(202)   # notifications and responses: accepted
         refused = isinstance(reply, dict) and "error" in reply and reply["id"] is None
-        return self.quick_reply(reply, accept, 400 if refused or not any(_is_request(m) for m in messages) else 200)
+        asked = [m for m in messages if isinstance(m, dict) and "method" in m and "id" in m]
+        return self.quick_reply(reply, accept, 400 if refused or not asked else 200)
 
     def initialize_post(self, payload):
         """initialize opens a session, named in the Mcp-Session-Id header of the answer."""
@@ -4748,7 +4745,8 @@ class HttpServer:
                                headers={"Retry-After": "5"})
         reply = handle_payload(payload, session)
         if "error" in reply or not session.session_id:
-            self.end_http_session(session.session_id)
+            with self.lock:                  # a failed initialize leaves no session behind
+                self.http_sessions.pop(session.session_id, None)
             return json_reply(reply)
         return json_reply(reply, 200, {"Mcp-Session-Id": session.session_id})
 
@@ -4813,27 +4811,6 @@ class HttpServer:
         token = self.budget.take(client_disconnected)
         if token is None:
             return json_reply(busy)
-        stream = self.worker_messages(work, session, client_disconnected, modern)
-        wants_json = "application/json" in accept or "*/*" in accept or not accept
-        if "text/event-stream" in accept or not wants_json:
-            def on_close():
-                self.budget.release(token)
-                if modern:
-                    session.close()
-            # A comment first, so headers reach the client at once (waitress sends them with
-            # the first chunk) and Heroku's router sees bytes within its 30 s window.
-            return sse_reply(": stream open\n\n", stream, on_close)
-        try:
-            replies = [m for m in stream if m is not None and "id" in m]
-        finally:
-            self.budget.release(token)
-        if not replies:                      # cancelled: no JSON-RPC response exists
-            return text_reply(202)
-        return json_reply(replies[-1])
-
-    def worker_messages(self, work, session, client_disconnected, modern):
-        """Yield the worker's notifications and its reply as they come, and None after every
-        SSE_KEEPALIVE seconds of silence. Ends when the client leaves."""
         outbox = queue.Queue()
         done = object()
 
@@ -4844,12 +4821,30 @@ class HttpServer:
                     outbox.put(reply)
             finally:
                 outbox.put(done)
-        self.workers.start(run)
-        yield from drain(outbox, client_disconnected, self.settings.sse_keepalive, done)
-        if modern and client_disconnected is not None and client_disconnected():
-            # 2026-07-28: a closed response stream cancels the request (cancellation.mdx).
-            # 2025-x: a disconnect is not a cancellation; the answer is just dropped.
-            session.close()
+
+        def messages():   # the worker's messages as they come; it starts with the response
+            self.workers.start(run)
+            yield from drain(outbox, client_disconnected, self.settings.sse_keepalive, done)
+            if modern and client_disconnected is not None and client_disconnected():
+                # 2026-07-28: a closed response stream cancels the request (cancellation.mdx).
+                # 2025-x: a disconnect is not a cancellation; the answer is just dropped.
+                session.close()
+        wants_json = "application/json" in accept or "*/*" in accept or not accept
+        if "text/event-stream" in accept or not wants_json:
+            def on_close():
+                self.budget.release(token)
+                if modern:
+                    session.close()
+            # A comment first, so headers reach the client at once (waitress sends them with
+            # the first chunk) and Heroku's router sees bytes within its 30 s window.
+            return sse_reply(": stream open\n\n", messages(), on_close)
+        try:
+            replies = [m for m in messages() if m is not None and "id" in m]
+        finally:
+            self.budget.release(token)
+        if not replies:                      # cancelled: no JSON-RPC response exists
+            return text_reply(202)
+        return json_reply(replies[-1])
 
     def mcp_delete(self, session_id):
         """DELETE /mcp: the client ends its session (transports.mdx, Session Management)."""
@@ -4857,8 +4852,11 @@ class HttpServer:
             return error_reply(405, "Stateless mode has no sessions to end", headers={"Allow": "POST"})
         if not session_id:
             return error_reply(400, "Missing Mcp-Session-Id header")
-        if not self.end_http_session(session_id):
+        with self.lock:
+            session = self.http_sessions.pop(session_id, None)
+        if session is None:
             return error_reply(404, "Unknown or ended session")
+        session.close()              # its running executions are killed
         return text_reply(204)
 
     # -- sessions ------------------------------------------------------------------------
@@ -4880,13 +4878,6 @@ class HttpServer:
             session = HttpSession(self.allow_exec, secrets.token_urlsafe(24))
             self.http_sessions[session.session_id] = session
         return session
-
-    def end_http_session(self, session_id):
-        with self.lock:
-            session = self.http_sessions.pop(session_id, None)
-        if session is not None:
-            session.close()
-        return session is not None
 
     def close(self):
         """End every session of both transports: their running executions are killed."""
@@ -5026,7 +5017,16 @@ def serve_http(args):
             settings.host, settings.port, settings.web_concurrency, budget.size,
             ", stateless" if settings.mcp_stateless else "",
             ", STDIO_MODE_ONLY: no code execution over HTTP" if settings.stdio_mode_only else ""))
-    _raise_open_files_limit(WAITRESS_OPTIONS["connection_limit"] + 256)
+    try:             # every connection is a file descriptor: lift the soft limit towards the hard
+        import resource   # POSIX only
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = WAITRESS_OPTIONS["connection_limit"] + 256
+        if hard != resource.RLIM_INFINITY:
+            wanted = min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ImportError, ValueError, OSError):
+        pass
     gc.freeze()     # the app's objects live forever: the collector need not walk them per call
     # waitress answers 413 from Content-Length before it reads a byte of the body, key or no
     # key: what it buffers for unseen requests is at most connection_limit x MAX_BODY_BYTES.
@@ -5058,8 +5058,8 @@ def _cannot_serve(settings):
     return None
 
 
-# How waitress must run for this app (the Procfile says the same on waitress-serve's command
-# line). Measured on 2 cores with waitress 3.0.2:
+# How waitress must run for this app (the Procfile says the same on waitress-serve's command line).
+# Measured on 2 cores with waitress 3.0.2:
 WAITRESS_OPTIONS = {
     # lets waitress see a client leave while its stream is open (client_disconnected);
     # without it, only a failed keep-alive write tells
@@ -5067,26 +5067,13 @@ WAITRESS_OPTIONS = {
     # 100 (the default) slow connections starve everyone, key or no key; 1,000 idle or
     # trickling ones cost ~2.6 MB and kept /health under 40 ms
     "connection_limit": 1000,
-    # select() fails past file descriptor 1024 and takes the whole server down: use poll()
-    "asyncore_use_poll": True,
+    "asyncore_use_poll": True,        # select() fails past fd 1024, taking the server down
     # drop connections silent for 95 s: above the 90 s idle time Heroku's router keeps (it
     # must close first), below waitress's 120 s; checked every 10 s, not 30
     "channel_timeout": 95,
     "cleanup_interval": 10,
     "ident": "mcp-exec",
 }
-
-
-def _raise_open_files_limit(wanted):
-    """Every connection is a file descriptor: lift the soft limit towards the hard one."""
-    try:
-        import resource   # POSIX only
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and soft < wanted:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY
-                                                        else min(wanted, hard), hard))
-    except (ImportError, ValueError, OSError):
-        pass
 
 
 # =============================================================================
@@ -5464,9 +5451,8 @@ usage: python mcp_exec.py [--http [--host H] [--port P] [--threads N] | client .
 Modes
   (no arguments)   stdio MCP server: JSON-RPC lines on stdin/stdout, logs on stderr.
                    This is what Claude Desktop, Cursor and other MCP clients launch.
-  --http           HTTP server (waitress): Streamable HTTP at /mcp, HTTP+SSE at /sse
-                   (POSTs to /messages/), GET /health. Needs API_KEY.
-                   Also: waitress-serve ... mcp_exec:app
+  --http           HTTP server (waitress): Streamable HTTP at /mcp, HTTP+SSE at /sse (POSTs
+                   to /messages/), GET /health. Needs API_KEY. Also: waitress-serve ... mcp_exec:app
   client           talk to any MCP server from the command line (stdio, SSE or
                    Streamable HTTP); `python mcp_exec.py client --help`.
   demo             start a stdio server and play initialize, tools/list and two
@@ -5485,8 +5471,7 @@ def settings_help():
         lines.append("%s; defaults in brackets" % group)
         for s in SETTINGS:
             if s.group == group:
-                text = "%s [%s]" % (s.meaning, s.shown)
-                lines.append("  %-21s %s" % (s.name, text))
+                lines.append("  %-21s %s [%s]" % (s.name, s.meaning, s.shown))
         lines.append("")
     lines.append("  PIP_*, UV_*           passed to the installer (mirrors, find-links, ...)")
     return "\n".join(lines) + "\n"
