@@ -1747,11 +1747,11 @@ def serve_template(config, fresh_modules):
     if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
         for network_off in (False, True):
             _filter(os.uname().machine, network_off)     # built once, not per child (7.2)
-    if config.get("sandbox") and libc is not None and os.geteuid() == 0:
+    if config.get("sandbox") and libc is not None:
         try:
-            drop_bounding_set(libc)      # once for all its children (7.2)
+            drop_capabilities(libc)      # once for all its children, who inherit none (7.2)
         except OSError:
-            pass                         # no CAP_SETPCAP here: nor in the children, who try too
+            pass                         # then each child drops its own
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)
@@ -2277,21 +2277,17 @@ def drop_capabilities(libc):
     data = ctypes.create_string_buffer(24)                # 2 x {effective, permitted, inheritable}
     if libc.capget(header, data) < 0:
         raise OSError(ctypes.get_errno(), "capget failed")
+    if not any(data.raw) and libc.prctl(23, 0, 0, 0, 0) != 1:
+        return                       # nothing left (a template dropped it all): nor ambient ones
     setpcap = struct.unpack_from("=I", data.raw)[0] & 1 << 8      # CAP_SETPCAP is effective
-    if setpcap and libc.prctl(23, 0, 0, 0, 0) == 1:      # PR_CAPBSET_READ: the template's is empty
-        drop_bounding_set(libc)
+    if setpcap:
+        for cap in range(_last_cap() + 1):
+            _prctl(libc, 24, cap)                                    # PR_CAPBSET_DROP
     _prctl(libc, 47, 4)                         # PR_CAP_AMBIENT_CLEAR_ALL: open to anyone
     if setpcap:      # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, each locked; KEEP_CAPS_LOCKED
         _prctl(libc, 28, 0x2f)
     if libc.capset(header, ctypes.create_string_buffer(24)) < 0:     # E = P = I = 0, last
         raise OSError(ctypes.get_errno(), "capset failed")
-
-
-def drop_bounding_set(libc):
-    """Empty the bounding set (PR_CAPBSET_DROP, one capability at a time). A template does it
-    once for all its children; a spawned child does it itself."""
-    for cap in range(_last_cap() + 1):
-        _prctl(libc, 24, cap)
 
 
 # name x86_64 generic(aarch64); "-" = no such syscall. Checked against the 6.18 uapi headers.
@@ -2354,6 +2350,9 @@ def _program(arch, network_off):
 
 @functools.lru_cache(maxsize=None)      # built in the template once, before it forks
 def _filter(arch, network_off):
+    """The filter as the kernel takes it: (struct sock_fprog, the instructions it points to),
+    kept together so that the second lives as long as the first."""
+    import ctypes
     program, at, n = _program(arch, network_off), {}, 0
     for ins in program:                                  # first pass: where each label lands
         if isinstance(ins, str):
@@ -2363,7 +2362,9 @@ def _filter(arch, network_off):
     for ins in (x for x in program if not isinstance(x, str)):
         jt, jf = (at[j] - len(code) - 1 if isinstance(j, str) else j for j in ins[1:3])
         code.append(struct.pack("HBBI", ins[0], jt, jf, ins[3]))  # jt/jf are u8: struct checks
-    return b"".join(code)
+    instructions = ctypes.create_string_buffer(b"".join(code), 8 * len(code))
+    fprog = struct.pack("HP", len(code), ctypes.addressof(instructions))
+    return ctypes.create_string_buffer(fprog, len(fprog)), instructions
 
 
 def install_seccomp(libc, network_off):
@@ -2374,11 +2375,9 @@ def install_seccomp(libc, network_off):
     arch = os.uname().machine
     if arch not in _ARCH or struct.calcsize("P") != 8:   # a 32-bit Python on x86_64 is i386
         return "no seccomp filter for %s (%d-bit)" % (arch, struct.calcsize("P") * 8)
-    code = _filter(arch, network_off)
-    buf = ctypes.create_string_buffer(code, len(code))
-    prog = ctypes.create_string_buffer(struct.pack("HP", len(code) // 8, ctypes.addressof(buf)))
+    fprog, _ = _filter(arch, network_off)
     _prctl(libc, 38, 1)                                      # PR_SET_NO_NEW_PRIVS
-    _prctl(libc, 22, 2, ctypes.addressof(prog))              # PR_SET_SECCOMP, MODE_FILTER
+    _prctl(libc, 22, 2, ctypes.addressof(fprog))             # PR_SET_SECCOMP, MODE_FILTER
     return None
 
 
