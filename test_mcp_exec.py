@@ -1483,27 +1483,32 @@ def test_server_works_under_the_distributions_python(tmp_path):
     assert result["stdout"].strip() == str(workspace(tmp_path))
 
 
-@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0
-                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
-                    reason="needs Linux, root (to switch to nobody), setpriv and a system Python")
-def test_code_cannot_read_the_servers_environment_through_proc():
-    # Run the server as nobody, as a deployment should; its child is nobody too.
+def one_shot_as_nobody(code, **env):
+    """one_shot() against a server run as nobody, as a deployment should (its children are
+    nobody too), from a copy of the file in a fresh home -> (the call's response, stderr)."""
     home = tempfile.mkdtemp(prefix="mcp-exec-nobody-")
     try:
         os.chmod(home, 0o777)
         shutil.copy(SERVER, home)
         os.chmod(os.path.join(home, "mcp_exec.py"), 0o644)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
-               "MCP_EXEC_DIR": os.path.join(home, "state"), "TMPDIR": home, "API_KEY": "topsecret-123"}
-        code = ("import os\ntry:\n    data = open('/proc/%d/environ' % os.getppid(), 'rb').read()\n"
-                "    print('read', b'topsecret' in data)\nexcept OSError as exc:\n    print('refused', exc.errno)\n")
+        env = dict({"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
+                    "MCP_EXEC_DIR": os.path.join(home, "state"), "TMPDIR": home}, **env)
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
                 os.path.join(home, "mcp_exec.py")]
-        reply, stderr = one_shot(argv, env, code, cwd=home)
-        assert "result" in reply, stderr
-        assert reply["result"]["structuredContent"]["stdout"].split()[0] == "refused"
+        return one_shot(argv, env, code, cwd=home)
     finally:
         subprocess.run(["rm", "-rf", home])
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0
+                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
+                    reason="needs Linux, root (to switch to nobody), setpriv and a system Python")
+def test_code_cannot_read_the_servers_environment_through_proc():
+    code = ("import os\ntry:\n    data = open('/proc/%d/environ' % os.getppid(), 'rb').read()\n"
+            "    print('read', b'topsecret' in data)\nexcept OSError as exc:\n    print('refused', exc.errno)\n")
+    reply, stderr = one_shot_as_nobody(code, API_KEY="topsecret-123")
+    assert "result" in reply, stderr
+    assert reply["result"]["structuredContent"]["stdout"].split()[0] == "refused"
 
 
 NONROOT_ATTACKS = r"""
@@ -1534,22 +1539,11 @@ print(json.dumps(out))
 def test_the_attacks_are_refused_for_a_non_root_server_too():
     # As nobody, the server and its children share a uid: only seccomp stands between code
     # and prlimit/sched_setaffinity on the server; raw sockets need capabilities it lacks.
-    home = tempfile.mkdtemp(prefix="mcp-exec-nobody-")
-    try:
-        os.chmod(home, 0o777)
-        shutil.copy(SERVER, home)
-        os.chmod(os.path.join(home, "mcp_exec.py"), 0o644)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "EXEC_NETWORK": "off",
-               "MCP_EXEC_DIR": os.path.join(home, "state"), "TMPDIR": home}
-        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
-                os.path.join(home, "mcp_exec.py")]
-        reply, stderr = one_shot(argv, env, NONROOT_ATTACKS, cwd=home)
-        assert "result" in reply, stderr
-        outcomes = json.loads(reply["result"]["structuredContent"]["stdout"])
-        assert len(outcomes) == 8 and "allowed" not in outcomes.values(), outcomes
-        assert outcomes["clear subreaper"] == -1, outcomes
-    finally:
-        subprocess.run(["rm", "-rf", home])
+    reply, stderr = one_shot_as_nobody(NONROOT_ATTACKS, EXEC_NETWORK="off")
+    assert "result" in reply, stderr
+    outcomes = json.loads(reply["result"]["structuredContent"]["stdout"])
+    assert len(outcomes) == 8 and "allowed" not in outcomes.values(), outcomes
+    assert outcomes["clear subreaper"] == -1, outcomes
 
 
 def test_a_background_child_holding_the_pipes_does_not_make_the_call_time_out(server, tmp_path):
