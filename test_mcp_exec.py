@@ -513,6 +513,16 @@ def test_inprocess_handles_name_their_instance():
     assert mcp_exec.lives_elsewhere("j-nonsense") is None          # not a handle: just unknown
 
 
+def test_inprocess_while_others_wait_no_session_gets_more_than_half_the_slots():
+    slots, never = mcp_exec.CallSlots(4, 10), threading.Event()
+    assert [slots.acquire(never, "a") for _ in range(4)] == ["ok"] * 4     # nobody waits: all of them
+    a_turn, b_turn = slots.enqueue("a"), slots.enqueue("b")                 # a asked first
+    slots.release("a")
+    assert b_turn.is_set() and not a_turn.is_set()      # a holds 3 of 4: the slot goes to b
+    slots.release("a")
+    assert a_turn.is_set()                              # no one else waits: a's turn comes
+
+
 # ===== 1-3. The core: cut off, it runs on its own =====
 
 CORE_STUB = """
