@@ -1,8 +1,10 @@
 """Wire-level tests for mcp_exec.py.
 
 The in-process layer (section "In-process") imports mcp_exec and calls the protocol's
-pure functions and HttpServer directly: no process, no socket. Every other test starts a
-real `python mcp_exec.py` process and talks to it over pipes or sockets: JSON lines in on
+pure functions and HttpServer directly: no process, no socket. The wire-format tests that
+run no code speak raw JSON lines to a StdioServer on a thread of this process, over pipes
+(InProcessStdio); a call that would run code fails them. Every other test starts a real
+`python mcp_exec.py` process and talks to it over pipes or sockets: JSON lines in on
 stdin, JSON lines out on stdout, raw HTTP. No MCP SDK. Each test has its own MCP_EXEC_DIR
 (and TMPDIR) under pytest's tmp_path, so the suite is safe to run in parallel. Timeouts
 in this file are hang guards only; nothing asserts how fast the server is.
@@ -225,6 +227,83 @@ class StdioProcess:
         """call() and decode its JSON text: (CallToolResult, {returncode, stdout, ...})."""
         result = self.call(code, guard=guard, **arguments)
         return result, tool_output(result)
+
+
+class InProcessStdio(StdioProcess):
+    """The same raw-wire client, but of a StdioServer running on a thread of this process,
+    over two pipes: for the protocol alone (framing, lifecycle, tools/list, errors). Code
+    never runs here: a call that reaches run_code() fails the test (it needs a process)."""
+
+    class _NoProcess:
+        returncode = 0
+
+        def poll(self):
+            return None
+
+    def start(self, **env):
+        assert not env, "settings need a process of their own: use start_server"
+        to_server, self._to_server = os.pipe()
+        self._from_server, from_server = os.pipe()
+        self.proc = self._NoProcess()
+        self._writer = os.fdopen(self._to_server, "wb")
+        server = mcp_exec.StdioServer(os.fdopen(to_server, "rb"), os.fdopen(from_server, "wb"))
+        self._threads = [threading.Thread(target=self._serve, args=(server,), daemon=True),
+                         threading.Thread(target=self._read_server, daemon=True)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _serve(self, server):
+        try:
+            server.serve()
+        finally:
+            server.outfile.close()
+
+    def _read_server(self):
+        with os.fdopen(self._from_server, "rb") as stdout:
+            for line in iter(stdout.readline, b""):
+                self.lines.append(line)
+                self._queue.put(line)
+        self._queue.put(None)
+
+    def send(self, message):
+        data = message if isinstance(message, (bytes, bytearray)) else json.dumps(message).encode("utf-8")
+        self._writer.write(bytes(data) if bytes(data).endswith(b"\n") else bytes(data) + b"\n")
+        self._writer.flush()
+
+    def close(self, guard=10.0):
+        try:
+            self._writer.close()
+        except (OSError, ValueError):
+            pass
+        for t in self._threads:
+            t.join(guard)
+        return 0
+
+
+@pytest.fixture
+def start_wire(tmp_path, monkeypatch):
+    """start_wire() -> an InProcessStdio, closed after the test."""
+    def no_code(*args, **kwargs):
+        raise AssertionError("this test runs code: give it start_server, a process of its own")
+    monkeypatch.setattr(mcp_exec, "run_code", no_code)
+    servers = []
+
+    def start():
+        server = InProcessStdio(tmp_path).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def wire(start_wire):
+    server = start_wire()
+    server.initialize()
+    return server
 
 
 def tool_output(result):
@@ -583,36 +662,36 @@ def test_every_name_in_the_reading_guide_exists():
 # ===== 2. The wire format: JSON-RPC framing =====
 
 
-def test_unparsable_line_is_parse_error_with_null_id(start_server):
-    s = start_server()
+def test_unparsable_line_is_parse_error_with_null_id(start_wire):
+    s = start_wire()
     s.send(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"')
     assert_error(s.recv(), PARSE_ERROR, None)
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
-def test_non_json_number_literal_is_parse_error(start_server, literal):
-    s = start_server()
+def test_non_json_number_literal_is_parse_error(start_wire, literal):
+    s = start_wire()
     s.send(('{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": %s}}' % literal).encode())
     assert_error(s.recv(), PARSE_ERROR, None)
 
 
-def test_deeply_nested_json_is_parse_error(start_server):
-    s = start_server()
+def test_deeply_nested_json_is_parse_error(start_wire):
+    s = start_wire()
     s.send(b"[" * 100000 + b"]" * 100000)
     assert_error(s.recv(), PARSE_ERROR, None)
     assert s.request("ping", request_id=2) == {"jsonrpc": "2.0", "id": 2, "result": {}}
 
 
 @pytest.mark.parametrize("frame", [b"3", b'"x"', b"null", b"true"])
-def test_frame_that_is_not_an_object_is_invalid_request_with_null_id(start_server, frame):
-    s = start_server()
+def test_frame_that_is_not_an_object_is_invalid_request_with_null_id(start_wire, frame):
+    s = start_wire()
     s.send(frame)
     assert_error(s.recv(), INVALID_REQUEST, None)
 
 
 @pytest.mark.parametrize("jsonrpc", [None, "1.0", 2.0, "2"])
-def test_missing_or_wrong_jsonrpc_is_invalid_request_with_request_id(start_server, jsonrpc):
-    s = start_server()
+def test_missing_or_wrong_jsonrpc_is_invalid_request_with_request_id(start_wire, jsonrpc):
+    s = start_wire()
     message = {"id": 7, "method": "ping"}
     if jsonrpc is not None:
         message["jsonrpc"] = jsonrpc
@@ -621,49 +700,49 @@ def test_missing_or_wrong_jsonrpc_is_invalid_request_with_request_id(start_serve
 
 
 @pytest.mark.parametrize("method", [5, None, ["ping"], {"name": "ping"}])
-def test_non_string_method_is_invalid_request(start_server, method):
-    s = start_server()
+def test_non_string_method_is_invalid_request(start_wire, method):
+    s = start_wire()
     s.send({"jsonrpc": "2.0", "id": "m", "method": method})
     assert_error(s.recv(), INVALID_REQUEST, "m")
 
 
 @pytest.mark.parametrize("bad_id", [None, 1.5, True, False, {"a": 1}, [1]])
-def test_invalid_id_type_is_invalid_request_with_null_id(start_server, bad_id):
-    s = start_server()
+def test_invalid_id_type_is_invalid_request_with_null_id(start_wire, bad_id):
+    s = start_wire()
     s.send({"jsonrpc": "2.0", "id": bad_id, "method": "ping"})
     assert_error(s.recv(), INVALID_REQUEST, None)
 
 
-def test_string_and_integer_ids_are_echoed(start_server):
-    s = start_server()
+def test_string_and_integer_ids_are_echoed(start_wire):
+    s = start_wire()
     assert s.request("ping", request_id="abc") == {"jsonrpc": "2.0", "id": "abc", "result": {}}
     assert s.request("ping", request_id=0) == {"jsonrpc": "2.0", "id": 0, "result": {}}
     assert s.request("ping", request_id=-5) == {"jsonrpc": "2.0", "id": -5, "result": {}}
 
 
-def test_unknown_method_is_method_not_found(server):
-    response = server.request("prompts/list", request_id=3)
+def test_unknown_method_is_method_not_found(wire):
+    response = wire.request("prompts/list", request_id=3)
     assert_error(response, METHOD_NOT_FOUND, 3)
     assert "prompts/list" in response["error"]["message"]
 
 
 @pytest.mark.parametrize("params", [[], "x", 3, True])
-def test_params_not_an_object_is_invalid_params(start_server, params):
-    s = start_server()
+def test_params_not_an_object_is_invalid_params(start_wire, params):
+    s = start_wire()
     s.send({"jsonrpc": "2.0", "id": 4, "method": "ping", "params": params})
     assert_error(s.recv(), INVALID_PARAMS, 4)
 
 
-def test_notification_with_unknown_method_gets_no_response(start_server):
-    s = start_server()
+def test_notification_with_unknown_method_gets_no_response(start_wire):
+    s = start_wire()
     s.send({"jsonrpc": "2.0", "method": "notifications/unknown_thing", "params": {}})
     s.send({"jsonrpc": "2.0", "method": "no/such/method"})
     s.send({"jsonrpc": "2.0", "id": 9, "method": "ping"})
     assert s.recv() == {"jsonrpc": "2.0", "id": 9, "result": {}}
 
 
-def test_client_response_object_gets_no_reply(start_server):
-    s = start_server()
+def test_client_response_object_gets_no_reply(start_wire):
+    s = start_wire()
     s.send({"jsonrpc": "2.0", "id": 5, "result": {}})
     s.send({"jsonrpc": "2.0", "id": 6, "error": {"code": -32000, "message": "client error"}})
     s.send({"jsonrpc": "2.0", "id": 10, "method": "ping"})
@@ -690,16 +769,16 @@ def test_batch_answers_requests_and_skips_notifications(batch_server):
     assert [t["name"] for t in by_id[2]["result"]["tools"]] == [TOOL]
 
 
-def test_batch_is_accepted_under_2024_11_05(start_server):
-    s = start_server()
+def test_batch_is_accepted_under_2024_11_05(start_wire):
+    s = start_wire()
     s.initialize("2024-11-05")
     s.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
     assert sorted(r["id"] for r in s.recv()) == [1, 2]
 
 
 @pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
-def test_batch_is_one_invalid_request_from_2025_06_18(start_server, version):
-    s = start_server()
+def test_batch_is_one_invalid_request_from_2025_06_18(start_wire, version):
+    s = start_wire()
     s.initialize(version)
     s.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
     reply = s.recv()
@@ -710,8 +789,8 @@ def test_batch_is_one_invalid_request_from_2025_06_18(start_server, version):
     assert s.request("ping", request_id=3)["result"] == {}
 
 
-def test_batch_of_modern_requests_is_one_invalid_request(start_server):
-    s = start_server()
+def test_batch_of_modern_requests_is_one_invalid_request(start_wire):
+    s = start_wire()
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
     s.send([{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}])
     reply = s.recv()
@@ -719,8 +798,8 @@ def test_batch_of_modern_requests_is_one_invalid_request(start_server):
     assert_error(reply, INVALID_REQUEST, None)
 
 
-def test_empty_batch_is_a_single_invalid_request_object(start_server):
-    s = start_server()
+def test_empty_batch_is_a_single_invalid_request_object(start_wire):
+    s = start_wire()
     s.send(b"[]")
     reply = s.recv()
     assert isinstance(reply, dict), reply
@@ -734,8 +813,8 @@ def test_batch_of_only_notifications_gets_no_response(batch_server):
     assert batch_server.recv() == {"jsonrpc": "2.0", "id": 11, "result": {}}
 
 
-def test_initialize_inside_batch_is_rejected_and_does_not_initialize(start_server):
-    s = start_server()
+def test_initialize_inside_batch_is_rejected_and_does_not_initialize(start_wire):
+    s = start_wire()
     s.send([{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-03-26"}},
             {"jsonrpc": "2.0", "id": 2, "method": "ping"}])
     replies = s.recv()
@@ -760,24 +839,24 @@ def test_oversized_line_is_rejected_and_server_keeps_working(start_server):
     assert s.recv() == {"jsonrpc": "2.0", "id": 2, "result": {}}
 
 
-def test_invalid_utf8_line_is_parse_error(start_server):
-    s = start_server()
+def test_invalid_utf8_line_is_parse_error(start_wire):
+    s = start_wire()
     s.send(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "\xff\xfe\xc3"}}')
     assert_error(s.recv(), PARSE_ERROR, None)
     assert s.request("ping", request_id=2)["result"] == {}
 
 
-def test_utf16_encoded_line_is_parse_error(start_server):
+def test_utf16_encoded_line_is_parse_error(start_wire):
     # MCP messages MUST be UTF-8 (transports.mdx); FE FF can never occur in UTF-8.
-    s = start_server()
+    s = start_wire()
     frame = b"\xfe\xff" + '{"jsonrpc":"2.0","id":1,"method":"ping"}\n'.encode("utf-16-be")
     assert frame.count(b"\n") == 1 and frame.endswith(b"\n")   # one stdio line
     s.send(frame)
     assert_error(s.recv(), PARSE_ERROR, None)
 
 
-def test_lone_surrogate_in_request_is_answered_with_valid_json(start_server):
-    s = start_server()
+def test_lone_surrogate_in_request_is_answered_with_valid_json(start_wire):
+    s = start_wire()
     s.send(b'{"jsonrpc": "2.0", "id": 14, "method": "x\\ud800y"}')
     line = s.recv_line()
     line.decode("utf-8")   # strictly UTF-8 on the wire
@@ -786,8 +865,8 @@ def test_lone_surrogate_in_request_is_answered_with_valid_json(start_server):
     assert "x\ud800y" in reply["error"]["message"]
 
 
-def test_blank_lines_are_ignored(start_server):
-    s = start_server()
+def test_blank_lines_are_ignored(start_wire):
+    s = start_wire()
     s.send(b"\n")
     s.send(b"   \t \n")
     s.send(b"\r\n")
@@ -795,8 +874,8 @@ def test_blank_lines_are_ignored(start_server):
     assert s.recv() == {"jsonrpc": "2.0", "id": 12, "result": {}}
 
 
-def test_crlf_terminated_line_is_accepted(start_server):
-    s = start_server()
+def test_crlf_terminated_line_is_accepted(start_wire):
+    s = start_wire()
     s.send(b'{"jsonrpc": "2.0", "id": 13, "method": "ping"}\r\n')
     assert s.recv() == {"jsonrpc": "2.0", "id": 13, "result": {}}
 
@@ -821,46 +900,46 @@ def test_stdout_carries_only_json_lines(start_server):
 # ===== 2. The wire format: lifecycle and versions =====
 
 
-def test_ping_before_initialize_is_answered(start_server):
-    s = start_server()
+def test_ping_before_initialize_is_answered(start_wire):
+    s = start_wire()
     assert s.request("ping", request_id=1) == {"jsonrpc": "2.0", "id": 1, "result": {}}
 
 
-def test_tools_list_before_initialize_is_rejected_with_clear_message(start_server):
-    s = start_server()
+def test_tools_list_before_initialize_is_rejected_with_clear_message(start_wire):
+    s = start_wire()
     response = s.request("tools/list", request_id=1)
     assert_error(response, INVALID_REQUEST, 1)
     assert "initialize" in response["error"]["message"].lower()
 
 
-def test_tools_call_before_initialize_is_rejected(start_server):
-    s = start_server()
+def test_tools_call_before_initialize_is_rejected(start_wire):
+    s = start_wire()
     response = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(1)"}}, request_id=1)
     assert_error(response, INVALID_REQUEST, 1)
     assert "initialize" in response["error"]["message"].lower()
 
 
 @pytest.mark.parametrize("version", ALL_VERSIONS)
-def test_initialize_echoes_each_supported_version(start_server, version):
-    s = start_server()
+def test_initialize_echoes_each_supported_version(start_wire, version):
+    s = start_wire()
     assert s.initialize(version)["protocolVersion"] == version
 
 
 @pytest.mark.parametrize("version", ["1999-01-01", "2026-07-28", "not-a-date"])
-def test_initialize_with_unknown_version_offers_latest(start_server, version):
-    s = start_server()
+def test_initialize_with_unknown_version_offers_latest(start_wire, version):
+    s = start_wire()
     assert s.initialize(version)["protocolVersion"] == LATEST
 
 
 @pytest.mark.parametrize("params", [{}, {"protocolVersion": 20250618}, {"protocolVersion": None}])
-def test_initialize_without_string_protocol_version_is_invalid_params(start_server, params):
-    s = start_server()
+def test_initialize_without_string_protocol_version_is_invalid_params(start_wire, params):
+    s = start_wire()
     assert_error(s.request("initialize", params, request_id=1), INVALID_PARAMS, 1)
     assert s.initialize("2025-06-18")["protocolVersion"] == "2025-06-18"   # the failed attempt left no state
 
 
-def test_second_initialize_is_rejected(start_server):
-    s = start_server()
+def test_second_initialize_is_rejected(start_wire):
+    s = start_wire()
     s.initialize("2025-03-26")
     response = s.request("initialize", {"protocolVersion": "2025-06-18"}, request_id=2)
     assert_error(response, INVALID_REQUEST, 2)
@@ -879,9 +958,9 @@ def test_initialize_result_describes_server_and_tool(start_server):
     assert "timeout" in instructions and "17 s" in instructions
 
 
-def test_server_info_title_only_from_2025_06_18(start_server):
-    old = start_server().initialize("2025-03-26")
-    new = start_server().initialize("2025-06-18")
+def test_server_info_title_only_from_2025_06_18(start_wire):
+    old = start_wire().initialize("2025-03-26")
+    new = start_wire().initialize("2025-06-18")
     assert "title" not in old["serverInfo"]
     assert isinstance(new["serverInfo"]["title"], str)
 
@@ -902,24 +981,24 @@ def test_modern_era_request_is_served_without_initialize(start_server):
     assert_error(s.request("tools/list", request_id=5), INVALID_REQUEST, 5)
 
 
-def test_modern_era_request_without_client_capabilities_is_invalid_params(start_server):
-    s = start_server()
+def test_modern_era_request_without_client_capabilities_is_invalid_params(start_wire):
+    s = start_wire()
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
     response = s.request("tools/list", {"_meta": meta}, request_id=6)
     assert_error(response, INVALID_PARAMS, 6)
     assert "clientCapabilities" in response["error"]["message"]
 
 
-def test_modern_era_request_with_unsupported_version_lists_supported_ones(start_server):
-    s = start_server()
+def test_modern_era_request_with_unsupported_version_lists_supported_ones(start_wire):
+    s = start_wire()
     meta = dict(MODERN_META, **{"io.modelcontextprotocol/protocolVersion": "2099-01-01"})
     response = s.request("tools/list", {"_meta": meta}, request_id=7)
     assert_error(response, -32022, 7)
     assert set(response["error"]["data"]["supported"]) >= set(ALL_VERSIONS) | {"2026-07-28"}
 
 
-def test_server_discover_lists_every_supported_version(start_server):
-    s = start_server()
+def test_server_discover_lists_every_supported_version(start_wire):
+    s = start_wire()
     result = s.request("server/discover", {"_meta": MODERN_META})["result"]
     assert set(result["supportedVersions"]) == set(ALL_VERSIONS) | {"2026-07-28"}
     assert "tools" in result["capabilities"]
@@ -935,35 +1014,35 @@ def list_tool(s, version):
     return tools[0]
 
 
-def test_tools_list_2024_11_05_has_no_annotations_title_or_output_schema(start_server):
-    tool = list_tool(start_server(), "2024-11-05")
+def test_tools_list_2024_11_05_has_no_annotations_title_or_output_schema(start_wire):
+    tool = list_tool(start_wire(), "2024-11-05")
     assert set(tool) == {"name", "description", "inputSchema"}
 
 
-def test_tools_list_2025_03_26_has_annotations_but_no_title_or_output_schema(start_server):
-    tool = list_tool(start_server(), "2025-03-26")
+def test_tools_list_2025_03_26_has_annotations_but_no_title_or_output_schema(start_wire):
+    tool = list_tool(start_wire(), "2025-03-26")
     assert "annotations" in tool
     assert "title" not in tool and "outputSchema" not in tool
 
 
 @pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
-def test_tools_list_from_2025_06_18_has_title_and_output_schema(start_server, version):
-    tool = list_tool(start_server(), version)
+def test_tools_list_from_2025_06_18_has_title_and_output_schema(start_wire, version):
+    tool = list_tool(start_wire(), version)
     assert isinstance(tool["title"], str) and tool["title"]
     schema = tool["outputSchema"]
     assert schema["type"] == "object"
     assert set(schema["required"]) == {"returncode", "stdout", "stderr", "timed_out", "truncated"}
 
 
-def test_tool_annotations_declare_a_destructive_open_world_tool(start_server):
-    annotations = list_tool(start_server(), LATEST)["annotations"]
+def test_tool_annotations_declare_a_destructive_open_world_tool(start_wire):
+    annotations = list_tool(start_wire(), LATEST)["annotations"]
     assert annotations["readOnlyHint"] is False
     assert annotations["destructiveHint"] is True
     assert annotations["openWorldHint"] is True
 
 
-def test_input_schema_allows_only_known_arguments(start_server):
-    schema = list_tool(start_server(), LATEST)["inputSchema"]
+def test_input_schema_allows_only_known_arguments(start_wire):
+    schema = list_tool(start_wire(), LATEST)["inputSchema"]
     assert schema["type"] == "object"
     # "code" is required except to poll a job ({"job": ...} alone): the check, not the schema, says so
     assert "required" not in schema and "except to poll a job" in schema["properties"]["code"]["description"]
@@ -978,8 +1057,8 @@ def test_input_schema_allows_only_known_arguments(start_server):
     assert schema["properties"]["timeout"]["type"] == "number"
 
 
-def test_tools_list_with_unknown_cursor_is_invalid_params(server):
-    assert_error(server.request("tools/list", {"cursor": "abc"}, request_id=5), INVALID_PARAMS, 5)
+def test_tools_list_with_unknown_cursor_is_invalid_params(wire):
+    assert_error(wire.request("tools/list", {"cursor": "abc"}, request_id=5), INVALID_PARAMS, 5)
 
 
 def test_tools_call_2025_03_26_has_no_structured_content(start_server):
@@ -999,19 +1078,19 @@ def test_tools_call_structured_content_equals_text_content(start_server, version
     assert result["structuredContent"]["stdout"] == "hi\n"
 
 
-def test_tools_call_unknown_tool_is_invalid_params(server):
-    response = server.request("tools/call", {"name": "run_shell", "arguments": {"code": "1"}}, request_id=6)
+def test_tools_call_unknown_tool_is_invalid_params(wire):
+    response = wire.request("tools/call", {"name": "run_shell", "arguments": {"code": "1"}}, request_id=6)
     assert_error(response, INVALID_PARAMS, 6)
     assert "run_shell" in response["error"]["message"]
 
 
-def test_tools_call_without_tool_name_is_invalid_params(server):
-    assert_error(server.request("tools/call", {"arguments": {"code": "1"}}, request_id=6), INVALID_PARAMS, 6)
+def test_tools_call_without_tool_name_is_invalid_params(wire):
+    assert_error(wire.request("tools/call", {"arguments": {"code": "1"}}, request_id=6), INVALID_PARAMS, 6)
 
 
 @pytest.mark.parametrize("arguments", [[], "print(1)", 3])
-def test_tools_call_arguments_not_an_object_is_invalid_params(server, arguments):
-    response = server.request("tools/call", {"name": TOOL, "arguments": arguments}, request_id=8)
+def test_tools_call_arguments_not_an_object_is_invalid_params(wire, arguments):
+    response = wire.request("tools/call", {"name": TOOL, "arguments": arguments}, request_id=8)
     assert_error(response, INVALID_PARAMS, 8)
 
 
@@ -1029,8 +1108,8 @@ def test_tools_call_arguments_not_an_object_is_invalid_params(server, arguments)
     ({"code": "print(1)", "packages": [1]}, "not a plain requirement"),
     ({"code": "print(1)", "use_temp_dir": "yes"}, "true or false"),
 ])
-def test_schema_invalid_arguments_are_tool_errors_not_protocol_errors(server, arguments, hint):
-    response = server.request("tools/call", {"name": TOOL, "arguments": arguments}, request_id=21)
+def test_schema_invalid_arguments_are_tool_errors_not_protocol_errors(wire, arguments, hint):
+    response = wire.request("tools/call", {"name": TOOL, "arguments": arguments}, request_id=21)
     assert "error" not in response, response
     result = response["result"]
     assert result["isError"] is True
