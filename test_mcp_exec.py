@@ -1572,6 +1572,24 @@ def test_server_works_under_the_distributions_python(tmp_path):
     assert result["stdout"].strip() == str(workspace(tmp_path))
 
 
+@pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON) or
+                    os.path.realpath(SYSTEM_PYTHON) == os.path.realpath(sys.executable),
+                    reason="needs a system Python besides the one running the tests")
+def test_two_pythons_keep_their_own_workspaces(start_server, tmp_path):
+    # One MCP_EXEC_DIR, servers on two interpreters: neither may rebuild (delete) the
+    # other's workspace, which held packages a running server had installed.
+    ours = start_server()
+    ours.initialize()
+    assert ours.run("print(1)")[1]["returncode"] == 0
+    [mine] = [p for p in (tmp_path / "state").glob("workspace-*") if "." not in p.name]
+    stamp = (mine / ".mcp-exec-ready").stat().st_mtime_ns
+    reply, stderr = one_shot([SYSTEM_PYTHON, SERVER], make_env(tmp_path), "import sys; print(sys.prefix)")
+    theirs = reply["result"]["structuredContent"]["stdout"].strip()
+    assert theirs != str(mine) and os.path.isdir(theirs), (theirs, stderr)
+    assert (mine / ".mcp-exec-ready").stat().st_mtime_ns == stamp        # ours untouched
+    assert ours.run("import sys; print(sys.prefix)")[1]["stdout"].strip() == str(mine)
+
+
 def one_shot_as_nobody(code, **env):
     """one_shot() against a server run as nobody, as a deployment should (its children are
     nobody too), from a copy of the file in a fresh home -> (the call's response, stderr)."""
