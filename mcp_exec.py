@@ -119,9 +119,11 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_CONCURRENCY", int, 8, "calls that run at once; more wait for a slot", minimum=1),
     Setting(EXECUTION, "EXEC_QUEUE", int, lambda v: 4 * v["EXEC_CONCURRENCY"],
             "calls that may wait for a slot; more are refused as busy", "4 x EXEC_CONCURRENCY", minimum=0),
-    Setting(EXECUTION, "EXEC_MAX_PROCS", int, 256, "processes + threads a call may run at once; 0 = any"),
+    Setting(EXECUTION, "EXEC_MAX_PROCS", int, 256, "processes + threads a call may run at once; "
+            "0 = any"),
     Setting(EXECUTION, "EXEC_DISK_MB", int, 2048, "bytes a call may have on disk in its directory, MB; 0 = none"),
-    Setting(EXECUTION, "EXEC_MAX_ENTRIES", int, 20000, "files and directories in a call's; 0 = any"),
+    Setting(EXECUTION, "EXEC_MAX_ENTRIES", int, 20000, "files and directories a call may make; "
+            "0 = any"),
     Setting(EXECUTION, "EXEC_ENV_PASSTHROUGH", list, [], "comma-separated names of extra variables the code may see"),
     Setting(EXECUTION, "EXEC_SANDBOX", str, "auto", "auto (Landlock and seccomp where the kernel "
             "has them), landlock (refuse to start without), off"),
@@ -610,13 +612,15 @@ INPUT_SCHEMA = {
                                            "encoding": {"type": "string",
                                                         "enum": ["utf-8", "base64"]}}}},
         "session": {"type": "string",
-                    "description": "\"new\" starts a session that keeps variables, imports and "
-                                   "files across calls; then pass the handle the result gives you."},
+                    "description": "\"new\" starts a session that keeps variables, imports "
+                                   "and files across calls; then pass the handle the result "
+                                   "gives you."},
         "end_session": {"type": "boolean", "default": False,
                         "description": "true ends the session after this call's code."},
         "job": {"type": "string",
                 "description": "Instead of code: the handle (\"j-...\") of a run still going; "
-                               "waits for it, and returns its new output and, at the end, its result."},
+                               "waits for it, and returns its new output and, at the end, its "
+                               "result."},
         "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop it."},
     },
     "additionalProperties": False,
@@ -637,10 +641,12 @@ OUTPUT_SCHEMA = {
                        "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
         "files": {"type": "array", "description": "Files the code created or changed in its working directory.",
                   "items": {"type": "object", "properties": {
-                      "path": {"type": "string"}, "size": {"type": "integer"}, "uri": {"type": "string"},
-                      "mimeType": {"type": "string"}, "note": {"type": "string"}}}},
+                      "path": {"type": "string"}, "size": {"type": "integer"},
+                      "uri": {"type": "string"}, "mimeType": {"type": "string"},
+                      "note": {"type": "string"}}}},
         "session": {"type": "string", "description": "The session this call ran in: pass it on."},
-        "session_ended": {"type": "boolean", "description": "The session ended: its state is gone."},
+        "session_ended": {"type": "boolean",
+                          "description": "The session ended: its state is gone."},
         "status": {"type": "string", "enum": ["running", "completed", "cancelled"],
                    "description": "Only for a job: \"running\" = still going, call with \"job\"."},
         "job": {"type": "string", "description": "The job's handle: pass it as \"job\" for more."},
@@ -1796,7 +1802,8 @@ def serve_template(config, fresh_modules):
 def _rlimits():
     import resource
     return [resource.getrlimit(getattr(resource, name)) for name in
-            ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")]
+            ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE",
+             "RLIMIT_CORE")]
 
 
 def _reap_children(sock, roots):
@@ -1851,8 +1858,8 @@ class Template:
         self.replies = {}        # ("pid", request id) or ("exit", pid) -> _Reply
         self.alive, self.retired, self.active, self.next_id = True, False, 0, 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps({"mode": "template", "socket_fd": theirs.fileno(),
-                                                    "sandbox": SANDBOX.active})]
+        config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active}
+        argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
         try:
             self.proc = spawn(argv, child_environment(), RUN_DIR.path(),
                               (subprocess.DEVNULL, subprocess.DEVNULL, None), [theirs.fileno()])
@@ -2126,7 +2133,8 @@ class Sandbox:
         self._abi = None
         # seccomp (7.2) where the kernel has it, for a 64-bit Python on x86_64 or aarch64
         self.seccomp = (mode != "off" and LINUX and os.uname().machine in _ARCH
-                        and struct.calcsize("P") == 8 and os.path.exists("/proc/sys/kernel/seccomp"))
+                        and struct.calcsize("P") == 8
+                        and os.path.exists("/proc/sys/kernel/seccomp"))
 
     @property
     def active(self):
@@ -2149,18 +2157,20 @@ class Sandbox:
     def for_the_model(self, local):
         if not self.abi:
             return "The code is not sandboxed: it runs with the server user's rights."
-        return ("The code is sandboxed (Landlock%s): it can write only in its working directory and "
-                "TMPDIR%s, and cannot touch other processes%s." % (
-                    ", seccomp" if self.seccomp else "", "" if local else ", read only Python and system files",
+        reads = "" if local else ", read only Python and system files"
+        return ("The code is sandboxed (Landlock%s): it can write only in its working directory "
+                "and TMPDIR%s, and cannot touch other processes%s." % (
+                    ", seccomp" if self.seccomp else "", reads,
                     "; it has no network" if self.network == "off" else ""))
 
     def describe(self):
         if not self.active:
-            return ("off: code runs with this user's rights (%s)" % ("EXEC_SANDBOX=off" if self.mode == "off"
-                                                                      else "no Landlock, no seccomp here"))
-        parts = ["Landlock ABI %d" % self.abi if self.abi else "NO Landlock in this kernel (files unguarded)",
-                 "writes only in the call's directory", "reads everywhere over stdio, only Python and "
-                 "system files over HTTP", "signals and abstract sockets scoped" if self.abi >= 6 else
+            why = "EXEC_SANDBOX=off" if self.mode == "off" else "no Landlock, no seccomp here"
+            return "off: code runs with this user's rights (%s)" % why
+        parts = ["Landlock ABI %d" % self.abi if self.abi else "NO Landlock in this kernel",
+                 "writes only in the call's directory",
+                 "reads everywhere over stdio, only Python and system files over HTTP",
+                 "signals and abstract sockets scoped" if self.abi >= 6 else
                  "signals NOT scoped (Landlock ABI < 6)", "no capabilities",
                  "seccomp filter" if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
                  "network off" if self.network == "off" else "network on"]
@@ -2707,8 +2717,8 @@ class RunDir:
                         continue                          # its server lives
                     killed = self._kill_leftovers(path)
                     remove_tree(path)
-                log("a server that used %s had died: killed %d of its processes, removed its directory"
-                    % (path, killed))
+                log("a server that used %s had died: killed %d of its processes, removed its "
+                    "directory" % (path, killed))
             except Exception:
                 log("could not recover %s:\n%s" % (path, traceback.format_exc()))
 
@@ -2782,8 +2792,8 @@ def normalize_requirement(text):
     if not m:
         return None
     name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
-    extras = sorted({re.sub(r"[-_.]+", "-", e.strip()).lower() for e in (m.group("extras") or "").split(",")
-                     if e.strip()})
+    extras = sorted({re.sub(r"[-_.]+", "-", e.strip()).lower()
+                     for e in (m.group("extras") or "").split(",") if e.strip()})
     specs = ",".join(sorted(re.sub(r"\s+", "", s) for s in (m.group("specs") or "").split(",") if s.strip()))
     return name + ("[%s]" % ",".join(extras) if extras else "") + specs
 
@@ -3221,8 +3231,8 @@ def describe_value(value, config):
         numbers = plt.get_fignums()
         for number in numbers[:limit]:
             figure = plt.figure(number)
-            png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s), max_bytes,
-                           _figure_scale(figure))
+            png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s),
+                           max_bytes, _figure_scale(figure))
             (images.append(png) if png else notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) "
                                                          "even at a low resolution" % (number, max_bytes)))
         if len(numbers) > limit:
@@ -3292,8 +3302,8 @@ def apply_record(result, record):
         if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
             continue
         if max(width, height) > IMAGE_MAX_SIDE or width * height > IMAGE_MAX_PIXELS:
-            result.note("an image of %d x %d pixels was dropped: more than %d a side or %d megapixels"
-                        % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
+            result.note("an image of %d x %d pixels was dropped: more than %d a side or %d "
+                        "megapixels" % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
             continue
         result.images.append({"mimeType": "image/png", "width": width, "height": height,
                               "bytes": len(png)})
@@ -3319,9 +3329,9 @@ def check_files(arguments, clean):
                     'for binary content' % n)
         path = _relative_path(entry["path"])
         if path is None:
-            return ('files[%d].path %s must be a relative path inside the working directory, such as '
-                    '"data/input.csv": no "..", no leading "/", at most 1024 characters and 32 directories '
-                    'deep' % (n, json.dumps(entry["path"])[:100]))
+            return ('files[%d].path %s must be a relative path inside the working directory, such '
+                    'as "data/input.csv": no "..", no leading "/", at most 1024 characters and 32 '
+                    'directories deep' % (n, json.dumps(entry["path"])[:100]))
         if path in seen:
             return "files[%d].path %s names a file given before; give each file once" % (n, json.dumps(path))
         seen.add(path)
@@ -3910,7 +3920,8 @@ def serve_kernel(config, results):
 def check_kernel(arguments, clean):
     """The "session" and "end_session" arguments -> clean, or the problem."""
     kernel, end = arguments.get("session"), arguments.get("end_session", False)
-    if kernel is not None and (not isinstance(kernel, str) or not (kernel == "new" or kernel.startswith("s-"))):
+    handle_like = isinstance(kernel, str) and (kernel == "new" or kernel.startswith("s-"))
+    if kernel is not None and not handle_like:
         return '"session" must be "new" (to start one) or a handle a result gave you, such as "s-..."'
     if not isinstance(end, bool) or (end and kernel is None):
         return '"end_session" must be true or false, and goes with "session": the handle of the session to end'
@@ -4608,9 +4619,9 @@ class HttpServer:
             log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress (%d)"
                 % (adj.threads, self.settings.web_concurrency, self.budget.size))
         if adj.max_request_body_size > self.settings.max_body_bytes:
+            limit = self.settings.max_body_bytes
             log("waitress accepts bodies of %d bytes, MAX_BODY_BYTES says %d: start it with "
-                "--max-request-body-size=%d" % (adj.max_request_body_size, self.settings.max_body_bytes,
-                                                self.settings.max_body_bytes))
+                "--max-request-body-size=%d" % (adj.max_request_body_size, limit, limit))
         if not adj.channel_request_lookahead:
             log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed only when a "
                 "keep-alive fails; start it with --channel-request-lookahead=1 (python mcp_exec.py --http does)")
