@@ -858,20 +858,18 @@ class StdioServer:
                 pass   # the client went away; the read loop will see EOF
 
     def read_lines(self):
-        """Yield input lines; a line over MAX_MESSAGE_BYTES is skipped and answered with an error."""
+        """Yield input lines; one over MAX_MESSAGE_BYTES is discarded and answered with an error."""
         while True:
             line = self.infile.readline(MAX_MESSAGE_BYTES + 1)
             if not line:
                 return
-            if len(line) > MAX_MESSAGE_BYTES and not line.endswith(b"\n"):
-                while True:   # discard the rest of the oversized line
-                    rest = self.infile.readline(1 << 20)
-                    if not rest or rest.endswith(b"\n"):
-                        break
-                self.send(error_response(None, INVALID_REQUEST, "Invalid Request: message larger than %d bytes"
-                                         % MAX_MESSAGE_BYTES))
+            if len(line) <= MAX_MESSAGE_BYTES or line.endswith(b"\n"):
+                yield line
                 continue
-            yield line
+            while line and not line.endswith(b"\n"):
+                line = self.infile.readline(1 << 20)
+            message = "Invalid Request: message larger than %d bytes" % MAX_MESSAGE_BYTES
+            self.send(error_response(None, INVALID_REQUEST, message))
 
     def serve(self):
         try:
@@ -909,32 +907,28 @@ def dispatch(payload, session, send, workers):
 
 
 class Workers:
-    """The worker threads a transport started, so that shutdown can wait for them."""
+    """The worker threads a transport started, counted so that shutdown can wait for them."""
+
     def __init__(self):
-        self.threads = set()
-        self.lock = threading.Lock()
+        self.running = 0
+        self.changed = threading.Condition()
 
     def start(self, target):
         def run():
             try:
                 target()
             finally:
-                with self.lock:
-                    self.threads.discard(threading.current_thread())
-        thread = threading.Thread(target=run, daemon=True)
-        with self.lock:
-            self.threads.add(thread)
-        thread.start()
+                with self.changed:
+                    self.running -= 1
+                    self.changed.notify_all()
+        with self.changed:
+            self.running += 1
+        threading.Thread(target=run, daemon=True).start()
 
     def wait(self, seconds):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            with self.lock:
-                threads = list(self.threads)
-            if not threads:
-                return True
-            threads[0].join(max(0.0, deadline - time.monotonic()))
-        return False
+        """Wait until no worker runs, `seconds` at most -> True if none runs."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.running == 0, seconds)
 
 
 def serve_stdio():
@@ -944,28 +938,22 @@ def serve_stdio():
             raise SystemExit(0)
         signal.signal(signal.SIGTERM, on_sigterm)
     if sys.stdin.isatty():
-        log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on stdout. "
-            "To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client call 'print(1)'`; "
-            "Ctrl-D ends it.")
+        log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on "
+            "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
+            "call 'print(1)'`; Ctrl-D ends it.")
     run_lifecycle("setup")
-    release_memory()
-    server = StdioServer(sys.stdin.buffer, sys.stdout.buffer)
+    try:                    # give back what compiling and setting up left free (glibc keeps it)
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError, ImportError):
+        pass                # not glibc: nothing to do
     try:
-        server.serve()
+        StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
     except KeyboardInterrupt:
         pass
     finally:
         run_lifecycle("shutdown")
     return 0
-
-
-def release_memory():
-    """Give back to the system what compiling and setting up left free (glibc keeps it)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError, ImportError):
-        pass                              # not glibc: nothing to do
 
 
 # The core ends here. What follows is the executor behind run_code() and everything the
@@ -2816,46 +2804,30 @@ def _venv_python(venv):
     return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
 
 
-def _uv():
-    """uv's path when it is on PATH and not switched off (MCP_EXEC_INSTALLER=pip), else None."""
-    return None if INSTALLER == "pip" else shutil.which("uv")
-
-
-def _installer_argv(python, requirements):
-    """pip (or uv, when on PATH) installing requirements into the environment of `python`:
-    pip's --python (pip >= 22.3), so our environments need no pip. "--" ends the options:
-    even a requirement that slipped past validation could not become one."""
-    uv = _uv()
-    if uv:
-        # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
-        no_index = any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
-                       for n in ("PIP_NO_INDEX", "UV_NO_INDEX"))
-        return [uv, "pip", "install", "--python", python] + (["--no-index"] if no_index else []) + ["--"] + list(requirements)
-    return [sys.executable, "-m", "pip", "--python", python, "install", "--no-input",
-            "--disable-pip-version-check", "--"] + list(requirements)
-
-
-def installer_environment():
-    """The installer's environment: the child's, plus pip/uv settings, proxies, CA bundles.
-    uv does not read PIP_*: the operator's pip settings are translated for it."""
+def _installer():
+    """-> (uv's path, or None for pip; the installer's environment). uv is used when it is on
+    PATH and not switched off (MCP_EXEC_INSTALLER=pip). The environment is the child's, plus
+    pip/uv settings, proxies, CA bundles; uv does not read PIP_*, so the operator's pip
+    settings are translated for it."""
+    uv = None if INSTALLER == "pip" else shutil.which("uv")
     env = child_environment(installer=True)
-    if _uv():
+    if uv:
         for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS"):
             if "PIP_" + setting in env and "UV_" + setting not in env:
                 env["UV_" + setting] = env["PIP_" + setting]
-    return env
+    return uv, env
 
 
 def _create_venv(path, layered, deadline, cancel):
     """Create a virtual environment without pip -> Result. A `layered` one (the workspace)
     gets a .pth that adds the server's site-packages *after* its own: code sees what the
     server has, and what it installs lands in the workspace, never in the server's."""
-    uv = _uv()
+    uv, env = _installer()
     if uv:
         argv = [uv, "venv", "--quiet", "--python", sys.executable, path]
     else:
         argv = [sys.executable, "-m", "venv", "--without-pip", path]
-    result = run_process(argv, env=installer_environment(), cwd=STATE_DIR,
+    result = run_process(argv, env=env, cwd=STATE_DIR,
                          timeout=max(1.0, deadline - time.monotonic()), cancel=cancel)
     if result.failed or not layered:
         return result
@@ -2886,9 +2858,20 @@ def _satisfied_here(requirement):
 
 
 def _install(python, requirements, deadline, cancel, report):
-    """Install requirements into python's environment -> Result. The installer's output
-    lines are passed on as progress of the "install" stream."""
-    return run_process(_installer_argv(python, requirements), env=installer_environment(), cwd=STATE_DIR,
+    """pip (or uv, when on PATH) installs requirements into the environment of `python`
+    -> Result; its output lines go on as progress of the "install" stream. pip's --python
+    (pip >= 22.3) means our environments need no pip. "--" ends the options: even a
+    requirement that slipped past validation could not become one."""
+    uv, env = _installer()
+    if uv:
+        # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
+        no_index = any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
+                       for n in ("PIP_NO_INDEX", "UV_NO_INDEX"))
+        argv = [uv, "pip", "install", "--python", python] + (["--no-index"] if no_index else [])
+    else:
+        argv = [sys.executable, "-m", "pip", "--python", python, "install", "--no-input",
+                "--disable-pip-version-check"]
+    return run_process(argv + ["--"] + list(requirements), env=env, cwd=STATE_DIR,
                        timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                        on_output=report and (lambda stream, chunk: report("install", chunk)))
 
@@ -2947,9 +2930,8 @@ class Environments:
                 return None, _install_failed(_waited(cancel), "waiting for another install into the workspace")
             if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
                 remove_tree(venv)
-                if os.path.exists(record):
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(record)
-                os.makedirs(self.root, exist_ok=True)
                 result = _create_venv(venv, True, deadline, cancel)
                 if result.failed:
                     if requirements:
@@ -3001,29 +2983,29 @@ class Environments:
         with open(venv + ".building", "w") as building:
             _flock(building, shared=False)
             try:
-                failure = self._fill(venv, requirements, deadline, cancel, report)
-                if not failure:
-                    # Publish atomically: a crash before this line leaves no entry that a
-                    # later call would trust, only a directory that recover() removes.
-                    tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
-                    with open(tmp, "w") as f:
-                        f.write(os.path.basename(venv))
-                    with self.lock:
-                        os.replace(tmp, pointer)
+                result = _create_venv(venv, False, deadline, cancel)
+                if not result.failed and requirements:
+                    result = _install(_venv_python(venv), requirements, deadline, cancel, report)
+                if result.failed:
+                    remove_tree(venv)
+                    return _install_failed(result, "building an isolated environment for %s"
+                                           % (" ".join(requirements) or "no packages"))
+                open(os.path.join(venv, LEASE_FILE), "w").close()
+                # Read-only, directories too, so that code cannot change it by accident (its
+                # owner could chmod it back: this guards against accidents, not the code).
+                for rel, info in [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20)):
+                    if not stat.S_ISLNK(info.st_mode):
+                        with contextlib.suppress(OSError):
+                            os.chmod(os.path.join(venv, rel), stat.S_IMODE(info.st_mode & ~0o222))
+                # Publish atomically: a crash before this line leaves no entry that a
+                # later call would trust, only a directory that recover() removes.
+                tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
+                with open(tmp, "w") as f:
+                    f.write(os.path.basename(venv))
+                with self.lock:
+                    os.replace(tmp, pointer)
             finally:
                 os.unlink(venv + ".building")      # only now: a directory has one or the other
-        return failure
-
-    def _fill(self, venv, requirements, deadline, cancel, report):
-        result = _create_venv(venv, False, deadline, cancel)
-        if not result.failed and requirements:
-            result = _install(_venv_python(venv), requirements, deadline, cancel, report)
-        if result.failed:
-            remove_tree(venv)
-            return _install_failed(result, "building an isolated environment for %s"
-                                   % (" ".join(requirements) or "no packages"))
-        open(os.path.join(venv, LEASE_FILE), "w").close()
-        _set_writable(venv, False)   # later code cannot change it by accident (the owner could chmod it back)
         return None
 
     def recover(self):
@@ -3061,10 +3043,8 @@ class Environments:
             pointers = []
             for name in os.listdir(cache):
                 if name.endswith(".ready"):
-                    try:
+                    with contextlib.suppress(OSError):     # another server evicted it
                         pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
-                    except OSError:
-                        pass
             pointers.sort()
             doomed = {}                  # venv name -> its lease file, held exclusively
             for _, name in pointers[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
@@ -3123,18 +3103,6 @@ class Environment:
 
 ENVIRONMENTS = Environments(STATE_DIR)
 register_tool_feature(check=check_packages)
-
-
-def _set_writable(path, writable):
-    """Add or remove the write bits of a tree (directories too, so nothing can be added)."""
-    bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
-    for rel, info in [("", os.lstat(path))] + list(walk_tree(path, 1 << 20)):
-        if not stat.S_ISLNK(info.st_mode):
-            mode = (info.st_mode | stat.S_IWUSR) if writable else (info.st_mode & ~bits)
-            try:
-                os.chmod(os.path.join(path, rel), stat.S_IMODE(mode))
-            except OSError:
-                pass
 
 
 def _read_text(path):
@@ -3231,10 +3199,16 @@ def describe_value(value, config):
         numbers = plt.get_fignums()
         for number in numbers[:limit]:
             figure = plt.figure(number)
+            width, height = figure.get_size_inches() * figure.dpi
+            scale = min(1.0, IMAGE_MAX_SIDE / max(width, height, 1),
+                        (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
             png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s),
-                           max_bytes, _figure_scale(figure))
-            (images.append(png) if png else notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) "
-                                                         "even at a low resolution" % (number, max_bytes)))
+                           max_bytes, scale)
+            if png:
+                images.append(png)
+            else:
+                notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) even at a "
+                             "low resolution" % (number, max_bytes))
         if len(numbers) > limit:
             notes.append("%d figures were open; the first %d are returned (IMAGE_LIMIT)" % (len(numbers), limit))
         plt.close("all")
@@ -3248,16 +3222,6 @@ def describe_value(value, config):
     record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: server
     record["notes"] = notes
     return record
-
-
-def _figure_scale(figure):
-    """The scale that keeps a figure within IMAGE_MAX_SIDE and IMAGE_MAX_PIXELS."""
-    try:
-        width, height = figure.get_size_inches() * figure.dpi
-    except Exception:                    # not matplotlib's Figure after all
-        return 1.0
-    pixels = max(width * height, 1)
-    return min(1.0, IMAGE_MAX_SIDE / max(width, height, 1), (IMAGE_MAX_PIXELS / pixels) ** 0.5)
 
 
 def _fit_png(render, max_bytes, scale=1.0):
@@ -3355,12 +3319,8 @@ def _relative_path(path):
     characters or deeper than 32 directories."""
     if not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path or "\\" in path:
         return None
-    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
-        return None
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path) or re.search("[\ud800-\udfff]", path):
+        return None     # a lone surrogate: the only characters that UTF-8 cannot encode
     normal = posixpath.normpath(path)
     if normal in (".", "..") or normal.startswith("../"):
         return None
@@ -3376,10 +3336,8 @@ def _directory_inside(root, path, create=False):
     try:
         for part in parts[:-1]:
             if create:
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(part, dir_fd=fd)
-                except FileExistsError:
-                    pass
             inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = inner
@@ -3450,11 +3408,11 @@ def collect_files(result, work, before, owner, move=True):
             entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
             continue
         uri = OUTPUTS.keep(token, work, rel, move, owner)
-        data = OUTPUTS.read(uri) if uri and size <= FILE_INLINE_BYTES else None
         if uri is None:
             entry["note"] = "could not be read (not a regular file any more)"
             continue
         entry["uri"] = uri
+        data = OUTPUTS.read(uri) if size <= FILE_INLINE_BYTES else None
         if data is not None and inline + len(data) <= FILES_INLINE_TOTAL:
             inline += len(data)
             result.blocks.append((None, {"type": "resource", "resource": resource_contents(uri, entry["mimeType"], data)}))
@@ -3467,11 +3425,9 @@ def collect_files(result, work, before, owner, move=True):
 
 def resource_contents(uri, mime_type, data):
     """TextResourceContents for UTF-8 text, else BlobResourceContents (base64)."""
-    try:
-        if b"\0" not in data:
+    if b"\0" not in data:
+        with contextlib.suppress(UnicodeDecodeError):
             return {"uri": uri, "mimeType": mime_type, "text": data.decode("utf-8")}
-    except UnicodeDecodeError:
-        pass
     return {"uri": uri, "mimeType": mime_type, "blob": base64.b64encode(data).decode("ascii")}
 
 
@@ -3530,23 +3486,19 @@ class OutputStore:
             remove_tree(os.path.join(self.root, key))
         return total + size <= OUTPUT_STORE_MB << 20
 
-    def _path(self, uri):
-        if not isinstance(uri, str) or not uri.startswith(self.PREFIX):
-            return None
+    def read(self, uri):
+        """The bytes behind a URI (a string), or None if it expired or never existed."""
+        self.expire()
         token, _, rel = uri[len(self.PREFIX):].partition("/")
         rel = _relative_path(urllib.parse.unquote(rel))
-        if not re.match(r"^[A-Za-z0-9._-]+$", token) or rel is None:
+        known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9._-]+$", token)
+        if not known or rel is None:
             return None
-        return os.path.join(self.root, token, *rel.split("/"))
-
-    def read(self, uri):
-        """The bytes behind a URI, or None if it expired or never existed."""
-        self.expire()
-        path = self._path(uri)
+        path = os.path.join(self.root, token, *rel.split("/"))
         try:
             with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                 return f.read()
-        except (OSError, TypeError, ValueError):
+        except OSError:
             return None
 
     def live(self, owner):
@@ -3566,11 +3518,9 @@ class OutputStore:
         if now - self.swept > 60:              # also what servers gone before us left on disk
             self.swept = now
             for token in os.listdir(self.root) if os.path.isdir(self.root) else []:
-                try:
+                with contextlib.suppress(OSError):
                     if now - os.path.getmtime(os.path.join(self.root, token)) > OUTPUT_TTL:
                         remove_tree(os.path.join(self.root, token))
-                except OSError:
-                    pass
         with self.lock:
             doomed = [token for token, entry in self.calls.items() if now - entry[0] > OUTPUT_TTL]
             for token in doomed:
@@ -5295,8 +5245,7 @@ def client_arguments(args):
         def error(self, message):
             if message.startswith("unrecognized arguments"):   # a second CODE, most likely
                 message += ': CODE is one argument (quote it); --packages takes one: "numpy scipy"'
-            sys.stderr.write("%s: %s (try --help)\n" % (self.prog, message))
-            sys.exit(2)
+            self.exit(2, "%s: %s (try --help)\n" % (self.prog, message))
     command = []
     if "--" in args:
         args, command = args[:args.index("--")], args[args.index("--") + 1:]
@@ -5340,7 +5289,7 @@ def client_main(args):
         else:
             client = StdioClient(command, options.protocol, trace)
         client.progress = options.progress
-        try:
+        with contextlib.closing(client):
             client.start()
             if options.action == "list":
                 tools = client.request("tools/list")["tools"]
@@ -5353,8 +5302,6 @@ def client_main(args):
             else:
                 return client_call(client, options)
             return 0
-        finally:
-            client.close()
     except BrokenPipeError:
         raise                   # `... | head` closed our stdout: main() ends quietly
     except (ClientError, OSError) as exc:
