@@ -66,7 +66,7 @@ LINUX = sys.platform.startswith("linux")
 # 1. Settings
 # =============================================================================
 # Every setting is an environment variable, described once, here. The constants below
-# and `--help` are generated from this table; HTTP's are read when the app is built.
+# and `--help` are generated from this table: every setting is read once, at import.
 
 
 class Setting:
@@ -192,6 +192,15 @@ FILE_INLINE_BYTES, OUTPUT_TTL, OUTPUT_STORE_MB = _EXEC["FILE_INLINE_BYTES"], _EX
 SESSION_LIMIT, SESSION_IDLE = _EXEC["SESSION_LIMIT"], _EXEC["SESSION_IDLE"]
 STATE_DIR, VENV_CACHE_SIZE = os.path.abspath(_EXEC["MCP_EXEC_DIR"]), _EXEC["VENV_CACHE_SIZE"]
 INSTALLER, MAX_MESSAGE_BYTES, TRACE = _EXEC["MCP_EXEC_INSTALLER"].lower(), _EXEC["MAX_MESSAGE_BYTES"], _EXEC["MCP_TRACE"]
+
+_HTTP = read_settings(HTTP)
+API_KEY, HOST, PORT = _HTTP["API_KEY"], _HTTP["HOST"], _HTTP["PORT"]
+WEB_CONCURRENCY, SSE_KEEPALIVE = _HTTP["WEB_CONCURRENCY"], _HTTP["SSE_KEEPALIVE"]
+MCP_STATELESS, STDIO_MODE_ONLY = _HTTP["MCP_STATELESS"], _HTTP["STDIO_MODE_ONLY"]
+ALLOWED_ORIGINS = [origin.rstrip("/") for origin in _HTTP["ALLOWED_ORIGINS"]]
+ALLOWED_HOSTS = [host.lower() for host in _HTTP["ALLOWED_HOSTS"]]
+MAX_BODY_BYTES, MAX_SESSIONS = _HTTP["MAX_BODY_BYTES"], _HTTP["MAX_SESSIONS"]
+SESSION_IDLE_TIMEOUT = _HTTP["SESSION_IDLE_TIMEOUT"]
 
 # Fixed values, not settings.
 EOF_GRACE = 5.0       # seconds running calls get to finish after stdin closes
@@ -4385,27 +4394,14 @@ register_lifecycle(shutdown=JOBS.close)
 # HttpServer holds the state and answers every route with an HttpReply; create_app()
 # only wires Flask routes to its methods. Flask and waitress are imported in create_app()
 # and serve_http(), so the stdio server never pays for them. `mcp_exec:app` (for
-# waitress-serve) is built on first access by the module __getattr__ below.
+# waitress-serve) is built on first access by the module __getattr__ below. The settings
+# are the constants of section 1, read where they are used.
 #
 #   GET    /sse                          HTTP+SSE (2024-11-05): the event stream of one session
 #   POST   /messages/?session_id=...     its client-to-server messages -> 202
 #   POST   /mcp                          Streamable HTTP (2025-03-26 and later)
 #   DELETE /mcp                          end a Streamable HTTP session
 #   GET    /health                       liveness, without auth; reveals nothing
-
-
-class HttpSettings:
-    """The HTTP settings of the table in section 1, read when the app is created.
-    Attributes are the variables' names in lower case (settings.web_concurrency)."""
-
-    def __init__(self, env=None):
-        values = read_settings(HTTP, os.environ if env is None else env)
-        for name, value in values.items():
-            setattr(self, name.lower(), value)
-        self.allowed_origins = [o.rstrip("/") for o in self.allowed_origins]
-        self.allowed_hosts = [h.lower() for h in self.allowed_hosts]
-        self.loopback = self.host in LOCAL_NAMES
-
 
 NO_API_KEY = """mcp-exec: refusing to serve HTTP without API_KEY.
 Executed code can do anything this user can; every HTTP request must carry the key.
@@ -4453,11 +4449,16 @@ def sse_event(message):
     return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
 
 
-def drain(outbox, client_disconnected, keepalive, done=None, poll=0.25):
+def accepts_json(accept):
+    """Leniently, as clients differ: no Accept header, or */*, admits JSON too."""
+    return not accept or "application/json" in accept or "*/*" in accept
+
+
+def drain(outbox, client_disconnected, done=None, poll=0.25):
     """Yield what arrives in `outbox` until `done` arrives or the client leaves, and None after
-    every `keepalive` seconds of silence (for a keep-alive comment). Never blocks for long: a
-    client that vanished is noticed within `poll` seconds through waitress's client_disconnected
-    (needs channel_request_lookahead), or at the latest when a keep-alive write fails."""
+    every SSE_KEEPALIVE seconds of silence (for a keep-alive comment). Never blocks for long:
+    a client that vanished is noticed within `poll` seconds through waitress's
+    client_disconnected (needs channel_request_lookahead), or when a keep-alive write fails."""
     last_write = time.monotonic()
     while True:
         try:
@@ -4465,7 +4466,7 @@ def drain(outbox, client_disconnected, keepalive, done=None, poll=0.25):
         except queue.Empty:
             if client_disconnected is not None and client_disconnected():
                 return
-            if time.monotonic() - last_write >= keepalive:
+            if time.monotonic() - last_write >= SSE_KEEPALIVE:
                 last_write = time.monotonic()
                 yield None
             continue
@@ -4545,14 +4546,16 @@ class ThreadBudget:
 
 
 class HttpServer:
-    """The state behind the routes (sessions of both transports, the thread budget) and their answers."""
-    def __init__(self, settings):
-        self.settings = settings
+    """The state behind the routes (sessions of both transports, the thread budget) and their
+    answers. `host` and `threads` are serve_http()'s flags; by default HOST, WEB_CONCURRENCY."""
+
+    def __init__(self, host=None, threads=None):
+        self.loopback = (host or HOST) in LOCAL_NAMES
+        self.budget = ThreadBudget(threads or WEB_CONCURRENCY)
+        self.allow_exec = not STDIO_MODE_ONLY
         self.lock = threading.Lock()
         self.sse_sessions = {}      # session_id -> SseSession
         self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
-        self.allow_exec = not settings.stdio_mode_only
-        self.budget = ThreadBudget(settings.web_concurrency)
         self.waitress_checked = False
         self.workers = Workers()
 
@@ -4564,14 +4567,15 @@ class HttpServer:
         adj = getattr(getattr(channel, "server", None), "adj", None)
         if adj is None:
             return                                   # not waitress: WEB_CONCURRENCY it is
+        wanted = self.budget.threads
         self.budget.resize(adj.threads)
-        if adj.threads != self.settings.web_concurrency:
-            log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress (%d)"
-                % (adj.threads, self.settings.web_concurrency, self.budget.size))
-        if adj.max_request_body_size > self.settings.max_body_bytes:
-            limit = self.settings.max_body_bytes
+        if adj.threads != wanted:
+            log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress "
+                "(%d)" % (adj.threads, wanted, self.budget.size))
+        if adj.max_request_body_size > MAX_BODY_BYTES:
             log("waitress accepts bodies of %d bytes, MAX_BODY_BYTES says %d: start it with "
-                "--max-request-body-size=%d" % (adj.max_request_body_size, limit, limit))
+                "--max-request-body-size=%d"
+                % (adj.max_request_body_size, MAX_BODY_BYTES, MAX_BODY_BYTES))
         if not adj.channel_request_lookahead:
             log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed only when a "
                 "keep-alive fails; start it with --channel-request-lookahead=1 (python mcp_exec.py --http does)")
@@ -4590,23 +4594,25 @@ class HttpServer:
 
     def check_request(self, headers):
         """-> None if the request may proceed, else the refusal (an HttpReply)."""
-        s = self.settings
         host = _host_name(headers.get("Host", ""))
         # DNS rebinding: a page on evil.example that resolves to 127.0.0.1 still says
-        # "Host: evil.example". When bound to loopback only local names are accepted.
-        if s.allowed_hosts and "*" not in s.allowed_hosts:
-            if host not in s.allowed_hosts and not (s.loopback and host in LOCAL_NAMES):
+        # "Host: evil.example". When bound to loopback, local names are always accepted.
+        local = self.loopback and host in LOCAL_NAMES
+        if not local and host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
+            if ALLOWED_HOSTS:
                 return error_reply(421, "Host %r is not allowed (ALLOWED_HOSTS)" % host)
-        elif s.loopback and not s.allowed_hosts and host not in LOCAL_NAMES:
-            return error_reply(421, "Host %r is not allowed: this server is bound to loopback (set ALLOWED_HOSTS)" % host)
+            if self.loopback:
+                return error_reply(421, "Host %r is not allowed: this server is bound to loopback "
+                                   "(set ALLOWED_HOSTS)" % host)
         # A present Origin that is not allowed -> 403 (2025-11-25 transports.mdx, Security Warning).
         origin = headers.get("Origin")
-        if origin is not None and "*" not in s.allowed_origins and origin.rstrip("/") not in s.allowed_origins:
+        if origin is not None and not ("*" in ALLOWED_ORIGINS
+                                       or origin.rstrip("/") in ALLOWED_ORIGINS):
             try:
                 origin_host = (urlsplit(origin).hostname or "").lower()
             except ValueError:
                 origin_host = ""
-            if not (s.loopback and origin_host in LOCAL_NAMES):
+            if not (self.loopback and origin_host in LOCAL_NAMES):
                 return error_reply(403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin)
         # The API key, in either header, compared in constant time (authorization.mdx:
         # every request is checked, and a missing or wrong key is 401).
@@ -4614,7 +4620,7 @@ class HttpServer:
         scheme, _, token = headers.get("Authorization", "").partition(" ")
         if not supplied and scheme.lower() == "bearer":
             supplied = token.strip()
-        if not supplied or not hmac.compare_digest(supplied.encode(), s.api_key.encode()):
+        if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
             return error_reply(401, "Unauthorized: send Authorization: Bearer <API_KEY> or X-API-Key: <API_KEY>",
                                headers={"WWW-Authenticate": 'Bearer realm="mcp-exec"'})
         return None
@@ -4638,8 +4644,7 @@ class HttpServer:
         # The first event tells the client where to POST (a relative URI; clients
         # resolve it against the stream's URL and refuse other origins).
         endpoint = "%s/messages/?session_id=%s" % (script_root, session.session_id)
-        messages = drain(session.outbox, client_disconnected, self.settings.sse_keepalive,
-                         poll=0.05)
+        messages = drain(session.outbox, client_disconnected, poll=0.05)
         return sse_reply("event: endpoint\ndata: %s\n\n" % endpoint, messages, on_close)
 
     def post_message(self, session_id, body):
@@ -4674,36 +4679,38 @@ class HttpServer:
         if header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params):
             return self.modern_post(payload, headers, client_disconnected)
         if first.get("method") == "initialize" and "id" in first:
-            return self.initialize_post(payload)
+            return self.initialize_post(first)
         session = self.session_for(headers.get("Mcp-Session-Id"), header_version)
         if isinstance(session, HttpReply):
             return session
         accept = headers.get("Accept", "")
-        messages = payload if isinstance(payload, list) else [payload]
-        if isinstance(payload, dict) and needs_worker(payload):
-            return self.stream_reply(lambda notify: handle_payload(payload, session, notify), session, accept,
-                                     client_disconnected, False, self.busy_reply(payload, session.protocol_version))
+        if isinstance(payload, dict):
+            request = parse_request(payload, session)
+            if isinstance(request, Request):
+                return self.answer(request, accept, client_disconnected)
+            return text_reply(202) if request is None else self.quick_reply(request, accept)
+        # A batch (2025-03-26) is answered here, all of it; if it runs code, it holds a
+        # thread of the budget meanwhile.
         token = self.budget.take(client_disconnected) if needs_worker(payload) else None
-        if needs_worker(payload) and token is None:         # a batch (2025-03-26) holding a tools/call
+        if needs_worker(payload) and token is None:
             return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
         try:
-            reply = handle_payload(payload, session)   # a batch is answered here, all of it
+            reply = handle_batch(payload, session)
         finally:
             self.budget.release(token)
         if reply is None:
             return text_reply(202)   # notifications and responses: accepted
-        refused = isinstance(reply, dict) and "error" in reply and reply["id"] is None
-        asked = [m for m in messages if isinstance(m, dict) and "method" in m and "id" in m]
+        asked = [m for m in payload if isinstance(m, dict) and "method" in m and "id" in m]
+        refused = isinstance(reply, dict)          # one error for the whole batch
         return self.quick_reply(reply, accept, 400 if refused or not asked else 200)
 
-    def initialize_post(self, payload):
+    def initialize_post(self, message):
         """initialize opens a session, named in the Mcp-Session-Id header of the answer."""
-        stateless = self.settings.mcp_stateless
-        session = HttpSession(self.allow_exec) if stateless else self.new_http_session()
+        session = HttpSession(self.allow_exec) if MCP_STATELESS else self.new_http_session()
         if session is None:
             return error_reply(503, "Too many sessions running code (MAX_SESSIONS); retry shortly",
                                headers={"Retry-After": "5"})
-        reply = handle_payload(payload, session)
+        reply = handle_message(message, session)
         if "error" in reply or not session.session_id:
             with self.lock:                  # a failed initialize leaves no session behind
                 self.http_sessions.pop(session.session_id, None)
@@ -4712,7 +4719,7 @@ class HttpServer:
 
     def session_for(self, session_id, header_version):
         """The session a POST belongs to -> HttpSession, or the refusal (an HttpReply)."""
-        if self.settings.mcp_stateless:
+        if MCP_STATELESS:
             # Every POST stands alone: the version comes from the header (2025-03-26 if
             # absent, transports.mdx, Protocol Version Header), the session from nowhere.
             session = HttpSession(self.allow_exec)
@@ -4731,52 +4738,47 @@ class HttpServer:
         session = HttpSession(self.allow_exec)
         if not isinstance(payload, dict):
             return json_reply(handle_payload(payload, session), 400)      # a batch: -32600
-        if "id" in payload and isinstance(payload.get("method"), str):
+        if "id" in payload and "method" in payload:      # a request (mcp_post checked the id)
             problem = header_mismatch(payload, headers)
             if problem:
-                return json_reply(error_response(payload["id"] if valid_id(payload["id"]) else None,
-                                                 HEADER_MISMATCH, "Header mismatch: " + problem), 400)
+                return json_reply(error_response(payload["id"], HEADER_MISMATCH,
+                                                 "Header mismatch: " + problem), 400)
         request = parse_request(payload, session)
         if request is None:
             return text_reply(202)
         if not isinstance(request, Request):     # validated once, here, so errors get their status
             return json_reply(request, 404 if request["error"]["code"] == METHOD_NOT_FOUND else 400)
-        accept = headers.get("Accept", "")
-        if request.method != "tools/call":
-            return self.quick_reply(answer_request(request), accept)
+        return self.answer(request, headers.get("Accept", ""), client_disconnected)
 
-        def work(notify):
-            request.notify = notify
-            return answer_request(request)
-        return self.stream_reply(work, session, accept, client_disconnected, True,
-                                 self.busy_reply(payload, request.version, modern=True))
+    def answer(self, request, accept, client_disconnected):
+        """A request of either era: answered at once, or streamed if it may wait for code."""
+        if METHODS[request.method][2]:
+            return self.stream_reply(request, accept, client_disconnected)
+        return self.quick_reply(answer_request(request), accept)
 
     def quick_reply(self, reply, accept, status=200):
         """A request answered at once: JSON, or one SSE event for a client accepting only that."""
-        if "application/json" in accept or "*/*" in accept or not accept or status != 200:
+        if status != 200 or accepts_json(accept):
             return json_reply(reply, status)
         return sse_reply(sse_event(reply))
 
-    def busy_reply(self, message, version, modern=False):
-        """The answer to a tools/call when the thread budget is spent: a tool error that says so."""
-        result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1), version)
-        if modern:
-            decorate_modern_result(result, version)
-        return {"jsonrpc": "2.0", "id": message["id"], "result": result}
-
-    def stream_reply(self, work, session, accept, client_disconnected, modern, busy):
-        """Run work(notify) -> reply on a worker while this thread watches the client, if the
-        thread budget allows (else `busy` at once). With SSE (preferred) progress and
-        keep-alives flow; on 2026-07-28, closing the stream cancels the call."""
+    def stream_reply(self, request, accept, client_disconnected):
+        """Run the request on a worker while this thread watches the client, if the thread
+        budget allows (else a tool error that says so, at once). With SSE (preferred) progress
+        and keep-alives flow; on 2026-07-28, closing the stream cancels the call."""
         token = self.budget.take(client_disconnected)
         if token is None:
-            return json_reply(busy)
+            result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1),
+                                 request.version)
+            request.decorate(result)
+            return json_reply({"jsonrpc": "2.0", "id": request.id, "result": result})
         outbox = queue.Queue()
         done = object()
+        request.notify = outbox.put
 
         def run():
             try:
-                reply = work(outbox.put)
+                reply = answer_request(request)
                 if reply is not None:
                     outbox.put(reply)
             finally:
@@ -4784,17 +4786,16 @@ class HttpServer:
 
         def messages():   # the worker's messages as they come; it starts with the response
             self.workers.start(run)
-            yield from drain(outbox, client_disconnected, self.settings.sse_keepalive, done)
-            if modern and client_disconnected is not None and client_disconnected():
+            yield from drain(outbox, client_disconnected, done)
+            if request.modern and client_disconnected is not None and client_disconnected():
                 # 2026-07-28: a closed response stream cancels the request (cancellation.mdx).
                 # 2025-x: a disconnect is not a cancellation; the answer is just dropped.
-                session.close()
-        wants_json = "application/json" in accept or "*/*" in accept or not accept
-        if "text/event-stream" in accept or not wants_json:
+                request.session.close()
+        if "text/event-stream" in accept or not accepts_json(accept):
             def on_close():
                 self.budget.release(token)
-                if modern:
-                    session.close()
+                if request.modern:
+                    request.session.close()
             # A comment first, so headers reach the client at once (waitress sends them with
             # the first chunk) and Heroku's router sees bytes within its 30 s window.
             return sse_reply(": stream open\n\n", messages(), on_close)
@@ -4808,7 +4809,7 @@ class HttpServer:
 
     def mcp_delete(self, session_id):
         """DELETE /mcp: the client ends its session (transports.mdx, Session Management)."""
-        if self.settings.mcp_stateless:
+        if MCP_STATELESS:
             return error_reply(405, "Stateless mode has no sessions to end", headers={"Allow": "POST"})
         if not session_id:
             return error_reply(400, "Missing Mcp-Session-Id header")
@@ -4821,14 +4822,15 @@ class HttpServer:
 
     # -- sessions ------------------------------------------------------------------------
     def new_http_session(self):
-        """A new Streamable HTTP session, or None when every session is running code."""
+        """A new Streamable HTTP session, or None when every session is running code. Idle
+        sessions expire; at MAX_SESSIONS the oldest idle one makes room."""
         now = time.monotonic()
         with self.lock:
-            for sid, old in list(self.http_sessions.items()):   # expire idle sessions
-                if now - old.last_used > self.settings.session_idle_timeout and not old.running():
+            for sid, old in list(self.http_sessions.items()):
+                if now - old.last_used > SESSION_IDLE_TIMEOUT and not old.running():
                     del self.http_sessions[sid]
                     old.close()
-            if len(self.http_sessions) >= self.settings.max_sessions:
+            if len(self.http_sessions) >= MAX_SESSIONS:
                 idle = [x for x in self.http_sessions.values() if not x.running()]
                 if not idle:
                     return None              # refuse, and kill nothing
@@ -4889,18 +4891,18 @@ def _stop_on_sigterm(cleanup):
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def create_app(settings=None):
-    """Build the Flask app: routes wired to an HttpServer. Refuses (SystemExit) without API_KEY."""
+def create_app(host=None, threads=None):
+    """Build the Flask app: routes wired to an HttpServer(host, threads). Refuses (SystemExit)
+    without API_KEY."""
     from flask import Flask, Response, request
 
-    settings = settings or HttpSettings()
-    if not settings.api_key:
+    if not API_KEY:
         raise SystemExit(NO_API_KEY)
     run_lifecycle("setup")
-    server = HttpServer(settings)
+    server = HttpServer(host, threads)
     _stop_on_sigterm(server.close)
     app = Flask("mcp_exec")
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["mcp_exec"] = server
 
     def respond(reply):
@@ -4922,7 +4924,7 @@ def create_app(settings=None):
     app.register_error_handler(405, lambda exc: respond(
         error_reply(405, "Method not allowed", headers={"Allow": ", ".join(exc.valid_methods or [])})))
     app.register_error_handler(413, lambda exc: respond(
-        error_reply(413, "Request body larger than %d bytes (MAX_BODY_BYTES)" % settings.max_body_bytes)))
+        error_reply(413, "Request body larger than %d bytes (MAX_BODY_BYTES)" % MAX_BODY_BYTES)))
     app.register_error_handler(500, lambda exc: respond(
         error_reply(500, "Internal error (details are in the server's log)", INTERNAL_ERROR)))
     disconnected = lambda: request.environ.get("waitress.client_disconnected")   # noqa: E731
@@ -4954,29 +4956,27 @@ def __getattr__(name):
 
 def serve_http(args):
     """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress, configured.
-    -> 2 with one line on stderr, before anything else is said, when it cannot serve."""
+    The flags win over HOST, PORT and WEB_CONCURRENCY. -> 2 with one line on stderr, before
+    anything else is said, when it cannot serve."""
     import argparse
     parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
-    parser.add_argument("--host", help="interface to bind (HOST) [127.0.0.1]")
-    parser.add_argument("--port", type=int, help="port (PORT) [8000]")
-    parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [32]")
+    parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
+    parser.add_argument("--port", type=int, default=PORT, help="port (PORT) [8000]")
+    parser.add_argument("--threads", type=int, default=WEB_CONCURRENCY,
+                        help="waitress threads (WEB_CONCURRENCY) [32]")
     options = parser.parse_args(args)
-    flags = {"HOST": options.host, "PORT": options.port, "WEB_CONCURRENCY": options.threads}
-    env = dict(os.environ)
-    env.update({name: str(value) for name, value in flags.items() if value is not None})
-    settings = HttpSettings(env)
-    problem = _cannot_serve(settings)
+    threads = max(1, options.threads)
+    problem = _cannot_serve(options.host, options.port)
     if problem:
         sys.stderr.write(problem + "\n")
         return 2
-    app = create_app(settings)
+    app = create_app(options.host, threads)
     import waitress
-    budget = app.extensions["mcp_exec"].budget
-    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, of which open "
-        "SSE streams and running calls may hold %d%s%s" % (
-            settings.host, settings.port, settings.web_concurrency, budget.size,
-            ", stateless" if settings.mcp_stateless else "",
-            ", STDIO_MODE_ONLY: no code execution over HTTP" if settings.stdio_mode_only else ""))
+    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
+        "of which open SSE streams and running calls may hold %d%s%s" % (
+            options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
+            ", stateless" if MCP_STATELESS else "",
+            ", STDIO_MODE_ONLY: no code execution over HTTP" if STDIO_MODE_ONLY else ""))
     try:             # every connection is a file descriptor: lift the soft limit towards the hard
         import resource   # POSIX only
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -4990,31 +4990,31 @@ def serve_http(args):
     gc.freeze()     # the app's objects live forever: the collector need not walk them per call
     # waitress answers 413 from Content-Length before it reads a byte of the body, key or no
     # key: what it buffers for unseen requests is at most connection_limit x MAX_BODY_BYTES.
-    waitress.serve(app, host=settings.host, port=settings.port, threads=settings.web_concurrency,
-                   max_request_body_size=settings.max_body_bytes, **WAITRESS_OPTIONS)
+    waitress.serve(app, host=options.host, port=options.port, threads=threads,
+                   max_request_body_size=MAX_BODY_BYTES, **WAITRESS_OPTIONS)
     return 0
 
 
-def _cannot_serve(settings):
+def _cannot_serve(host, port):
     """Why `--http` cannot start (no flask or waitress, no API_KEY, the port taken) -> the
     message, or None. It binds the address once, as waitress will, and lets it go."""
     from importlib.util import find_spec
     if find_spec("flask") is None or find_spec("waitress") is None:
         return NO_FLASK
-    if not settings.api_key:
+    if not API_KEY:
         return NO_API_KEY
     try:
         for family, kind, proto, _, address in socket.getaddrinfo(
-                settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
             with socket.socket(family, kind, proto) as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as waitress does
                 probe.bind(address)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            return ("mcp-exec: port %d on %s is in use; pick another with --port N or PORT=N"
-                    % (settings.port, settings.host))
+            return "mcp-exec: port %d on %s is in use; pick another with --port N or PORT=N" % (
+                port, host)
         return ("mcp-exec: cannot listen on %s port %d (%s); check --host/HOST and --port/PORT"
-                % (settings.host, settings.port, exc.strerror or exc))
+                % (host, port, exc.strerror or exc))
     return None
 
 

@@ -562,9 +562,11 @@ def test_inprocess_latest_line_waits_for_the_newline():
     assert latest.feed(b"\n\n") == "tick 2"
 
 
-def test_inprocess_http_guards():
-    settings = mcp_exec.HttpSettings({"API_KEY": "k", "HOST": "127.0.0.1"})
-    server = mcp_exec.HttpServer(settings)
+def test_inprocess_http_guards(monkeypatch):
+    for name, value in (("API_KEY", "k"), ("HOST", "127.0.0.1"),
+                        ("ALLOWED_HOSTS", []), ("ALLOWED_ORIGINS", [])):
+        monkeypatch.setattr(mcp_exec, name, value)
+    server = mcp_exec.HttpServer()
     ok = {"Host": "localhost:8000", "Authorization": "Bearer k"}
     assert server.check_request(ok) is None
     assert server.check_request(dict(ok, Authorization="Bearer no")).status == 401
@@ -575,13 +577,26 @@ def test_inprocess_http_guards():
         "the Mcp-Method header is required"
 
 
+def test_inprocess_http_settings_are_constants_read_at_use(monkeypatch):
+    monkeypatch.setattr(mcp_exec, "MCP_STATELESS", True)
+    server = mcp_exec.HttpServer()
+    init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    reply = server.mcp_post({"Accept": "application/json"}, init.encode(), None)
+    assert reply.status == 200 and not reply.headers                # stateless: no Mcp-Session-Id
+    listed = server.mcp_post({"MCP-Protocol-Version": "2025-06-18"},
+                             b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}', None)
+    assert listed.status == 200 and json.loads(listed.body)["result"]["tools"]
+    assert server.mcp_delete("any").status == 405
+
+
 def test_inprocess_settings_table_is_the_one_source():
     help_text = mcp_exec.settings_help()
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     for setting in mcp_exec.SETTINGS:
         assert setting.name in help_text and "`%s`" % setting.name in readme, setting.name
-    settings = mcp_exec.HttpSettings({"WEB_CONCURRENCY": "8", "EXEC_TIMEOUT": "1"})
-    assert settings.web_concurrency == 8 and not hasattr(settings, "exec_timeout")   # HTTP settings only
+    http = mcp_exec.read_settings(mcp_exec.HTTP, {"WEB_CONCURRENCY": "8", "EXEC_TIMEOUT": "1"})
+    assert http["WEB_CONCURRENCY"] == 8 and "EXEC_TIMEOUT" not in http               # HTTP settings only
     assert mcp_exec.ThreadBudget(8).size == 5 and mcp_exec.ThreadBudget(32).size == 26   # 2 + 1/8 kept back
 
 
