@@ -3745,6 +3745,17 @@ def test_unknown_argument_exits_two(tmp_path):
     assert b"--bogus" in done.stderr and done.stdout == b""
 
 
+@pytest.mark.skipif(not (POSIX and HAS_PROC), reason="exec and /proc/PID/cmdline are POSIX/Linux")
+def test_a_server_started_as_a_script_serves_as_an_import_in_the_same_process(server):
+    """CPython keeps a script's syntax tree (12 MB for this file) until the script ends: the
+    server replaces itself, same pid and pipes, by an import that reads cached bytecode."""
+    with open("/proc/%d/cmdline" % server.proc.pid, "rb") as f:
+        argv = f.read().split(b"\0")
+    assert argv[argv.index(b"-c") + 1].endswith(b"run_module('mcp_exec', run_name='__main__', "
+                                                b"alter_sys=True)"), argv
+    assert server.run("import sys; print(sys.version_info[0])")[1]["stdout"] == "3\n"
+
+
 def test_demo_shows_a_session_on_the_wire(tmp_path):
     done = subprocess.run([sys.executable, SERVER, "demo"], cwd=REPO, env=make_env(tmp_path),
                           capture_output=True, timeout=60)
