@@ -3595,67 +3595,72 @@ KERNEL_INTERRUPT_GRACE = 2.0
 KERNEL_QUEUE = 8            # calls that may wait for their kernel; more are refused
 
 
-class Kernel:
+class Kernel(Child):
     """One kernel: its interpreter (a child in "kernel" mode), directory and environment,
-    and the MCP session that started it (`owner`)."""
+    and the MCP session that started it (`owner`). To supervise() it is the Child of the
+    call it runs, over when the results arrive; an interpreter that exits ends the kernel."""
     def __init__(self, handle, env, call, child, control, owner):
-        self.handle, self.env, self.call, self.child, self.control = handle, env, call, child, control
-        self.owner = owner
+        self.handle, self.env, self.call, self.child = handle, env, call, child
+        self.control, self.owner, self.pid = control, owner, child.pid
+        self.pipes = child.pipes                 # the first call's; a later call sends its own
         self.watch = None                        # its totals, watched for its whole life
         self.packages = sorted(env.packages)
         self.last_used = time.monotonic()
         self.turns = CallSlots(1, KERNEL_QUEUE)   # one call at a time, in arrival order
         self.ended = False
 
-    def enter(self, cancel, turn="none yet"):
-        """Wait for this kernel's turn -> None, or a refusal Result. A call that took its place
-        in line when it arrived (KERNELS.line_up) brings its `turn`."""
+    def enter(self, cancel, turn, packages):
+        """Wait for this kernel's turn, then add the call's packages -> None, or a refusal
+        Result (and the turn is given back). `turn` is the place in line the call took when it
+        arrived (KERNELS.line_up), or "none yet". An isolated kernel's packages are fixed."""
         turn = self.turns.enqueue() if turn == "none yet" else turn
         if turn is None:
             return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
                                   % KERNEL_QUEUE, returncode=-1)
         got = self.turns.wait(turn, cancel)
-        return None if got == "ok" else self.turns.refusal(got)
+        if got != "ok":
+            return self.turns.refusal(got)
+        refusal = None
+        if packages and self.env.isolated and sorted(packages) != self.packages:
+            refusal = Result.refusal(
+                "This session runs in an isolated environment with %s; its packages cannot "
+                "change. Start a new session with the packages you need."
+                % (", ".join(self.packages) or "no packages"))
+        elif packages and not self.env.isolated:
+            with Environment(packages, False, cancel) as env:
+                refusal = env.failure
+        if refusal:
+            self.leave()
+        return refusal
 
     def leave(self):
         self.last_used = time.monotonic()
         self.turns.release()
 
     def run(self, args, cancel, on_output, before=None):
-        """Run one call's code in the kernel -> Result. The first call's files and pipes
-        came with the interpreter (`before` is its directory's snapshot); a later call
-        writes its files, then sends its pipes over the control socket."""
-        if before is not None:
-            child = KernelCall(self, self.child.pipes)
-        else:
+        """Run one call's code -> Result. The first call's files and pipes came with the
+        interpreter (`before`: its directory's snapshot); a later call brings its own."""
+        if before is None:
             problem = write_input_files(self.call.work, args["files"])
             if problem:
                 return Result.refusal(problem)
             before = snapshot_files(self.call.work)
-            pipes = Pipes()
+            self.pipes = Pipes()
             try:
-                socket.send_fds(self.control, [b"run"], pipes.child)
+                socket.send_fds(self.control, [b"run"], self.pipes.child)
             except OSError:
-                pipes.close_all()
+                self.pipes.close_all()
                 KERNELS.end(self)
                 return Result.refusal("The session's interpreter is gone.")
-            pipes.close_child_ends()
-            child = KernelCall(self, pipes)
-        result = supervise(child, args["code"].encode("utf-8", "surrogatepass"), args["timeout"], cancel,
-                           on_output)               # an interpreter that died ends its kernel
+            self.pipes.close_child_ends()
+        result = supervise(self, args["code"].encode("utf-8", "surrogatepass"), args["timeout"],
+                           cancel, on_output)       # an interpreter that died ends its kernel
         if not self.ended:
             collect_files(result, self.call.work, before, self.owner, move=False)
         return result
 
-
-class KernelCall(Child):
-    """One call of a kernel, as supervise() sees it: over when the results arrive, while
-    the interpreter lives on. An interpreter that exits, or is killed, ends its kernel."""
-    def __init__(self, kernel, pipes):
-        self.kernel, self.pipes, self.pid, self.call = kernel, pipes, kernel.child.pid, kernel.call
-
     def exit_code(self):
-        return self.kernel.child.exit_code()
+        return self.child.exit_code()
 
     def wait(self, seconds):
         time.sleep(seconds)        # its pipes are closed, so it has sent its results
@@ -3674,7 +3679,7 @@ class KernelCall(Child):
         return "status" not in record          # it closed its results without a word: it is broken
 
     def kill(self):
-        KERNELS.end(self.kernel)               # the code would not stop: the kernel dies
+        KERNELS.end(self)                      # the code would not stop: the kernel dies
 
 
 class Kernels:
@@ -3685,7 +3690,7 @@ class Kernels:
         self.lock = threading.Lock()
         self.live = {}
         self.reasons = {}         # handle -> why it was ended, for its next call
-        self.reaper = None
+        self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
 
     def start(self, args, session, cancel, on_output):
         """A "session": "new" call -> (kernel, first Result)."""
@@ -3720,8 +3725,7 @@ class Kernels:
                                          lambda reason: self.end(kernel, reason))
             with self.lock:
                 self.live[handle] = kernel
-                if self.reaper is None:
-                    self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
+                if not self.reaper.is_alive():       # the first kernel starts it
                     self.reaper.start()
             return kernel, kernel.run(args, cancel, on_output, before)
         finally:
@@ -3756,10 +3760,8 @@ class Kernels:
                 while len(self.reasons) > 100:
                     self.reasons.pop(next(iter(self.reasons)))
         MONITOR.unwatch(kernel.watch)
-        try:
+        with contextlib.suppress(OSError):
             kernel.control.close()       # the interpreter sees EOF and exits ...
-        except OSError:
-            pass
         kernel.child.kill()              # ... and whatever it left is killed
         kernel.call.remove()
         kernel.env.__exit__()
@@ -3768,15 +3770,12 @@ class Kernels:
         while True:
             time.sleep(min(10.0, max(0.2, SESSION_IDLE / 4)))
             now = time.monotonic()
-            with self.lock:
-                idle = [s for s in self.live.values() if s and not s.turns.running
-                        and now - s.last_used > SESSION_IDLE]
-            for kernel in idle:
-                self.end(kernel)
+            self.close(lambda k: not k.turns.running and now - k.last_used > SESSION_IDLE)
 
-    def close(self):
+    def close(self, which=lambda kernel: True):
+        """End every live kernel, or those which(kernel) picks."""
         with self.lock:
-            kernels = [k for k in self.live.values() if k]
+            kernels = [k for k in self.live.values() if k and which(k)]
         for kernel in kernels:
             self.end(kernel)
 
@@ -3798,12 +3797,8 @@ def run_in_kernel(args, session, cancel, on_output):
             "cannot be interrupted, with end_session, or when the server restarts, and a handle is valid only "
             "on the server process that made it. Start a new one with \"session\": \"new\" and redo its setup."
             % (json.dumps(args["session"]), SESSION_IDLE))
-    refusal = None if new else kernel.enter(cancel, args["turn"])      # its turn, in arrival order
+    refusal = None if new else kernel.enter(cancel, args["turn"], args["packages"])
     if refusal:
-        return refusal
-    refusal = None if new else _kernel_packages(kernel, args, cancel)
-    if refusal:
-        kernel.leave()
         return refusal
     slot = EXEC_SLOTS.acquire(cancel, session.owner)
     try:
@@ -3831,21 +3826,6 @@ def run_in_kernel(args, session, cancel, on_output):
     return result
 
 
-def _kernel_packages(kernel, args, cancel):
-    """Packages asked for in a kernel call: installed into a workspace kernel's environment;
-    an isolated kernel's are fixed -> None, or a refusal Result."""
-    if not args["packages"]:
-        return None
-    if kernel.env.isolated:
-        if sorted(args["packages"]) == kernel.packages:
-            return None
-        return Result.refusal("This session runs in an isolated environment with %s; its packages cannot "
-                              "change. Start a new session with the packages you need."
-                              % (", ".join(kernel.packages) or "no packages"))
-    with Environment(args["packages"], False, cancel) as env:
-        return env.failure
-
-
 def serve_kernel(config, results):
     """Kernel mode (in the child): run each call's code in one __main__, until the server
     closes the control socket. The first call's pipes are this process's stdio; later
@@ -3854,22 +3834,15 @@ def serve_kernel(config, results):
     signal.signal(signal.SIGINT, signal.default_int_handler)     # the server's interrupt
     namespace = fresh_main()
     while True:
-        try:
+        with contextlib.suppress(KeyboardInterrupt):    # one that came late: the results went out
             importlib.invalidate_caches()     # packages installed since the last call are found
             status, value = run_cell(sys.stdin.buffer.read(), namespace)
             child_report(results, config, status, value)
-        except KeyboardInterrupt:             # an interrupt that came late: the results went out
-            pass
-        null = os.open(os.devnull, os.O_RDWR)
-        for target in (0, 1, 2):
-            os.dup2(null, target)
-        os.close(null)
-        while True:
-            try:
+        use_as_stdio([os.open(os.devnull, os.O_RDWR) for _ in range(3)])
+        data = None
+        while data is None:
+            with contextlib.suppress(KeyboardInterrupt):      # between calls: ignored
                 data, fds, _, _ = socket.recv_fds(control, 64, 8)
-                break
-            except KeyboardInterrupt:
-                continue
         if not data:
             sys.exit(0)
         use_as_stdio(fds)
@@ -3907,9 +3880,9 @@ register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE)
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT = "io.modelcontextprotocol/clientInfo"
 META_SERVER = "io.modelcontextprotocol/serverInfo"
-# MCP's own error codes (2026-07-28 basic/index.mdx, Error Codes). -32021, a missing
-# client capability, never applies: no method here needs one.
-HEADER_MISMATCH, UNSUPPORTED_VERSION = -32020, -32022
+# MCP's own error codes (2026-07-28 basic/index.mdx, Error Codes); -32021 is a capability
+# the request did not declare (the tasks extension, section 12).
+HEADER_MISMATCH, MISSING_CAPABILITY, UNSUPPORTED_VERSION = -32020, -32021, -32022
 # How long a result may be cached, and by whom (2026-07-28 server/utilities/caching.mdx):
 # the tool list and discovery never change while we run; files are private and fleeting.
 CACHING = {"tools/list": (3600 * 1000, "public"), "server/discover": (3600 * 1000, "public"),
@@ -3999,10 +3972,9 @@ register_method("server/discover", handle_discover, eras=("modern",))
 
 
 class LatestLine:
-    """The latest complete, non-blank line of a stream, for progress messages.
-    Output arrives in arbitrary pieces (`print("tick", 2)` under `python -u` is several
-    writes), so the unfinished line is kept until its newline comes. Before the first
-    newline, the unfinished line is the latest there is."""
+    """The latest complete, non-blank line of a stream, for progress messages. Output comes
+    in arbitrary pieces (`print("tick", 2)` under `python -u` is several writes), so the
+    unfinished line waits for its newline; before the first one, it is the latest there is."""
 
     def __init__(self):
         self.partial = b""
@@ -4061,10 +4033,11 @@ class Progress:
 # --- Jobs ------------------------------------------------------------------------------
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+TASKS_CAPABILITY = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}   # 2025-11-25
 RELATED_TASK = "io.modelcontextprotocol/related-task"
-MISSING_CAPABILITY = -32021         # 2026-07-28 basic/index.mdx: the client did not declare it
 TASK_WAIT = 1.0                     # seconds a 2026-07-28 call waits before it becomes a task
 POLL_INTERVAL_MS = 1000
+ISO_TIME = "%Y-%m-%dT%H:%M:%SZ"     # a Task's createdAt and lastUpdatedAt (tasks.mdx, Task)
 JOBS_KEPT = 1000                    # finished jobs kept at most (the oldest go first)
 RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\": \"%s\"} (and "
                 "no code) to wait for more output and the result, or with {\"job\": \"%s\", "
@@ -4072,22 +4045,21 @@ RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\
 
 
 class Job:
-    """One run: its thread, cancel Event, the output no answer has shown yet, and, once it
-    ended, its Result. `status` is the task status: working, then completed, failed or
+    """One run: its cancel Event, the output no answer has shown yet, and, once it ended,
+    its Result. `status` is the task status: working, then completed, failed or
     cancelled, for good (2025-11-25 tasks.mdx, Task Status Lifecycle)."""
 
-    def __init__(self, args, session):
+    def __init__(self, owner, notify):
         self.handle = new_handle("j")
-        self.owner = session.owner
+        self.owner, self.notify = owner, notify      # notify: tasks/status when it ends, or None
         self.created = self.updated = time.time()
         self.cancel, self.done = threading.Event(), threading.Event()
-        self.status, self.result, self.listener, self.on_end = "working", None, None, None
+        self.status, self.result, self.listener = "working", None, None
         self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
         self.code_wrote_stderr = False
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._run, args=(args, session), daemon=True)
 
-    def _run(self, args, session):
+    def run(self, args, session):
         try:
             result, status = run_code(args, session, self.cancel, self._output), "completed"
         except Exception:
@@ -4099,8 +4071,9 @@ class Job:
             if self.status == "working":            # a cancel already said "cancelled"
                 self.status = "cancelled" if result.cancelled else status
         self.done.set()
-        if self.on_end:
-            self.on_end(self)
+        if self.notify:        # tasks.mdx: optional, and only where the channel outlives the call
+            self.notify({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                         "params": self.task(False)})
 
     def _output(self, stream, chunk):
         if stream in self.unread:
@@ -4126,13 +4099,8 @@ class Job:
         with self.lock:
             out, err = self.unread["stdout"], self.unread["stderr"]
             self.unread = fresh
-        if not self.done.is_set():
-            answer = Result(0, out.text(), err.text(), False, out.truncated or err.truncated)
-            answer.status, answer.job = "running", self.handle
-            text = RUNNING_TEXT % (self.handle, TOOL_NAME, self.handle, self.handle)
-            answer.blocks.append((None, {"type": "text", "text": text}))
-            return answer
-        final = self.result
+        ended = self.done.is_set()
+        final = self.result if ended else Result()        # a run still going adds nothing yet
         answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
                         out.truncated or err.truncated or final.value_truncated, final.cancelled)
         if not self.code_wrote_stderr:
@@ -4143,27 +4111,27 @@ class Job:
             setattr(answer, name, getattr(final, name))
         answer.status = "cancelled" if self.status == "cancelled" else "completed"
         answer.job = self.handle
+        if not ended:
+            answer.status = "running"
+            text = RUNNING_TEXT % (self.handle, TOOL_NAME, self.handle, self.handle)
+            answer.blocks.append((None, {"type": "text", "text": text}))
         return answer
 
     def task(self, modern):
-        """The Task object (tasks.mdx, Task; the 2026-07-28 extension names ttlMs and
-        pollIntervalMs). The result is kept JOB_TTL after the run, so its ttl from creation
-        grows while it runs."""
+        """The Task object (tasks.mdx, Task; the 2026-07-28 extension says ttlMs, pollIntervalMs).
+        The result is kept JOB_TTL after the run, so the ttl from creation grows while it runs."""
         with self.lock:
             status, updated = self.status, self.updated
         ended = updated if status != "working" else time.time()
         ttl = int((ended - self.created + JOB_TTL) * 1000)
-        task = {"taskId": self.handle, "status": status, "createdAt": _iso(self.created),
-                "lastUpdatedAt": _iso(updated)}
+        task = {"taskId": self.handle, "status": status,
+                "createdAt": time.strftime(ISO_TIME, time.gmtime(self.created)),
+                "lastUpdatedAt": time.strftime(ISO_TIME, time.gmtime(updated))}
         task.update({"ttlMs": ttl, "pollIntervalMs": POLL_INTERVAL_MS} if modern
                     else {"ttl": ttl, "pollInterval": POLL_INTERVAL_MS})
         if status == "cancelled":
             task["statusMessage"] = "Cancelled on request."
         return task
-
-
-def _iso(seconds):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 class Jobs:
@@ -4174,13 +4142,12 @@ class Jobs:
         self.lock = threading.Lock()
         self.jobs = {}
 
-    def start(self, args, session, on_end=None):
-        job = Job(args, session)
-        job.on_end = on_end
+    def start(self, args, session, notify=None):
+        job = Job(session.owner, notify)
         with self.lock:
             self._forget_old()
             self.jobs[job.handle] = job
-        job.thread.start()
+        threading.Thread(target=job.run, args=(args, session), daemon=True).start()
         return job
 
     def get(self, handle):
@@ -4225,9 +4192,8 @@ def wait_for_job(job, request, cancel, seconds):
     job.listener = progress.output if progress.token is not None else None
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        def ended_or_report_due():
-            return job.done.is_set() or progress.due()
-        while wait_or_cancel(ended_or_report_due, cancel, deadline, wake=job.done):
+        while wait_or_cancel(lambda: job.done.is_set() or progress.due(), cancel, deadline,
+                             wake=job.done):
             if job.done.is_set():
                 break
             progress.send()
@@ -4243,7 +4209,8 @@ def job_call_mode(request, clean):
     if clean.get("job"):
         return poll_job(request, clean)
     if request.version == "2025-11-25" and isinstance(request.params.get("task"), dict):
-        job = JOBS.start(clean, request.session, _status_notifier(request))
+        lasting = request.session.lasting_channel          # stdio and HTTP+SSE, not a POST
+        job = JOBS.start(clean, request.session, request.notify if lasting else None)
         return {"task": job.task(False)}                        # at once (tasks.mdx)
     as_task = declares_extension(request, TASKS_EXTENSION)
     cancel = request.session.start_call(request.id)             # before the code can start
@@ -4280,16 +4247,6 @@ def _unknown_job(handle):
     return lives_elsewhere(handle) or (
         "Unknown or expired job %s: a finished job's result is kept %g s (JOB_TTL), and jobs "
         "end when the server restarts. Run the code again." % (handle, JOB_TTL))
-
-
-def _status_notifier(request):
-    """notifications/tasks/status when a task ends (tasks.mdx: optional), where the request's
-    channel outlives it: stdio and HTTP+SSE."""
-    notify = request.notify if request.session.lasting_channel else None
-    if notify is None:
-        return None
-    return lambda job: notify({"jsonrpc": "2.0", "method": "notifications/tasks/status",
-                               "params": job.task(False)})
 
 
 def check_job(arguments, clean):
@@ -4344,9 +4301,8 @@ def handle_tasks_result(request):
         request.session.end_call(request.id)
     if not job.done.is_set():
         return CANCELLED
-    result = tool_result(job.result, request.version)
-    result["_meta"] = {RELATED_TASK: {"taskId": job.handle}}
-    return result
+    return dict(tool_result(job.result, request.version),
+                _meta={RELATED_TASK: {"taskId": job.handle}})
 
 
 def handle_tasks_list(request):
@@ -4366,20 +4322,14 @@ def handle_tasks_cancel(request):
     return {} if request.modern else job.task(False)
 
 
-def tasks_capability(version):
-    """2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension."""
-    if version == "2025-11-25":
-        return {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
-    return None
-
-
 JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", the "
             "output so far and a \"job\" handle: call again with {\"job\": handle} and no code to "
             "wait for new output and the result, or add \"cancel\": true to stop it; so a long run "
             "may use all of its \"timeout\"." % CALL_WAIT)
+# 2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension.
 register_tool_feature(check=check_job, call_mode=job_call_mode,
                       note=lambda local: JOB_NOTE if CALL_WAIT else "", capability={
-    "tasks": tasks_capability,
+    "tasks": lambda version: TASKS_CAPABILITY if version == "2025-11-25" else None,
     "extensions": lambda version: {TASKS_EXTENSION: {}} if version in MODERN_VERSIONS else None})
 register_method("tasks/get", handle_tasks_get)
 register_method("tasks/cancel", handle_tasks_cancel)
