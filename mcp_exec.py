@@ -48,7 +48,6 @@ The stdio path imports only the standard library; Flask and waitress load only f
 import json
 import os
 import re
-import secrets
 import signal
 import sys
 import threading
@@ -351,7 +350,7 @@ class Session:
         self.modern = modern           # may it serve 2026-07-28 requests? (not HTTP+SSE)
         self.local = local
         self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
-        self.owner = secrets.token_hex(8)
+        self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
         self.protocol_version = None
         self.closed = False
         self.calls = {}                # request id -> threading.Event that cancels it
@@ -978,15 +977,12 @@ import contextlib
 import errno
 import functools
 import gc
-import hashlib
-import hmac
 import importlib
 import io
 import linecache
 import mimetypes
 import posixpath
 import queue
-import selectors
 import shutil
 import socket
 import stat
@@ -1008,6 +1004,8 @@ from urllib.parse import urljoin, urlsplit
 # run_once() makes the directory, start_child() the process, supervise() watches it, and
 # finish() turns what it left into a Result.
 
+import select         # poll(): the supervisor's, and the template's (section 5)
+
 EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
 LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
 # Handles (jobs, kernels, returned files) name the instance that made them: behind a router,
@@ -1017,8 +1015,10 @@ INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST)[:24] or "local"
 
 
 def new_handle(prefix):
-    """'j' -> 'j-<instance>-<random>': unguessable, and says where it lives."""
-    return "%s-%s-%s" % (prefix, INSTANCE, secrets.token_urlsafe(12))
+    """'j' -> 'j-<instance>-<random>': unguessable, and says where it lives. Random bytes
+    come from os.urandom(), as in the secrets module, which we do not import: it loads
+    OpenSSL (5 MB) through hashlib, into the server and into every template."""
+    return "%s-%s-%s" % (prefix, INSTANCE, base64.urlsafe_b64encode(os.urandom(12)).decode())
 
 
 def lives_elsewhere(handle, shown=None):
@@ -1060,7 +1060,7 @@ def run_once(env, args, session, cancel, on_output):
         problem = write_input_files(call.work, args["files"])                 # section 9
         if problem:
             return Result.refusal(problem)
-        before = snapshot_files(call.work)
+        before = snapshot_files(call.work) if args["files"] else {}
         child = start_child(env, call, "run", session.local)
         result = supervise(child, args["code"].encode("utf-8", "surrogatepass"), args["timeout"],
                            cancel, on_output)
@@ -1144,7 +1144,6 @@ class CallSlots:
 
 
 EXEC_SLOTS = CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE)
-
 
 
 def child_config(mode):
@@ -1233,7 +1232,7 @@ class Child:
     """What supervise() needs of a running child, whatever started it: `pid`, `pipes`, the
     call's directory `call`, and exit_code() (None while it runs), wait(seconds) for its
     end, and kill() of it and all it started. SpawnedChild (here), ForkedChild (section 6)
-    and KernelCall (section 10) implement it; the defaults below fit a process whose call
+    and Kernel (section 10) implement it; the defaults below fit a process whose call
     ends with it, and a kernel overrides them."""
     pid = pipes = call = None
 
@@ -1311,42 +1310,44 @@ def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
 
 def supervise(child, code, timeout, cancel, on_output):
     """Feed a started child its code, collect its output and results, and never leave a
-    process behind -> Result. One thread, one selector; the timeout starts now. The call
-    is over when child.call_over() says so and its pipes are closed; a background process
+    process behind -> Result. One thread, one poll(); the timeout starts now. The call is
+    over when child.call_over() says so and its pipes are closed; a background process
     still holding them gets EXIT_GRACE, no more."""
     out, err, results = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT), bytearray()
-    pipes, sel = child.pipes, selectors.DefaultSelector()
-    for fd, name in ((pipes.stdout, "stdout"), (pipes.stderr, "stderr"), (pipes.results, "results"),
-                     (pipes.code, "code")):
-        if fd >= 0:
-            os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_WRITE if name == "code" else selectors.EVENT_READ, name)
-    code, written = memoryview(code), 0
+    pipes, poller = child.pipes, select.poll()
+    names = {pipes.stdout: "stdout", pipes.stderr: "stderr", pipes.results: "results"}
+    for fd in names:
+        poller.register(fd, select.POLLIN)     # reads block, but only follow poll()'s word
+    if pipes.code >= 0:
+        os.set_blocking(pipes.code, False)     # a write takes what the pipe has room for
+        poller.register(pipes.code, select.POLLOUT)
+        names[pipes.code] = "code"
+    code = memoryview(code)
     watch = MONITOR.watch(child.pid, child.call.root) if child.call else None      # section 7
     deadline = time.monotonic() + timeout
     stop = finished_at = interrupted = None
     try:
         while True:
             step = min(0.05, max(0.0, deadline - time.monotonic()))
-            if not sel.get_map():
+            if not names:
                 child.wait(step)           # every pipe is closed: wait for the exit itself
-            for key, _ in sel.select(step) if sel.get_map() else ():
-                if key.data == "code":
-                    written += _write_fd(key.fd, code[written:written + 65536]) if written < len(code) else 0
-                    if written >= len(code) or written < 0:
-                        _close(sel, key.fd)        # EOF is the end of the code
+            for fd, _ in poller.poll(step * 1000) if names else ():
+                if names[fd] == "code":
+                    code = code[_write_fd(fd, code):]
+                    if not code:
+                        _close(poller, names, fd)      # EOF is the end of the code
                     continue
-                chunk = _read_fd(key.fd)
-                if chunk == b"":
-                    _close(sel, key.fd)
-                elif key.data == "results":
-                    if chunk and len(results) < RESULTS_LIMIT:
+                chunk = _read_fd(fd)
+                if not chunk:
+                    _close(poller, names, fd)
+                elif names[fd] == "results":
+                    if len(results) < RESULTS_LIMIT:
                         results += chunk
-                elif chunk:
-                    (out if key.data == "stdout" else err).add(chunk)
+                else:
+                    (out if names[fd] == "stdout" else err).add(chunk)
                     if on_output:
-                        on_output(key.data, chunk)
-            reading = [k.data for k in sel.get_map().values() if k.data != "code"]
+                        on_output(names[fd], chunk)
+            reading = [name for name in names.values() if name != "code"]
             if child.call_over(reading):
                 finished_at = finished_at or time.monotonic()
                 if not reading or time.monotonic() - finished_at > EXIT_GRACE:
@@ -1359,9 +1360,8 @@ def supervise(child, code, timeout, cancel, on_output):
     finally:
         if watch:
             MONITOR.unwatch(watch)
-        for key in list(sel.get_map().values()):
-            _close(sel, key.fd)
-        sel.close()
+        for fd in list(names):
+            _close(poller, names, fd)
     return finish(child, stop, interrupted, out, err, results, timeout)
 
 
@@ -1398,23 +1398,24 @@ def finish(child, stop, interrupted, out, err, results, timeout):
 def _read_fd(fd):
     try:
         return os.read(fd, 65536)
-    except BlockingIOError:
-        return None
     except OSError:
         return b""
 
 
 def _write_fd(fd, data):
+    """Write what the pipe has room for -> how many bytes went; all of them once the child
+    is gone (it died before reading all the code: its stderr says why)."""
     try:
         return os.write(fd, data)
     except BlockingIOError:
         return 0
-    except OSError:           # the child died before reading all of it; its stderr says why
-        return -(1 << 40)
+    except OSError:
+        return len(data)
 
 
-def _close(sel, fd):
-    sel.unregister(fd)
+def _close(poller, names, fd):
+    poller.unregister(fd)
+    del names[fd]
     os.close(fd)
 
 
@@ -1562,8 +1563,14 @@ def reap_orphans():
 # Every child interpreter starts with CHILD_COMMAND: it imports this very file as a module
 # (from its own path, which leaves sys.path as it was) and calls child_main(). The
 # server's settings mean nothing there: everything the child needs comes in its config.
-# Before the code runs, the child forgets every pure-Python module this file imported,
-# so that the code finds the interpreter as fresh as `python -c` leaves it.
+# Before the code runs, every pure-Python module this file imported is forgotten (a
+# template forgets them once, for all its children), so that the code finds the
+# interpreter as fresh as `python -c` leaves it.
+
+try:
+    import ctypes     # prctl, capabilities, Landlock, seccomp: imported before the forgetting
+except ImportError:
+    ctypes = None
 
 CHILD_COMMAND = ("import sys; fresh = set(sys.modules); sys.path.insert(0, %r); import %s as m; "
                  "del sys.path[0]; m.child_main(fresh)"
@@ -1575,19 +1582,18 @@ def child_main(fresh_modules):
     """Run in the child: set up, run the code (or serve as a template or kernel), exit."""
     config = json.loads(sys.argv[1])
     del sys.argv[1:]
-    doomed = None
-    if config["mode"] == "template":                  # below; returns in each forked child
-        config, fds, doomed = serve_template(config, fresh_modules)
-        config["results_fd"] = adopt_fds(config, fds)
-    results = config["results_fd"]
-    child_setup(config)
-    for name in doomed or forgettable_modules(fresh_modules):
-        sys.modules.pop(name, None)                  # re-imported if the code wants them
+    if config["mode"] == "template":
+        config = serve_template(config, fresh_modules)    # below; returns in each forked child
+        child_setup(config)
+    else:
+        child_setup(config)
+        forget_modules(fresh_modules)                     # re-imported if the code wants them
     if config["mode"] == "kernel":
-        serve_kernel(config, results)                 # section 10; never returns
+        serve_kernel(config, config["results_fd"])        # section 10; never returns
     namespace = fresh_main()
+    gc.freeze()        # all that is here is ours: the collection at exit visits only the code's
     status, value = run_cell(sys.stdin.buffer.read(), namespace)
-    child_report(results, config, status, value)
+    child_report(config["results_fd"], config, status, value)
     child_exit(status, namespace)
 
 
@@ -1599,7 +1605,13 @@ def child_exit(status, namespace):
         threading_module._shutdown()         # what Py_Finalize does first: wait for threads
     atexit._run_exitfuncs()
     namespace.clear()                        # the code's objects go: open files are flushed
-    gc.collect()
+    # A full collection also empties the free lists, which copies pages the template
+    # shares. Until the code's objects reach the oldest generation (which child_main
+    # left empty), collecting the two younger ones finds the same garbage.
+    if gc.get_objects(2):
+        gc.collect()
+    else:
+        gc.collect(1)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -1625,11 +1637,13 @@ def use_as_stdio(fds):
         os.close(fd)
 
 
-def forgettable_modules(fresh_modules):
-    """The pure-Python modules imported since the interpreter started (extension modules
-    stay: they cannot be loaded twice)."""
-    return [name for name, module in list(sys.modules.items())
-            if name not in fresh_modules and str(getattr(module, "__file__", "")).endswith(".py")]
+def forget_modules(fresh_modules):
+    """Forget the pure-Python modules imported since the interpreter started (extension
+    modules stay: they cannot be loaded twice). What this file uses of them lives on,
+    out of the code's sight."""
+    for name, module in list(sys.modules.items()):
+        if name not in fresh_modules and str(getattr(module, "__file__", "")).endswith(".py"):
+            del sys.modules[name]
 
 
 def child_setup(config):
@@ -1640,16 +1654,15 @@ def child_setup(config):
     try:
         import resource
     except ImportError:
-        resource = None
-    if resource is not None:
-        for name, value in config["limits"].items():
-            try:
-                kind = getattr(resource, name)
-                hard = resource.getrlimit(kind)[1]
-                value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-                resource.setrlimit(kind, (value, value))
-            except (AttributeError, ValueError, OSError):
-                pass
+        return                          # not POSIX: no limits here, nor a sandbox
+    for name, value in config["limits"].items():
+        try:
+            kind = getattr(resource, name)
+            hard = resource.getrlimit(kind)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(kind, (value, value))
+        except (AttributeError, ValueError, OSError):
+            pass
     if config.get("sandbox"):
         apply_sandbox(config["sandbox"])                 # section 7
 
@@ -1699,12 +1712,16 @@ def child_report(fd, config, status, value):
         f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
 
 
-def adopt_fds(config, fds):
-    """In a forked child: the call's pipes become stdin/stdout/stderr; -> the results fd."""
+def adopt_fds(config, fds, template_env):
+    """In a forked child: the call's pipes become stdin/stdout/stderr, and the call's
+    environment replaces `template_env` (a copy of the template's) -> the results fd."""
     use_as_stdio(fds)
     os.chdir(config["cwd"])
-    os.environ.clear()
-    os.environ.update(config["env"])
+    for name in template_env.keys() - config["env"].keys():
+        del os.environ[name]
+    for name, value in config["env"].items():
+        if template_env.get(name) != value:      # most are the template's own: left alone
+            os.environ[name] = value
     os.setsid()                    # a process group of its own, as a spawned child has
     for extra in fds[4:]:
         config.setdefault("extra_fds", []).append(extra)
@@ -1712,67 +1729,50 @@ def adopt_fds(config, fds):
 
 
 _LIBC = []
-PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 36, 38, 24
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_DUMPABLE = 36, 38, 24, 4
 
 
 def _libc():
     """The C library through ctypes (Linux), loaded once; None elsewhere."""
     if not _LIBC:
         try:
-            import ctypes          # Linux only: the prctl and Landlock calls
-            lib = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+            lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
             if lib is not None:
                 lib.syscall.restype = ctypes.c_long
                 # The kernel reads prctl's arguments as unsigned longs: declared once here,
                 # plain ints are passed whole (a bare int would leave upper halves undefined).
                 lib.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
-        except (OSError, TypeError, AttributeError, ImportError):
+        except (OSError, AttributeError):
             lib = None
         _LIBC.append(lib)
     return _LIBC[0]
-
 
 
 # --- The template's loop (its server side is section 6) ----------------------------------
 
 
 def serve_template(config, fresh_modules):
-    """Template mode (in the child): fork a child per request -> (its config, its fds, the
-    modules to forget), in it.
+    """Template mode (in the child): fork a child per request -> its config, in the child.
 
-    Single-threaded on purpose: fork() copies only the calling thread. SIGCHLD wakes the
-    loop through a pipe; every child is reaped here, and each time a call's child ends,
-    whatever it orphaned (now ours: we are a subreaper) is killed."""
+    Single-threaded on purpose: fork() copies only the calling thread. A pidfd (Linux 5.3+)
+    tells it when a call's child ends; it reaps it, kills what it orphaned (now ours: we
+    are a subreaper), and only then reports the exit."""
     sock = socket.socket(fileno=config["socket_fd"])
-    libc = _libc()                 # loaded here once, so that no forked child pays for ctypes
-    if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
-        for network_off in (False, True):
-            _filter(os.uname().machine, network_off)     # built once, not per child (7.2)
-    if config.get("sandbox") and libc is not None:
-        try:
-            drop_capabilities(libc)      # once for all its children, who inherit none (7.2)
-        except OSError:
-            pass                         # then each child drops its own
-    wake_read, wake_write = os.pipe()
-    for fd in (wake_read, wake_write):
-        os.set_blocking(fd, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ)
-    sel.register(wake_read, selectors.EVENT_READ)
-    roots, limits = set(), _rlimits()
-    doomed = forgettable_modules(fresh_modules)         # the same for every child: found once
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:    # Linux < 5.3: calls are spawned instead
+        raise SystemExit("mcp-exec: no template without pidfds (%s)" % exc)
+    _prepare_template(config.get("sandbox"))
+    poller, roots, limits = select.poll(), {}, _rlimits()      # roots: pidfd -> call's child
+    poller.register(sock, select.POLLIN)
+    template_env = dict(os.environ)
+    forget_modules(fresh_modules)       # once for all its children, who find them forgotten
     gc.freeze()         # our objects are never collected: forked children do not copy them
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
-        for key, _ in sel.select():
-            if key.fileobj is not sock:
-                while _read_fd(wake_read):
-                    pass
-                _reap_children(sock, roots)
+        for fd, _ in poller.poll():
+            if fd in roots:
+                _report_exit(sock, poller, roots, fd)
                 continue
             data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
             if not data or _rlimits() != limits:
@@ -1784,16 +1784,29 @@ def serve_template(config, fresh_modules):
             request = json.loads(data)
             pid = os.fork()
             if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                sel.close()
-                for fd in (sock.detach(), wake_read, wake_write):
+                for fd in [sock.detach()] + list(roots):    # the template's, not the code's
                     os.close(fd)
-                return request, fds, doomed
+                request["results_fd"] = adopt_fds(request, fds, template_env)
+                return request
             for fd in fds:
                 os.close(fd)
-            roots.add(pid)
+            _watch_exit(poller, roots, pid)
             sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def _prepare_template(sandbox):
+    """What each child would otherwise do for itself, done once before any fork (7.2)."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
+        for network_off in (False, True):
+            _filter(os.uname().machine, network_off)
+    if sandbox and libc is not None:
+        try:
+            drop_capabilities(libc)       # its children inherit none, and skip their own drop
+        except OSError:
+            pass                          # then each child drops its own
 
 
 def _rlimits():
@@ -1803,26 +1816,30 @@ def _rlimits():
              "RLIMIT_CORE")]
 
 
-def _reap_children(sock, roots):
-    """Reap every child that ended; kill the orphans the calls' children left; only then report
-    their exits, so that nothing of a call still runs when the server hears it is over."""
-    ended = []
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-        if pid in roots:
-            roots.discard(pid)
-            ended.append({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-    if ended:
-        for pid in children_of(os.getpid()):
-            if pid not in roots:       # an orphan: its call's child ended, so its call is over
-                kill_tree(pid)
-    for message in ended:
-        sock.send(json.dumps(message).encode())
+def _watch_exit(poller, roots, pid):
+    """Poll a pidfd of a call's child. Without one, the child cannot be followed: it dies,
+    and the template with it (the server then spawns the call)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        kill_tree(pid)
+        os.waitpid(pid, 0)
+        raise
+    roots[pidfd] = pid
+    poller.register(pidfd, select.POLLIN)
+
+
+def _report_exit(sock, poller, roots, pidfd):
+    """A call's child ended: reap it, kill what it orphaned, then tell the server, so that
+    nothing of a call still runs when the server hears it is over."""
+    poller.unregister(pidfd)
+    os.close(pidfd)
+    pid = roots.pop(pidfd)
+    _, status = os.waitpid(pid, 0)
+    for orphan in set(children_of(os.getpid())) - set(roots.values()):
+        kill_tree(orphan)
+        os.waitpid(orphan, os.WNOHANG)      # reaped now if dead already, else at a next exit
+    sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 
 # =============================================================================
@@ -1839,21 +1856,13 @@ def _reap_children(sock, roots):
 # FORK_SERVER=0, elsewhere, or while a template cannot start, calls are spawned.
 
 
-class _Reply:
-    """An answer awaited from a template (a pid, an exit status): set once it came, or
-    once the template is gone (value None)."""
-
-    def __init__(self):
-        self.event, self.value = threading.Event(), None
-
-
 class Template:
     """The server's side of one template process."""
     def __init__(self, python, generation):
         self.python, self.generation = python, generation
         self.lock, self.send_lock = threading.Lock(), threading.Lock()
-        self.replies = {}        # ("pid", request id) or ("exit", pid) -> _Reply
-        self.alive, self.retired, self.active, self.next_id = True, False, 0, 0
+        self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
+        self.alive, self.retired, self.next_id = True, False, 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active}
         argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
@@ -1876,31 +1885,28 @@ class Template:
 
     def fork(self, config, pipes, extra_fds):
         """Fork a child for a call -> ForkedChild, or None if this template is gone."""
-        reply = _Reply()
+        child = ForkedChild(self, pipes)
         with self.lock:
             if not self.alive:
                 return None
             self.next_id += 1
-            key = ("pid", self.next_id)
-            self.replies[key] = reply
+            request_id = self.next_id
+            self.forking[request_id] = child
         with self.send_lock:
             try:
-                socket.send_fds(self.sock, [json.dumps(dict(config, id=key[1])).encode()],
+                socket.send_fds(self.sock, [json.dumps(dict(config, id=request_id)).encode()],
                                 pipes.child + list(extra_fds))
             except OSError:
-                reply.event.set()
-        if not reply.event.wait(30):
-            self.close()                    # it forked nothing in 30 s: it may not fork onto these pipes later
+                child.forked.set()
+        if not child.forked.wait(30):
+            self.close()        # it forked nothing in 30 s: it may not fork onto these pipes later
         with self.lock:
-            self.replies.pop(key, None)
-            if reply.value is None:
-                return None
-            self.active += 1
-            return ForkedChild(self, reply.value, pipes, self.replies[("exit", reply.value)])
+            self.forking.pop(request_id, None)
+            return child if child.pid is not None else None
 
     def _reader(self):
         """Reader thread: the pids of new children and the exit statuses of finished ones,
-        each handed to the one thread waiting for it."""
+        each handed to its ForkedChild."""
         while True:
             try:
                 message = json.loads(self.sock.recv(65536) or b"null")
@@ -1909,28 +1915,27 @@ class Template:
             with self.lock:
                 if message is None:
                     self.alive = False
-                    for reply in self.replies.values():
-                        reply.event.set()
+                    for child in list(self.forking.values()) + list(self.running.values()):
+                        child.forked.set()
+                        child.ended.set()
                     break
-                if "pid" in message:
-                    self.replies[("exit", message["pid"])] = _Reply()
-                    key, value = ("pid", message["id"]), message["pid"]
-                else:
-                    key, value = ("exit", message["exit"]), message["code"]
-                reply = self.replies.get(key)
-            if reply:
-                reply.value = value
-                reply.event.set()
+                if "pid" in message and message["id"] in self.forking:
+                    child = self.forking[message["id"]]
+                    child.pid = message["pid"]
+                    self.running[child.pid] = child
+                    child.forked.set()
+                elif "exit" in message and message["exit"] in self.running:
+                    child = self.running[message["exit"]]
+                    child.code = message["code"]
+                    child.ended.set()
         if not self.retired:
             log("the template for %s ended; calls are spawned until a new one starts" % self.python)
 
     def done(self, pid=None):
         """A child's call is over: forget it. A retired template stops once it is idle."""
         with self.lock:
-            if pid is not None:
-                self.replies.pop(("exit", pid), None)
-                self.active -= 1
-            idle = self.retired and self.active == 0
+            self.running.pop(pid, None)
+            idle = self.retired and not self.running
         if idle:
             self.close()
 
@@ -1955,23 +1960,25 @@ class Template:
 
 
 class ForkedChild(Child):
-    """A child forked by a template: its parent is the template, which tells us how it ended."""
+    """A child forked by a template: its parent is the template, which tells us its pid
+    (`forked`) and how it ended (`ended`, or the template is gone)."""
 
-    def __init__(self, template, pid, pipes, exit_reply):
-        self.template, self.pid, self.pipes, self.exit = template, pid, pipes, exit_reply
+    def __init__(self, template, pipes):
+        self.template, self.pipes, self.code = template, pipes, None
+        self.forked, self.ended = threading.Event(), threading.Event()
 
     def exit_code(self):
-        if not self.exit.event.is_set():
+        if not self.ended.is_set():
             return None
-        return self.exit.value if self.exit.value is not None else -9     # its template died
+        return self.code if self.code is not None else -9     # its template died
 
     def wait(self, seconds):
-        self.exit.event.wait(seconds)
+        self.ended.wait(seconds)
 
     def kill(self):
         if self.exit_code() is None:           # not reaped yet: the pid is still this child's
             kill_tree(self.pid)
-            self.exit.event.wait(5)
+            self.ended.wait(5)
         if not self.template.alive:
             reap_orphans()                     # the template died: its children became ours
         self.template.done(self.pid)
@@ -2055,7 +2062,6 @@ TEMPLATES = Templates(FORK_SERVER)
 #       starting after a crash kills what the dead one left and removes its directories.
 
 
-
 def server_setup():
     """Once per server process, before its first child (register_lifecycle, below): become
     the reaper of orphans, hide our environment, recover from a dead server, and say what
@@ -2090,9 +2096,6 @@ def _cache_bytecode():
         pass                               # a read-only directory: children compile it each time
 
 
-PR_SET_DUMPABLE = 4
-
-
 # --- 7.1 The sandbox (Landlock) --------------------------------------------------------
 # Landlock (Linux 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst):
 # a process restricts itself and all it later starts, for good. Three syscalls (the same
@@ -2115,7 +2118,6 @@ def landlock_abi():
     libc = _libc()
     if libc is None:
         return 0
-    import ctypes
     return max(0, libc.syscall(LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
 
 
@@ -2211,14 +2213,14 @@ def apply_sandbox(spec):
 
 
 def _apply_landlock(libc, spec):
-    import ctypes
     abi = spec["abi"]
     handled = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
     net = 3 if spec["network_off"] and abi >= 4 else 0          # bind_tcp, connect_tcp
     scoped = 3 if abi >= 6 else 0                                # abstract unix sockets, signals
     size = 8 if abi < 4 else 16 if abi < 6 else 24               # only the fields this ABI knows
     attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
-    ruleset = _landlock(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0)))
+    ruleset = _check(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size),
+                                  ctypes.c_uint32(0)))
     reads = spec["read"] if spec["read"] is not None else ["/"]
     if spec["read"] is not None:     # the interpreter's own directories, wherever they are
         reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
@@ -2226,22 +2228,22 @@ def _apply_landlock(libc, spec):
     for paths, access in ((reads, FS_READ), (spec["write"], handled)):
         for path in paths:
             _landlock_rule(libc, ruleset, path, access)
-    _landlock(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-    _landlock(libc.syscall(LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(1 if abi >= 7 else 0)))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+    _check(libc.syscall(LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset),
+                        ctypes.c_uint32(1 if abi >= 7 else 0)))
     os.close(ruleset)
 
 
-def _landlock(value):
-    import ctypes
+def _check(value, what="landlock"):
+    """The result of a C call, or OSError with its errno when it failed (below zero)."""
     if value < 0:
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
     return value
 
 
 def _landlock_rule(libc, ruleset, path, access):
     """Allow `access` beneath `path` (on a file, only the rights a file can have)."""
-    import ctypes
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
@@ -2250,7 +2252,8 @@ def _landlock_rule(libc, ruleset, path, access):
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             access &= FS_FILE_RIGHTS
         attr = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))    # packed, 12 bytes
-        _landlock(libc.syscall(LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), attr, ctypes.c_uint32(0)))
+        _check(libc.syscall(LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), attr,
+                            ctypes.c_uint32(0)))
     finally:
         os.close(fd)
 
@@ -2263,38 +2266,32 @@ def _landlock_rule(libc, ruleset, path, access):
 # another process. Its tables: x86_64 and the generic table of aarch64.
 
 def _prctl(libc, option, *args):
-    import ctypes
-    if libc.prctl(option, *(args + (0,) * (4 - len(args)))) < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, "prctl(%d): %s" % (option, os.strerror(err)))
-
-
-@functools.lru_cache(maxsize=None)      # read once, in the template: its children inherit it
-def _last_cap():
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        return int(f.read())
+    _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)" % option)
 
 
 def drop_capabilities(libc):
     """Empty every capability set. Root first empties its bounding set (so an execve cannot
     refill the sets) and locks securebits; that needs CAP_SETPCAP, which a non-root process
     lacks and does not need. Lowering its own E/P/I sets via capset is open to anyone."""
-    import ctypes
+    if _CAPABILITIES_DROPPED:
+        return                       # by the template this child was forked from
     header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0))  # v3, this process
     data = ctypes.create_string_buffer(24)                # 2 x {effective, permitted, inheritable}
-    if libc.capget(header, data) < 0:
-        raise OSError(ctypes.get_errno(), "capget failed")
-    if not any(data.raw) and libc.prctl(23, 0, 0, 0, 0) != 1:
-        return                       # nothing left (a template dropped it all): nor ambient ones
+    _check(libc.capget(header, data), "capget")
     setpcap = struct.unpack_from("=I", data.raw)[0] & 1 << 8      # CAP_SETPCAP is effective
     if setpcap:
-        for cap in range(_last_cap() + 1):
-            _prctl(libc, 24, cap)                                    # PR_CAPBSET_DROP
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last_cap = int(f.read())
+        for cap in range(last_cap + 1):
+            _prctl(libc, PR_CAPBSET_DROP, cap)
     _prctl(libc, 47, 4)                         # PR_CAP_AMBIENT_CLEAR_ALL: open to anyone
     if setpcap:      # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, each locked; KEEP_CAPS_LOCKED
         _prctl(libc, 28, 0x2f)
-    if libc.capset(header, ctypes.create_string_buffer(24)) < 0:     # E = P = I = 0, last
-        raise OSError(ctypes.get_errno(), "capset failed")
+    _check(libc.capset(header, ctypes.create_string_buffer(24)), "capset")   # E = P = I = 0, last
+    _CAPABILITIES_DROPPED.append(True)
+
+
+_CAPABILITIES_DROPPED = []       # [True] once dropped: a forked child inherits the empty sets
 
 
 # name x86_64 generic(aarch64); "-" = no such syscall. Checked against the 6.18 uapi headers.
@@ -2359,7 +2356,6 @@ def _program(arch, network_off):
 def _filter(arch, network_off):
     """The filter as the kernel takes it: (struct sock_fprog, the instructions it points to),
     kept together so that the second lives as long as the first."""
-    import ctypes
     program, at, n = _program(arch, network_off), {}, 0
     for ins in program:                                  # first pass: where each label lands
         if isinstance(ins, str):
@@ -2375,17 +2371,12 @@ def _filter(arch, network_off):
 
 
 def install_seccomp(libc, network_off):
-    """Install the deny-list filter on this process and all it starts: None, or why not.
-    Other syscalls than those named never reach an argument load, so the kernel's
-    per-syscall cache (5.11+) lets them through without running the filter at all."""
-    import ctypes
-    arch = os.uname().machine
-    if arch not in _ARCH or struct.calcsize("P") != 8:   # a 32-bit Python on x86_64 is i386
-        return "no seccomp filter for %s (%d-bit)" % (arch, struct.calcsize("P") * 8)
-    fprog, _ = _filter(arch, network_off)
-    _prctl(libc, 38, 1)                                      # PR_SET_NO_NEW_PRIVS
+    """Install the deny-list filter on this process and all it starts (Sandbox.seccomp
+    says where there is one). Other syscalls than those named never reach an argument
+    load, so the kernel's per-syscall cache (5.11+) lets them through unfiltered."""
+    fprog, _ = _filter(os.uname().machine, network_off)
+    _prctl(libc, PR_SET_NO_NEW_PRIVS, 1)
     _prctl(libc, 22, 2, ctypes.addressof(fprog))             # PR_SET_SECCOMP, MODE_FILTER
-    return None
 
 
 # --- 7.3 Per-call totals ----------------------------------------------------------------
@@ -2417,6 +2408,7 @@ class Watch:
     `reason` says why it must end. on_over(reason), if given, runs once when it must."""
     def __init__(self, pid, directory, on_over=None):
         self.pid, self.directory, self.on_over, self.reason = pid, directory, on_over, None
+        self.due = time.monotonic() + MONITOR_INTERVAL         # when it is next checked
 
     def check(self):
         pids = [self.pid] + descendants(self.pid)
@@ -2496,8 +2488,9 @@ def _disk_over(directory):
 
 
 class Monitor:
-    """Polls the watched calls every MONITOR_INTERVAL seconds, on one thread that runs only
-    while some call is watched."""
+    """Checks each watched call MONITOR_INTERVAL seconds after it started, and as often
+    after that, on one thread that runs only while some call is watched. A call over by
+    its first check costs nothing here: its setrlimit bounds held meanwhile."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -2522,16 +2515,20 @@ class Monitor:
     def _run(self):
         idle_since = None
         while True:
-            time.sleep(MONITOR_INTERVAL)
             with self.lock:
                 watches = list(self.watches)
-                idle_since = None if watches else idle_since or time.monotonic()
-                if idle_since and time.monotonic() - idle_since > 5:     # not restarted per call
+                now = time.monotonic()
+                idle_since = None if watches else idle_since or now
+                if idle_since and now - idle_since > 5:     # not restarted per call
                     self.running = False
                     return
             for watch in watches:
-                if watch.reason is None:
+                if watch.due <= now and watch.reason is None:
                     watch.check()
+                    watch.due = now + MONITOR_INTERVAL
+            # A watch added meanwhile is due MONITOR_INTERVAL after it came: no sooner.
+            wake = min([watch.due for watch in watches] + [now + MONITOR_INTERVAL])
+            time.sleep(max(0.01, wake - time.monotonic()))
 
 
 MONITOR = Monitor()
@@ -2673,7 +2670,7 @@ class RunDir:
         with self.guard:
             if self.root is None:
                 os.makedirs(self.base, exist_ok=True)
-                root = os.path.join(self.base, "%d-%s" % (os.getpid(), secrets.token_hex(4)))
+                root = os.path.join(self.base, "%d-%s" % (os.getpid(), os.urandom(4).hex()))
                 os.mkdir(root)
                 self.lock = open(os.path.join(root, "lock"), "w")
                 _flock(self.lock, shared=False)
@@ -2682,7 +2679,7 @@ class RunDir:
             return self.root
 
     def new_call(self):
-        return CallDir(os.path.join(self.path(), "call-" + secrets.token_hex(6)))
+        return CallDir(os.path.join(self.path(), "call-" + os.urandom(6).hex()))
 
     def record(self, pid):
         """Note a process this server started, for the next server if this one crashes."""
@@ -2899,6 +2896,13 @@ def _waited(cancel):
     return Result.refusal("", timed_out=not cancel.is_set(), cancelled=cancel.is_set())
 
 
+def _digest(text, length):
+    """A hex SHA-256 prefix that names a folder. hashlib is imported here, not at the top:
+    it loads OpenSSL (5 MB), which only a server that installs needs, never a template."""
+    import hashlib
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
 class Environments:
     """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
     Under STATE_DIR, which several server processes may share: workspace/ (installs
@@ -2918,7 +2922,7 @@ class Environments:
         """-> (python, None), or (None, failure Result), installing what is missing."""
         # One workspace per interpreter (path and version), as with isolated environments:
         # servers started with different Pythons never rebuild or delete each other's.
-        tag = hashlib.sha256(("%s %s" % (sys.executable, sys.version)).encode()).hexdigest()[:12]
+        tag = _digest("%s %s" % (sys.executable, sys.version), 12)
         venv = os.path.join(self.root, "workspace-" + tag)
         record = venv + ".installed"
         stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
@@ -2964,7 +2968,7 @@ class Environments:
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result); lease.release() after the run."""
         # The key covers the interpreter too: a server on another Python builds its own.
-        key = hashlib.sha256("\n".join([sys.executable, sys.version] + sorted(requirements)).encode()).hexdigest()[:20]
+        key = _digest("\n".join([sys.executable, sys.version] + sorted(requirements)), 20)
         cache = os.path.join(self.root, "venvs")
         pointer = os.path.join(cache, key + ".ready")
         with self.lock:
@@ -2988,7 +2992,7 @@ class Environments:
         While it builds, <dir>.building is locked: a directory nobody publishes and nobody
         builds is a dead server's leftover, and recover() removes it (section 7)."""
         os.makedirs(cache, exist_ok=True)
-        venv = os.path.join(cache, "%s-%s" % (key, secrets.token_hex(4)))
+        venv = os.path.join(cache, "%s-%s" % (key, os.urandom(4).hex()))
         with open(venv + ".building", "w") as building:
             _flock(building, shared=False)
             try:
@@ -3709,7 +3713,7 @@ class Kernels:
             env = Environment(args["packages"], args["use_temp_dir"], cancel, on_output).__enter__()
             if env.failure:
                 return None, env.failure
-            call = CallDir(os.path.join(RUN_DIR.path(), "kernel-" + secrets.token_hex(6)))
+            call = CallDir(os.path.join(RUN_DIR.path(), "kernel-" + os.urandom(6).hex()))
             problem = write_input_files(call.work, args["files"])
             if problem:
                 return None, Result.refusal(problem)
@@ -4432,7 +4436,7 @@ class SseSession(Session):
         # HTTP+SSE is a handshake-era transport: a modern probe gets a legacy answer, and
         # a dual-era client falls back to initialize (2026-07-28 basic/versioning.mdx).
         super().__init__(allow_exec, modern=False, local=False)
-        self.session_id = secrets.token_hex(16)   # unguessable (transports.mdx, Security)
+        self.session_id = os.urandom(16).hex()   # unguessable (transports.mdx, Security)
         self.outbox = queue.Queue(maxsize=1000)
 
     def deliver(self, message):
@@ -4570,6 +4574,7 @@ class HttpServer:
         scheme, _, token = headers.get("Authorization", "").partition(" ")
         if not supplied and scheme.lower() == "bearer":
             supplied = token.strip()
+        import hmac        # here: it loads OpenSSL, which the stdio server never needs
         if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
             return error_reply(401, "Unauthorized: send Authorization: Bearer <API_KEY> or X-API-Key: <API_KEY>",
                                headers={"WWW-Authenticate": 'Bearer realm="mcp-exec"'})
@@ -4787,7 +4792,7 @@ class HttpServer:
                 oldest = min(idle, key=lambda x: x.last_used)
                 del self.http_sessions[oldest.session_id]
                 oldest.close()
-            session = HttpSession(self.allow_exec, secrets.token_urlsafe(24))
+            session = HttpSession(self.allow_exec, base64.urlsafe_b64encode(os.urandom(24)).decode())
             self.http_sessions[session.session_id] = session
         return session
 
