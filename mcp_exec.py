@@ -1560,12 +1560,11 @@ def reap_orphans():
 # =============================================================================
 # 5. The child: one call's life in the child process
 # =============================================================================
-# Every child interpreter starts with CHILD_COMMAND: it imports this very file as a module
-# (from its own path, which leaves sys.path as it was) and calls child_main(). The
-# server's settings mean nothing there: everything the child needs comes in its config.
-# Before the code runs, every pure-Python module this file imported is forgotten (a
-# template forgets them once, for all its children), so that the code finds the
-# interpreter as fresh as `python -c` leaves it.
+# Every child interpreter starts with CHILD_COMMAND: it imports this very file as a module (from its
+# own path, which leaves sys.path as it was) and calls child_main(). The server's settings mean
+# nothing there: everything the child needs comes in its config. Before the code runs, every
+# pure-Python module this file imported is forgotten (a template forgets them once, for all its
+# children), so that the code finds the interpreter as fresh as `python -c` leaves it.
 
 try:
     import ctypes     # prctl, capabilities, Landlock, seccomp: imported before the forgetting
@@ -1638,9 +1637,8 @@ def use_as_stdio(fds):
 
 
 def forget_modules(fresh_modules):
-    """Forget the pure-Python modules imported since the interpreter started (extension
-    modules stay: they cannot be loaded twice). What this file uses of them lives on,
-    out of the code's sight."""
+    """Forget the pure-Python modules imported since the interpreter started (extension modules
+    stay: they cannot load twice). What this file uses of them lives on, out of the code's sight."""
     for name, module in list(sys.modules.items()):
         if name not in fresh_modules and str(getattr(module, "__file__", "")).endswith(".py"):
             del sys.modules[name]
@@ -1668,9 +1666,8 @@ def child_setup(config):
 
 
 def run_cell(source, namespace):
-    """Run source in namespace, like a notebook cell -> (exit status, value of the last expression).
-    If the last statement is an expression, it is evaluated on its own and its value
-    returned (None otherwise). Tracebacks show the user's lines, never this function's."""
+    """Run source in namespace like a notebook cell -> (exit status, the value of a last expression
+    statement, evaluated on its own, or None). Tracebacks show only the user's lines."""
     text = source.decode("utf-8", "replace")
     linecache.cache[CODE_FILENAME] = (len(text), None, text.splitlines(True), CODE_FILENAME)
     try:
@@ -1753,10 +1750,8 @@ def _libc():
 
 def serve_template(config, fresh_modules):
     """Template mode (in the child): fork a child per request -> its config, in the child.
-
-    Single-threaded on purpose: fork() copies only the calling thread. A pidfd (Linux 5.3+)
-    tells it when a call's child ends; it reaps it, kills what it orphaned (now ours: we
-    are a subreaper), and only then reports the exit."""
+    Single-threaded: fork() copies only the calling thread. A pidfd (Linux 5.3+) says when a call's
+    child ends; it reaps it, kills its orphans (ours: we are a subreaper), then reports the exit."""
     sock = socket.socket(fileno=config["socket_fd"])
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -1845,15 +1840,13 @@ def _report_exit(sock, poller, roots, pidfd):
 # =============================================================================
 # 6. Fork server: one template interpreter per environment
 # =============================================================================
-# Starting Python costs tens of milliseconds of CPU; forking a running one costs about
-# one. A template is a clean, single-threaded interpreter of one environment, started
-# when the environment is first used, that forks one child per call (the idea of
-# multiprocessing's forkserver). The request and the call's pipes travel over a unix
-# socket (SCM_RIGHTS). The forked child then does all that a spawned one does
-# (child_main), so the code cannot tell them apart. The template reports each child's
-# pid and exit status, reaps and kills what the code orphaned (it is their subreaper),
-# and when the server goes away it kills all its children and exits. Linux only; with
-# FORK_SERVER=0, elsewhere, or while a template cannot start, calls are spawned.
+# Starting Python costs tens of milliseconds of CPU; forking a running one, about one. A template is
+# a clean, single-threaded interpreter of one environment, started at first use, that forks one
+# child per call (as multiprocessing's forkserver). The request and the call's pipes travel over a
+# unix socket (SCM_RIGHTS); the forked child then does all a spawned one does (child_main): the code
+# cannot tell them apart. It reports each child's pid and exit status, reaps and kills what the code
+# orphaned (it is their subreaper), and when the server goes away kills all its children and exits.
+# Linux only: with FORK_SERVER=0, elsewhere, or while no template can start, calls are spawned.
 
 
 class Template:
@@ -1905,8 +1898,7 @@ class Template:
             return child if child.pid is not None else None
 
     def _reader(self):
-        """Reader thread: the pids of new children and the exit statuses of finished ones,
-        each handed to its ForkedChild."""
+        """Reader thread: each ForkedChild's pid once forked, its exit status once ended."""
         while True:
             try:
                 message = json.loads(self.sock.recv(65536) or b"null")
@@ -2051,21 +2043,19 @@ TEMPLATES = Templates(FORK_SERVER)
 # 7. Containment: a call cannot reach another call, the server, or its secret
 # =============================================================================
 # Three layers, all Linux (elsewhere the first two are off and the README says so):
-#   7.1 the sandbox: each child restricts itself with Landlock before the code runs:
-#       writes only in its own directory, reads (over HTTP) only what Python needs,
-#       no signals to processes outside its domain, optionally no TCP;
-#   7.2 then it drops every capability and installs a seccomp filter: no other process
-#       is reachable, no raw socket, no administration, optionally no IP at all;
+#   7.1 Landlock, set by each child before the code: writes only in its own directory, reads (over
+#       HTTP) only what Python needs, signals only in its domain, optionally no TCP;
+#   7.2 then it drops every capability and installs a seccomp filter: no other process reachable, no
+#       raw socket, no administration, optionally no IP;
 #   7.3 per-call totals: memory, processes, threads and disk of the call's processes;
-#   7.4 nothing escapes, nothing is left: the server is the subreaper of all it starts,
-#       every call has a directory under this server's run directory, and a server
-#       starting after a crash kills what the dead one left and removes its directories.
+#   7.4 nothing escapes or stays: the server is subreaper of all it starts, keeps each call's
+#       directory in its run directory, and after a crash the next server kills and removes what is
+#       left.
 
 
 def server_setup():
-    """Once per server process, before its first child (register_lifecycle, below): become
-    the reaper of orphans, hide our environment, recover from a dead server, and say what
-    containment is active."""
+    """Once per server process, before its first child (register_lifecycle below): become the
+    orphans' reaper, hide our environment, recover from a dead server, log the containment."""
     libc = _libc()
     if libc is not None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -2122,9 +2112,8 @@ def landlock_abi():
 
 
 class Sandbox:
-    """What the children are restricted to, decided once (EXEC_SANDBOX, EXEC_NETWORK).
-    What code may read depends on who asks: over stdio (a `local` session) the user's
-    own files are the point; over HTTP, code reads only what Python needs."""
+    """The children's restrictions, decided once (EXEC_SANDBOX, EXEC_NETWORK). Reads: over stdio (a
+    `local` session) the user's files are the point; over HTTP, only what Python needs."""
 
     def __init__(self, mode, network):
         self.mode, self.network = mode, network
@@ -2196,10 +2185,9 @@ def containment_env(call, local):
 
 
 def apply_sandbox(spec):
-    """In the child, before any code of the user's and before any thread: restrict this
-    process and all it will start: capabilities, Landlock, seccomp, in that order (each
-    step needs what the one before it keeps). A failure ends the child: code never runs
-    unconfined where confinement was promised."""
+    """In the child, before any user code and any thread: restrict this process and all it will
+    start: capabilities, Landlock, seccomp, in that order (each step needs what the one before
+    keeps). A failure ends the child: code never runs unconfined where confinement was promised."""
     libc = _libc()
     try:
         drop_capabilities(libc)
@@ -2259,11 +2247,10 @@ def _landlock_rule(libc, ruleset, path, access):
 
 
 # --- 7.2 Capabilities and seccomp ----------------------------------------------------------
-# Landlock does not cover what a process does to other processes (prlimit, sched_*,
-# ptrace ...), raw and packet sockets, UDP, or what capabilities allow (a root server's
-# children would keep them). So each child empties every capability set, then installs a
-# seccomp-BPF filter: arguments are checked where a call is fine on itself and harmful on
-# another process. Its tables: x86_64 and the generic table of aarch64.
+# Landlock does not cover what a process does to others (prlimit, sched_*, ptrace ...), raw and
+# packet sockets, UDP, or what capabilities allow (a root server's children would keep them). So
+# each child empties every capability set, then installs a seccomp-BPF filter that checks arguments
+# where a call is fine on itself but harmful on another process. Tables: x86_64; aarch64 (generic).
 
 def _prctl(libc, option, *args):
     _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)" % option)
@@ -2320,11 +2307,10 @@ def _table(text, column):
 
 
 def _program(arch, network_off):
-    """(code, jt, jf, k) tuples; jt/jf may name a label (a bare string in the list, always
-    further on: BPF jumps only forward).
-    Arguments are compared on their low 32 bits only: each one checked is a C int (or
-    unsigned int) that the kernel truncates, so the low word is exactly what it acts on.
-    Matching both halves would let cmd = 1 << 32 | TIOCSTI slip past the ioctl check."""
+    """(code, jt, jf, k) tuples; jt/jf may name a label (a bare string in the list, always further
+    on: BPF jumps only forward). Arguments are compared on their low 32 bits only: each one checked
+    is a C int (or unsigned int) that the kernel truncates, so the low word is exactly what it acts
+    on. Matching both halves would let cmd = 1 << 32 | TIOCSTI slip past the ioctl check."""
     nr = _table(_ALWAYS + " " + _BY_ARG, 1 if arch == "x86_64" else 2)
     arg = lambda i: (LD, 0, 0, 16 + 8 * i)        # seccomp_data.args[i], low word (little-endian)
     p = [(LD, 0, 0, 4), (JEQ, 0, "nosys", _ARCH[arch]), (LD, 0, 0, 0)]   # foreign ABI (int 0x80)
@@ -2371,9 +2357,8 @@ def _filter(arch, network_off):
 
 
 def install_seccomp(libc, network_off):
-    """Install the deny-list filter on this process and all it starts (Sandbox.seccomp
-    says where there is one). Other syscalls than those named never reach an argument
-    load, so the kernel's per-syscall cache (5.11+) lets them through unfiltered."""
+    """Install the deny-list filter on this process and all it starts (if Sandbox.seccomp). Unnamed
+    syscalls load no argument, so the kernel's per-syscall cache (5.11+) passes them unfiltered."""
     fprog, _ = _filter(os.uname().machine, network_off)
     _prctl(libc, PR_SET_NO_NEW_PRIVS, 1)
     _prctl(libc, 22, 2, ctypes.addressof(fprog))             # PR_SET_SECCOMP, MODE_FILTER
@@ -2387,9 +2372,8 @@ MONITOR_INTERVAL = 0.25
 
 
 def _nproc_limit():
-    """RLIMIT_NPROC for the code, where it applies (not to root): a backstop against fork
-    bombs between two polls. It counts all of this user's processes, so it is set above
-    what the user runs now plus what the calls may run."""
+    """RLIMIT_NPROC for the code where it applies (not root): a backstop against fork bombs between
+    polls, set above what this user runs now plus what the calls may run (it counts them all)."""
     if not LINUX or os.geteuid() == 0 or not EXEC_MAX_PROCS:
         return 0
     mine = sum(1 for e in os.listdir("/proc") if e.isdigit() and _owner(e) == os.geteuid())
@@ -2488,9 +2472,8 @@ def _disk_over(directory):
 
 
 class Monitor:
-    """Checks each watched call MONITOR_INTERVAL seconds after it started, and as often
-    after that, on one thread that runs only while some call is watched. A call over by
-    its first check costs nothing here: its setrlimit bounds held meanwhile."""
+    """Checks watched calls MONITOR_INTERVAL s after their start, then as often, on a thread running
+    only while some are watched; one over by its first check costs nothing: setrlimit held it."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -2542,10 +2525,9 @@ UNDELETABLE_FLAGS = 0x10 | 0x20                              # FS_IMMUTABLE_FL, 
 
 
 def remove_tree(path):
-    """Remove a tree whatever code did to it: any depth (each directory is first moved up
-    to the top, so no path grows long and nothing recurses), directories without write
-    or search permission, immutable or append-only entries (flags cleared where we may),
-    links never followed. Never raises: what cannot go stays, and is logged."""
+    """Remove a tree whatever code did to it: any depth (each directory is first moved to the top:
+    no long paths, no recursion), no write or search permission, immutable or append-only flags
+    (cleared where we may), links never followed. Never raises: what cannot go stays, logged."""
     try:
         top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -2620,8 +2602,7 @@ def _clear_flags(name, parent):
 
 
 def _remove_at(remove, parent, name):
-    """remove(name) in the directory `parent`, clearing the flags that forbid it once ->
-    True once the entry is gone."""
+    """remove(name) in `parent`, clearing once the flags that forbid it -> True if it is gone."""
     for attempt in (1, 2):
         try:
             remove(name, dir_fd=parent)
@@ -2654,12 +2635,10 @@ class CallDir:
 
 
 class RunDir:
-    """This server's directory: STATE_DIR/run/<pid>-<random>/, holding the calls' directories.
-    Its `lock` is flocked for the server's whole life and `pids` lists every process the
-    server started (pid and start time). A server that finds a run directory whose lock
-    is free knows its server died: recover() kills what that server started (and
-    whatever sits in its directories) and removes it all. A live server's run directory
-    is never touched."""
+    """This server's directory, STATE_DIR/run/<pid>-<random>/, holding the calls' directories.
+    `lock` is flocked while the server lives; `pids` lists every process it started (pid, start
+    time). A run directory with a free lock is a dead server's: recover() kills what it started (and
+    whatever is in its directories) and removes it all, never touching a live server's."""
 
     def __init__(self, state_dir):
         self.base = os.path.join(state_dir, "run")
@@ -2811,10 +2790,9 @@ def _venv_python(venv):
 
 
 def _installer():
-    """-> (uv's path, or None for pip; the installer's environment). uv is used when it is on
-    PATH and not switched off (MCP_EXEC_INSTALLER=pip). The environment is the child's, plus
-    pip/uv settings, proxies, CA bundles; uv does not read PIP_*, so the operator's pip
-    settings are translated for it."""
+    """-> (uv's path, or None for pip; the installer's environment). uv is used when on PATH, unless
+    MCP_EXEC_INSTALLER=pip. The environment is the child's plus pip/uv settings, proxies and CA
+    bundles; uv does not read PIP_*: those are translated for it."""
     uv = None if INSTALLER == "pip" else shutil.which("uv")
     env = child_environment(installer=True)
     if uv:
@@ -2864,10 +2842,9 @@ def _satisfied_here(requirement):
 
 
 def _install(python, requirements, deadline, cancel, report):
-    """pip (or uv, when on PATH) installs requirements into the environment of `python`
-    -> Result; its output lines go on as progress of the "install" stream. pip's --python
-    (pip >= 22.3) means our environments need no pip. "--" ends the options: even a
-    requirement that slipped past validation could not become one."""
+    """pip (or uv, when on PATH) installs requirements into `python`'s environment -> Result; its
+    output is progress of the "install" stream. With pip's --python (22.3+) our environments need no
+    pip. "--" ends the options: a requirement slipping past validation cannot become one."""
     uv, env = _installer()
     if uv:
         # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
@@ -3088,10 +3065,9 @@ class Environments:
 
 
 class Environment:
-    """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call
-    runs with (env.python), ready and leased for as long as the block lasts, or
-    env.failure (a Result saying why not). env.generation changes whenever the
-    environment changes, so that a template of an older one is not used (section 6)."""
+    """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call runs
+    with (env.python), ready, leased for the block, or env.failure (a Result saying why not).
+    env.generation changes with the environment: no template of an older one is used (section 6)."""
 
     def __init__(self, packages, isolated, cancel, report=None):
         self.packages, self.isolated, self.cancel, self.report = list(packages), isolated, cancel, report
@@ -3130,9 +3106,8 @@ LEASE_FILE = ".mcp-exec-lease"
 
 
 class _Lease:
-    """A call's claim on a cached venv: a shared flock on its lease file (POSIX).
-    flock locks belong to open files, so leases from threads of this process and from
-    other server processes all count, and they end with their process."""
+    """A call's claim on a cached venv: a shared flock on its lease file (POSIX). Such locks belong
+    to open files: our threads' and other servers' leases count, and end with their process."""
 
     def __init__(self, venv):
         self.venv = venv
@@ -3172,9 +3147,8 @@ def _flock(file, shared, wait=True):
 
 @contextlib.contextmanager
 def _waiting(try_lock, cancel, deadline, release=None):
-    """`with _waiting(try_lock, cancel, deadline, release) as got:` tries try_lock() until it
-    locks or the call is cancelled or past its deadline; got says whether it locked, and
-    release() unlocks at the end."""
+    """`with _waiting(try_lock, cancel, deadline, release) as got:` tries try_lock() until it locks
+    or the call is cancelled or past its deadline; got: if it locked. release() unlocks after."""
     got = wait_or_cancel(try_lock, cancel, deadline)
     try:
         yield bool(got)
@@ -3186,11 +3160,10 @@ def _waiting(try_lock, cancel, deadline, release=None):
 # =============================================================================
 # 9. What the model sees: the last value, images, files in and out
 # =============================================================================
-# After the code, the child looks at what it left (describe_value): the value of a last
-# expression, open matplotlib figures, and a value that can draw itself. It sends them on
-# its results pipe, never through the code's stdout. The server adds the files the code
-# wrote in its directory (collect_files), keeps them for resources/read, and returns all
-# of it as MCP content blocks beside the JSON text (tools.mdx, Tool Result).
+# Afterwards the child gathers (describe_value) a last expression's value, open matplotlib figures
+# and a value that can draw itself, sent on its results pipe, not stdout. The server adds the files
+# the code wrote in its directory (collect_files), keeps them for resources/read, and returns all as
+# MCP content blocks beside the JSON text (tools.mdx, Tool Result).
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS = 10000, 50 * 10 ** 6  # larger ones are drawn smaller, or dropped
@@ -3263,9 +3236,8 @@ def _value_png(value, max_bytes):
 
 
 def apply_record(result, record):
-    """Server side: what the child sent on its results pipe, into the Result. The code
-    could forge this pipe: only sound PNGs of a sane size pass (a small file may declare a
-    100000 x 100000 image that would exhaust the client's memory)."""
+    """Server side: the results-pipe record into the Result. The code can forge it: only sound PNGs
+    of sane size pass (a tiny PNG may claim 100000 x 100000 pixels and exhaust client memory)."""
     if isinstance(record.get("value"), str):
         result.value = record["value"]
         result.value_truncated = record.get("value_truncated") is True
@@ -3327,9 +3299,8 @@ def check_files(arguments, clean):
 
 
 def _relative_path(path):
-    """'a/./b.csv' -> 'a/b.csv'; None for anything that could leave the directory, that is
-    not UTF-8 (a lone surrogate, a file name in another encoding), longer than 1024
-    characters or deeper than 32 directories."""
+    """'a/./b.csv' -> 'a/b.csv'; None for what could leave the directory, is not UTF-8 (a lone
+    surrogate, a name in another encoding), is over 1024 characters or 32 directories deep."""
     if not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path or "\\" in path:
         return None
     if path.startswith("/") or re.match(r"^[A-Za-z]:", path) or re.search("[\ud800-\udfff]", path):
@@ -3341,9 +3312,8 @@ def _relative_path(path):
 
 
 def _directory_inside(root, path, create=False):
-    """-> (fd of the directory holding root/path, last name), reached without following a
-    symbolic link anywhere on the way (O_NOFOLLOW at every step): code may have planted
-    links, and nothing outside root is touched. Close the fd."""
+    """-> (fd of the directory holding root/path, last name), reached with O_NOFOLLOW at every step:
+    code may have planted links, and nothing outside root is touched. Close the fd."""
     parts = path.split("/")
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -3397,10 +3367,9 @@ def snapshot_files(work):
 
 
 def collect_files(result, work, before, owner, move=True):
-    """The files the code created or changed in `work` -> result.files and content blocks.
-    Every one is listed; each regular file up to FILE_KEEP_MAX is kept for resources/read
-    (moved out of a directory about to be removed, copied out of a kernel's); small
-    ones are also embedded. A symbolic link is listed, never read."""
+    """Files the code created or changed in `work` -> result.files and content blocks. All are
+    listed; each regular file up to FILE_KEEP_MAX is kept for resources/read (moved from a directory
+    about to go, copied from a kernel's), small ones also embedded. Links are listed, never read."""
     after = snapshot_files(work)
     changed = sorted(rel for rel, info in after.items() if before.get(rel) != info)
     inline = 0
@@ -3445,12 +3414,11 @@ def resource_contents(uri, mime_type, data):
 
 
 class OutputStore:
-    """Files the code wrote, kept for resources/read: STATE_DIR/outputs/<token>/<path>.
-    A URI (mcp-exec://output/<token>/<path>) is unguessable. Files live OUTPUT_TTL
-    seconds, and at most OUTPUT_STORE_MB together: to make room, the oldest calls' files
-    go first, but never another client's younger than OUTPUT_MIN_AGE; a file that finds no
-    room is listed, not kept. So no call, not even one huge one, pushes out what another
-    client was just given."""
+    """Files the code wrote, kept for resources/read in STATE_DIR/outputs/<token>/<path>, under an
+    unguessable URI (mcp-exec://output/<token>/<path>). Files live OUTPUT_TTL seconds, at most
+    OUTPUT_STORE_MB together: the oldest calls' files make room, never another client's younger than
+    OUTPUT_MIN_AGE; a file finding no room is listed, not kept, so no call, however huge, evicts
+    what another client was just given."""
 
     PREFIX = "mcp-exec://output/"
 
@@ -3561,9 +3529,8 @@ def handle_resources_read(request):
 
 
 def handle_resources_list(request):
-    """The files of this MCP session's calls. Another session's files stay readable by
-    their exact URI (an unguessable capability) but are never listed; a stateless request
-    is a session of its own, so it lists nothing."""
+    """This MCP session's calls' files. Other sessions' are readable by exact URI (an unguessable
+    capability), never listed; a stateless request, a session of its own, lists none."""
     if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
     return {"resources": [
