@@ -5,10 +5,9 @@
     python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp, HTTP+SSE at /sse
     python mcp_exec.py client ...    a command-line MCP client (also: demo, --help, --version)
 
-Reading guide. Sections 1-3 are the core: a complete handshake-era stdio MCP server, in
-the order one request travels. Cut the file at the line "# The core ends here", give it a
-run_code(), and it runs on its own (the test suite does exactly that). The rest adds to
-it only through the register_*() functions of section 2:
+Reading guide. Sections 1-3 are the core: a complete handshake-era stdio MCP server, in the order
+one request travels. Cut the file at the line "# The core ends here", give it a run_code(), and it
+runs on its own (the test suite does so). The rest adds to it only through section 2's register_*():
 
      1. Settings          one table: every environment variable, its default and meaning
      2. The wire format   framing, sessions, initialize, ping, tools/list, tools/call, the tool
@@ -30,10 +29,8 @@ it only through the register_*() functions of section 2:
 One tools/call over stdio, hop by hop:
 
     StdioServer.serve()      reads a line; parse_frame(): bytes -> JSON, or -32700
-    dispatch()               a request that may wait for code goes to a worker thread, so
-                             that ping and cancellation are answered meanwhile
-    handle_message()         parse_request() checks the envelope and finds the handler;
-                             answer_request() runs it
+    dispatch()               a slow request runs on a worker thread; ping and cancel are answered
+    handle_message()         parse_request() checks the envelope; answer_request() runs the handler
     handle_tools_call()      validate_arguments(), then the call mode of section 12:
     job_call_mode()          run_code() on a thread of its own, waited for CALL_WAIT at most
     run_code()               a slot, an environment, then run_once(): a directory,
@@ -64,14 +61,12 @@ LINUX = sys.platform.startswith("linux")
 # =============================================================================
 # 1. Settings
 # =============================================================================
-# Every setting is an environment variable, described once, here. The constants below
-# and `--help` are generated from this table: every setting is read once, at import.
+# Settings are environment variables, read once at import; constants and --help come from here.
 
 
 class Setting:
-    """One environment variable: its kind, default, and one line of meaning.
-    `default` may be a function of the values read before it (derived defaults);
-    `shown` is how --help prints such a default."""
+    """One environment variable: its kind, default, and one line of meaning. `default` may be a
+    function of the values read before it (derived defaults); `shown` is how --help prints it."""
 
     def __init__(self, group, name, kind, default, meaning, shown=None, minimum=None):
         self.group, self.name, self.kind, self.default = group, name, kind, default
@@ -173,7 +168,6 @@ def read_settings(group, env=os.environ):
 
 
 _EXEC = read_settings(EXECUTION)
-# The settings as constants, by topic (the table says what each one means).
 EXEC_TIMEOUT_MAX, INSTALL_TIMEOUT = _EXEC["EXEC_TIMEOUT_MAX"], _EXEC["INSTALL_TIMEOUT"]
 EXEC_TIMEOUT = min(_EXEC["EXEC_TIMEOUT"], EXEC_TIMEOUT_MAX)   # the cap holds for the default too
 CALL_WAIT, JOB_TTL = _EXEC["CALL_WAIT"], _EXEC["JOB_TTL"]
@@ -217,10 +211,9 @@ def log(message):
 # =============================================================================
 # 2. The wire format (handshake era)
 # =============================================================================
-# handle_message(message, session) -> response or None is the whole protocol. Every
-# transport parses frames with parse_frame(), hands each message to it, and delivers
-# what it returns. It decides from the message and the session's state alone; only
-# tools/call reaches further, into run_code().
+# handle_message(message, session) -> response or None is the whole protocol. Every transport
+# parses frames with parse_frame(), hands each message to it, and delivers what it returns. It
+# decides from the message and the session's state alone; only tools/call reaches into run_code().
 
 # Protocol versions, newest first (see the changelog.mdx of each). Two eras
 # (2026-07-28 basic/versioning.mdx): "handshake" versions open with initialize; the
@@ -266,9 +259,8 @@ def parse_frame(data):
 
 
 def encode_message(message):
-    """Compact JSON on one line (stdio framing forbids embedded newlines, transports.mdx).
-    Non-ASCII stays readable; a lone surrogate (only possible if a client sent one) is
-    written as its \\uXXXX escape, which is still valid JSON."""
+    """Compact JSON on one line (stdio framing forbids embedded newlines, transports.mdx). Non-ASCII
+    stays readable; a lone surrogate (a client sent it) becomes its \\uXXXX escape: valid JSON."""
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
 
 
@@ -283,8 +275,7 @@ def at_least(version, minimum):
 
 
 # --- Registration: how later sections add to the core ------------------------------
-# The core's tables are filled only through these functions, each called once at the
-# end of the section that brings the feature. Grep "register_" to see all of them.
+# These alone fill the core's tables, each called once where its section ends (grep register_).
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 NOTIFICATIONS = {}        # method -> handler(params, session)
@@ -310,8 +301,7 @@ def register_era(parse):
 
 
 def register_tool_feature(check=None, note=None, capability=None, call_mode=None):
-    """An argument check, a sentence for the model, a server capability {name: value}, and
-    another way to run a call."""
+    """An argument check, a sentence for the model, a capability {name: value}, a call mode."""
     if call_mode:
         CALL_MODES.append(call_mode)
     if check:
@@ -328,8 +318,7 @@ def register_lifecycle(setup=None, shutdown=None):
 
 
 def run_lifecycle(stage):
-    """Set up in the order of registration; shut down in the reverse order, as atexit does:
-    what a later section added stops before what it stands on."""
+    """Set up in registration order, shut down in reverse (like atexit): foundations stop last."""
     steps = LIFECYCLE[stage]
     for step in steps if stage == "setup" else reversed(steps):
         step()
@@ -339,11 +328,10 @@ def run_lifecycle(stage):
 
 
 class Session:
-    """One conversation: a stdio process, an HTTP+SSE stream, or a Streamable HTTP session.
-    Holds the negotiated protocol version (None until initialize) and the running tool
-    calls, each with the Event that cancels it, so that notifications/cancelled and the
-    end of the session can stop them. `local` is true over stdio, where the client is
-    the machine's own user; `owner` names whose files and tasks are whose."""
+    """One conversation: a stdio process, an HTTP+SSE stream, or a Streamable HTTP session. Holds
+    the negotiated protocol version (None until initialize) and the running tool calls, each with
+    the Event that cancels it (on notifications/cancelled, at the session's end). `local` is true
+    over stdio, where the client is the machine's own user; `owner` says whose files and tasks."""
 
     def __init__(self, allow_exec=True, modern=True, local=True):
         self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
@@ -521,8 +509,7 @@ def handle_initialize(request):
 
 
 def server_capabilities(version):
-    """What this server offers under `version`. A capability registered as a function of
-    the version is left out where it returns None."""
+    """What this server offers under `version`, less callable capabilities that return None."""
     offered = {}
     for name, value in CAPABILITIES.items():
         value = value(version) if callable(value) else value
@@ -579,9 +566,8 @@ def handle_tools_call(request):
 
 
 def notify_cancelled(params, session):
-    """notifications/cancelled (basic/utilities/cancellation.mdx): the call's cancel Event
-    kills its processes; handle_tools_call then answers CANCELLED, and no response is
-    sent. An id that is unknown or already finished is ignored."""
+    """notifications/cancelled (basic/utilities/cancellation.mdx): the call's cancel Event kills its
+    processes; handle_tools_call answers CANCELLED. Unknown or finished ids are ignored."""
     if valid_id(params.get("requestId")):
         session.cancel(params["requestId"])
 
@@ -707,8 +693,7 @@ def limits_text():
 
 
 def validate_arguments(arguments):
-    """Check tools/call arguments against INPUT_SCHEMA -> (clean, None) or (None, problem),
-    where problem tells the model how to fix them."""
+    """Check arguments against INPUT_SCHEMA -> (clean, None), or (None, what the model must fix)."""
     unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]))
     if unknown:
         names = list(INPUT_SCHEMA["properties"])
@@ -744,10 +729,9 @@ def validate_arguments(arguments):
 
 
 class Result:
-    """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError.
-    `cancelled` is internal: a cancelled call gets no response at all (cancellation.mdx).
-    The optional fields appear only when they have something to say; `blocks` are the
-    extra MCP content blocks (images, resources), each with the version that brought it."""
+    """What one call produced. as_dict() is the tool's JSON result (OPTIONAL fields only when set);
+    `failed` decides isError; `cancelled` (internal) means no response at all (cancellation.mdx);
+    `blocks` are extra content blocks (images, resources), each with the version that brought it."""
 
     FIELDS = ("returncode", "stdout", "stderr", "timed_out", "truncated")
     OPTIONAL = ("value", "images", "files", "session", "session_ended", "status", "job")
@@ -793,10 +777,9 @@ def tool_result(result, version):
 
 
 # --- Batches -------------------------------------------------------------------------------
-# JSON-RPC batches exist in MCP only in 2025-03-26, whose receivers MUST accept them
-# (2025-03-26 basic/index.mdx, Batching); we also accept them under 2024-11-05, which is
-# plain JSON-RPC 2.0. 2025-06-18 removed them (its changelog.mdx), and 2026-07-28 has none:
-# under those a batch is one Invalid Request.
+# JSON-RPC batches exist in MCP only in 2025-03-26, whose receivers MUST accept them (2025-03-26
+# basic/index.mdx, Batching); we also accept them under 2024-11-05, plain JSON-RPC 2.0. 2025-06-18
+# removed them (its changelog.mdx) and 2026-07-28 has none: there a batch is one Invalid Request.
 
 
 def handle_payload(payload, session, notify=None):
@@ -807,8 +790,7 @@ def handle_payload(payload, session, notify=None):
 
 
 def handle_batch(batch, session, notify=None):
-    """A JSON array -> the answers to its requests, in order (none for notifications), or
-    a single error object."""
+    """A JSON array -> its requests' answers, in order (notifications get none), or one error."""
     if not batch:
         return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
     metas = [m["params"].get("_meta") for m in batch
@@ -844,9 +826,7 @@ def needs_worker(payload):
 
 
 class StdioServer:
-    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio).
-    The reading loop is synchronous; tool calls run on worker threads so that ping and
-    notifications/cancelled are answered while code runs. Writes are serialized."""
+    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio); serialized writes."""
 
     def __init__(self, infile, outfile):
         self.infile, self.outfile = infile, outfile
@@ -964,9 +944,8 @@ def serve_stdio():
     return 0
 
 
-# The core ends here. What follows is the executor behind run_code() and everything the
-# core's register_*() functions let in: containment, files, kernels, jobs, the 2026-07-28
-# era, HTTP, the client and the command line. They use more of the standard library:
+# The core ends here. What follows is the executor behind run_code() and all that register_*() lets
+# in (containment, files, kernels, jobs, 2026-07-28, HTTP, client, command line), with more imports:
 
 import ast
 import atexit
@@ -996,13 +975,12 @@ from urllib.parse import urljoin, urlsplit
 # =============================================================================
 # 4. Executor: one call's life on the server
 # =============================================================================
-# run_code() is the whole tool. Each call runs in a fresh interpreter (forked from a
-# template of its environment, section 6, or spawned) in a fresh directory. The server
-# feeds it the code through a pipe, reads its output and its results through three more,
-# and when it ends, fails or runs out of time, kills everything it started and removes
-# every trace. In the order a call lives: run_code() waits for a slot and an environment,
-# run_once() makes the directory, start_child() the process, supervise() watches it, and
-# finish() turns what it left into a Result.
+# run_code() is the whole tool. Each call runs in a fresh interpreter (forked from a template of
+# its environment, section 6, or spawned) in a fresh directory. The server feeds it the code through
+# a pipe, reads its output and results through three more, and when it ends, fails or times out,
+# kills all it started and removes every trace. In the order a call lives: run_code() waits for a
+# slot and an environment, run_once() makes the directory, start_child() the process, supervise()
+# watches it, and finish() turns what it left into a Result.
 
 import select         # poll(): the supervisor's, and the template's (section 5)
 
@@ -1015,15 +993,13 @@ INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST)[:24] or "local"
 
 
 def new_handle(prefix):
-    """'j' -> 'j-<instance>-<random>': unguessable, and says where it lives. Random bytes
-    come from os.urandom(), as in the secrets module, which we do not import: it loads
-    OpenSSL (5 MB) through hashlib, into the server and into every template."""
+    """'j' -> 'j-<instance>-<random>': unguessable, says where it lives. os.urandom() as in secrets,
+    which we do not import: it loads OpenSSL (5 MB, via hashlib) into server and templates."""
     return "%s-%s-%s" % (prefix, INSTANCE, base64.urlsafe_b64encode(os.urandom(12)).decode())
 
 
 def lives_elsewhere(handle, shown=None):
-    """What to say of a handle minted by another instance (`shown` as the client knows it),
-    or None."""
+    """What to say of a handle another instance minted (`shown` as the client knows it), or None."""
     parts = handle.split("-")
     if len(parts) < 3 or parts[1] == INSTANCE or not re.match(r"^[A-Za-z0-9.]+$", parts[1]):
         return None
@@ -1033,11 +1009,10 @@ def lives_elsewhere(handle, shown=None):
 
 
 def run_code(args, session=LOCAL, cancel=None, on_output=None):
-    """Run one tools/call -> Result. `args` is validate_arguments()'s clean dict; `session`
-    the MCP session that asked (its `local` decides what the code may read, section 7).
-    The call waits for one of EXEC_CONCURRENCY slots; the timeout starts when the code
-    does. on_output(stream, chunk) hears what the code and the installer write, as it
-    comes (progress, jobs). A call with a "session" argument runs in that kernel (section 10)."""
+    """Run one tools/call -> Result, in its kernel (section 10) if it has a "session" argument.
+    `args`: validate_arguments()'s clean dict; `session`: the MCP session that asked (its `local`
+    decides what the code may read, section 7). It waits for an EXEC_CONCURRENCY slot; the timeout
+    starts with the code. on_output(stream, chunk) hears code and installer live (progress/jobs)."""
     cancel = cancel or threading.Event()
     if args.get("session"):
         return run_in_kernel(args, session, cancel, on_output)
@@ -1082,10 +1057,9 @@ def wait_or_cancel(ready, cancel, deadline=None, wake=None, step=0.1):
 
 
 class CallSlots:
-    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are refused at
-    once, so that no client can pile up unbounded work (tools.mdx: rate limit
-    invocations). A freed slot goes straight to the oldest waiter, except that while
-    others wait, no owner (an MCP session) gets more than half of the slots."""
+    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are refused: no client
+    can pile up unbounded work (tools.mdx: rate limit invocations). A freed slot goes to the oldest
+    waiter, except that while others wait no owner (an MCP session) gets over half the slots."""
 
     def __init__(self, running, waiting):
         self.max_running, self.max_waiting = running, waiting
@@ -1193,8 +1167,7 @@ CHILD_ENV_ALLOW = (
     "SYSTEMROOT", "SYSTEMDRIVE", "WINDIR", "COMSPEC", "PATHEXT", "USERPROFILE", "APPDATA",
     "LOCALAPPDATA", "PROGRAMDATA", "TEMP", "TMP",
 )
-# The installer also sees the operator's pip/uv configuration, proxies and CA bundles,
-# so that mirrors and local wheel folders work.
+# The installer also sees pip/uv settings, proxies and CA bundles, so mirrors and local wheels work.
 INSTALLER_ENV_PREFIXES = ("PIP_", "UV_")
 INSTALLER_ENV_ALLOW = (
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
@@ -1203,9 +1176,8 @@ INSTALLER_ENV_ALLOW = (
 
 
 class Pipes:
-    """A child's four pipes: code in (its stdin), stdout, stderr, and results (JSON).
-    `child` holds the ends the child gets, in that order; the server keeps the others.
-    Without code (an installer), the child's stdin is /dev/null."""
+    """A child's four pipes: code in (its stdin; /dev/null for an installer), stdout, stderr, and
+    results (JSON). `child` holds the child's ends, in that order; the server keeps the others."""
 
     def __init__(self, code=True):
         code_in, self.code = os.pipe() if code else (os.open(os.devnull, os.O_RDONLY), -1)
@@ -1229,11 +1201,9 @@ class Pipes:
 
 
 class Child:
-    """What supervise() needs of a running child, whatever started it: `pid`, `pipes`, the
-    call's directory `call`, and exit_code() (None while it runs), wait(seconds) for its
-    end, and kill() of it and all it started. SpawnedChild (here), ForkedChild (section 6)
-    and Kernel (section 10) implement it; the defaults below fit a process whose call
-    ends with it, and a kernel overrides them."""
+    """What supervise() needs of a running child: `pid`, `pipes`, `call` (its directory), and
+    exit_code() (None while running), wait(seconds), kill() of it and all it started. SpawnedChild,
+    ForkedChild (section 6) and Kernel (section 10) have it; the defaults fit a one-call process."""
     pid = pipes = call = None
 
     def call_over(self, reading):
@@ -1274,8 +1244,7 @@ def start_child(env, call, mode="run", local=True, extra_fds=()):
 
 
 class SpawnedChild(Child):
-    """A child started with subprocess: the code's interpreter when there is no template,
-    or an installer (run_process)."""
+    """Spawned by subprocess: the code's interpreter (no template) or an installer (run_process)."""
 
     def __init__(self, argv, environment, cwd, pipes, pass_fds=()):
         self.proc = spawn(argv, environment, cwd, pipes.child[:3], pass_fds)
@@ -1309,10 +1278,9 @@ def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
 
 
 def supervise(child, code, timeout, cancel, on_output):
-    """Feed a started child its code, collect its output and results, and never leave a
-    process behind -> Result. One thread, one poll(); the timeout starts now. The call is
-    over when child.call_over() says so and its pipes are closed; a background process
-    still holding them gets EXIT_GRACE, no more."""
+    """Feed a started child its code, collect its output and results, leave no process behind ->
+    Result. One thread, one poll(); the timeout starts now. The call is over when child.call_over()
+    says so and its pipes are closed; a background process still holding them gets EXIT_GRACE."""
     out, err, results = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT), bytearray()
     pipes, poller = child.pipes, select.poll()
     names = {pipes.stdout: "stdout", pipes.stderr: "stderr", pipes.results: "results"}
@@ -1428,9 +1396,8 @@ def _parse_results(data):
 
 
 class OutputBuffer:
-    """Keep the first and last `limit // 2` bytes of a stream, count the rest.
-    The server's memory stays flat however much the code prints: the middle is dropped
-    as it arrives, and a marker says how much."""
+    """Keep the first and last `limit // 2` bytes of a stream, count the rest: the middle is dropped
+    as it arrives (memory stays flat however much the code prints), a marker says how much."""
 
     def __init__(self, limit):
         self.head_limit = limit // 2
@@ -1465,9 +1432,8 @@ class OutputBuffer:
 
 
 # --- Starting, finding and killing processes ---------------------------------------------
-# Every process the server starts goes through spawn(), which remembers it: a child of the
-# server that spawn() did not start is an orphan some call left behind (section 7 makes
-# the server their reaper), and reap_orphans() kills and reaps it.
+# Every process the server starts goes through spawn(), which remembers it; any other child is an
+# orphan a call left (section 7 makes the server their reaper): reap_orphans() kills and reaps it.
 
 _SPAWNED = weakref.WeakSet()        # Popen objects of the server's own children
 _SPAWN_LOCK = threading.Lock()
@@ -1502,7 +1468,6 @@ def children_of(pid):
 
 
 def descendants(pid):
-    """Every live descendant of pid."""
     found, todo = [], [pid]
     while todo:
         kids = children_of(todo.pop())
@@ -1512,9 +1477,8 @@ def descendants(pid):
 
 
 def kill_tree(pid):
-    """SIGKILL a process, its process group, and every descendant, wherever it went.
-    Descendants are stopped first, round after round, so that none can fork while the
-    tree is being collected; then everything dies at once."""
+    """SIGKILL a process, its process group, and every descendant, wherever it went. Descendants are
+    stopped first, round after round, so none can fork while the tree is collected; then all die."""
     if not POSIX:
         subprocess.run(["taskkill", "/F", "/T", "/PID", str(pid)], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
