@@ -3516,15 +3516,13 @@ register_method("resources/list", handle_resources_list)
 # =============================================================================
 # 10. Kernels: state that lives across calls, when the model asks for it
 # =============================================================================
-# The tool's "session": "new" starts a kernel: a long-lived interpreter with a directory
-# of its own, and the result names its handle; passing the handle runs code there, where
-# globals, imports and files persist. This is the shape 2026-07-28 recommends instead of
-# protocol-level sessions (server/tools.mdx, Stateful Tools): a server-minted handle in an
-# ordinary argument, an unknown or expired one a tool error. (The argument is called
-# "session" for compatibility; in this file "session" means the MCP session.) A timeout
-# or cancel first interrupts the code (KeyboardInterrupt, as Jupyter does) and keeps the
-# state; code that does not stop within KERNEL_INTERRUPT_GRACE is killed with its kernel.
-# A handle is valid only in the server process that made it.
+# The tool's "session": "new" starts a kernel (a long-lived interpreter with its own directory) and
+# the result names its handle; passing the handle runs code there, where globals, imports and files
+# persist. 2026-07-28 recommends this shape over protocol-level sessions (server/tools.mdx, Stateful
+# Tools): a server-minted handle in an ordinary argument, an unknown or expired one a tool error,
+# valid only in its server process. (The name is kept for compatibility; elsewhere here, "session"
+# means the MCP session.) A timeout or cancel first interrupts the code (KeyboardInterrupt, as
+# Jupyter does), keeping the state; code that outlasts KERNEL_INTERRUPT_GRACE dies with its kernel.
 
 KERNEL_INTERRUPT_GRACE = 2.0
 KERNEL_QUEUE = 8            # calls that may wait for their kernel; more are refused
@@ -3545,9 +3543,8 @@ class Kernel(Child):
         self.ended = False
 
     def enter(self, cancel, turn, packages):
-        """Wait for this kernel's turn, then add the call's packages -> None, or a refusal
-        Result (and the turn is given back). `turn` is the place in line the call took when it
-        arrived (KERNELS.line_up), or "none yet". An isolated kernel's packages are fixed."""
+        """Wait for the turn (`turn`: the place line_up took on arrival, or "none yet"), then add
+        the call's packages (fixed if isolated) -> None, or a refusal Result (turn given back)."""
         turn = self.turns.enqueue() if turn == "none yet" else turn
         if turn is None:
             return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
@@ -3677,8 +3674,7 @@ class Kernels:
         return kernel if kernel and not kernel.ended else None
 
     def line_up(self, clean):
-        """Calls to one kernel run in the order they arrived: take the call's place in line
-        now, before it moves to a thread of its own (its job, section 12)."""
+        """Queue the call at its kernel in arrival order, before it moves to its job's thread."""
         kernel = self.get(clean.get("session") or "")
         clean["turn"] = kernel.turns.enqueue() if kernel else "none yet"
 
@@ -3762,9 +3758,8 @@ def run_in_kernel(args, session, cancel, on_output):
 
 
 def serve_kernel(config, results):
-    """Kernel mode (in the child): run each call's code in one __main__, until the server
-    closes the control socket. The first call's pipes are this process's stdio; later
-    calls bring theirs over the control socket. Between calls, stdio is /dev/null."""
+    """Kernel mode (in the child): run each call's code in one __main__ till the control socket
+    closes. The first call's pipes are stdio, later ones come over it; between calls, /dev/null."""
     control = socket.socket(fileno=config["extra_fds"][0])
     signal.signal(signal.SIGINT, signal.default_int_handler)     # the server's interrupt
     namespace = fresh_main()
@@ -3806,17 +3801,15 @@ register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE)
 # =============================================================================
 # 11. The 2026-07-28 era: stateless requests
 # =============================================================================
-# No initialize: every request carries its version and the client's capabilities in
-# params._meta and is answered on its own (2026-07-28 basic/versioning.mdx). A dual-era
-# server keeps the handshake for those who open with initialize. This era registers its
-# request parser with the core (register_era); the methods are the core's, less
-# initialize, plus server/discover.
+# No initialize: every request carries its version and the client's capabilities in params._meta and
+# is answered on its own (2026-07-28 basic/versioning.mdx); a dual-era server keeps the handshake
+# for clients that open with initialize. The era's request parser registers with the core
+# (register_era); its methods are the core's, less initialize, plus server/discover.
 
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT = "io.modelcontextprotocol/clientInfo"
 META_SERVER = "io.modelcontextprotocol/serverInfo"
-# MCP's own error codes (2026-07-28 basic/index.mdx, Error Codes); -32021 is a capability
-# the request did not declare (the tasks extension, section 12).
+# MCP's error codes (2026-07-28 basic/index.mdx, Error Codes); -32021: tasks not declared
 HEADER_MISMATCH, MISSING_CAPABILITY, UNSUPPORTED_VERSION = -32020, -32021, -32022
 # How long a result may be cached, and by whom (2026-07-28 server/utilities/caching.mdx):
 # the tool list and discovery never change while we run; files are private and fleeting.
@@ -3825,8 +3818,7 @@ CACHING = {"tools/list": (3600 * 1000, "public"), "server/discover": (3600 * 100
 
 
 def is_modern_request(method, params):
-    """A request in the 2026-07-28 style: it carries its own version in _meta.
-    (server/discover exists only there, so it is modern even when its _meta is missing.)"""
+    """A 2026-07-28 request: its version in _meta (server/discover is modern even without _meta)."""
     meta = params.get("_meta")
     return method == "server/discover" or (
         isinstance(meta, dict) and (META_VERSION in meta or META_CAPABILITIES in meta))
@@ -3860,8 +3852,7 @@ def modern_request(request_id, method, params, session, notify):
 
 
 def decorate_modern_result(result, version, method="tools/call"):
-    """Every modern result says what it is and who answered (basic/index.mdx, _meta), and
-    how long it may be cached where that is required."""
+    """Mark a modern result: type, who answered (basic/index.mdx, _meta), caching if required."""
     result.setdefault("resultType", "complete")          # a task says "task" (section 12)
     result.setdefault("_meta", {})[META_SERVER] = server_info(version)
     if method in CACHING:
@@ -3889,11 +3880,9 @@ register_method("server/discover", handle_discover, eras=("modern",))
 # =============================================================================
 # 12. Jobs and tasks: progress, and runs that outlive their request
 # =============================================================================
-# A job is a run that belongs to the server, not to the request that started it. Every
-# tools/call runs as one, on a thread of its own, and the request waits for it at most
-# CALL_WAIT seconds: a run that ends in time is answered exactly as an ordinary call; one
-# that does not is answered with its handle and its output so far ("status": "running"),
-# and goes on. Three faces show the same job:
+# A job is a run owned by the server, not its request. Every tools/call runs as one on its own
+# thread, awaited at most CALL_WAIT seconds: one done in time answers as an ordinary call; one that
+# does not, with its handle and output so far ("status": "running"), and goes on. Three faces:
 #   - the handle, which any model can poll in any host: {"job": "j-..."} waits up to
 #     CALL_WAIT again and returns only the output that is new since the last answer;
 #   - 2025-11-25 Tasks (basic/utilities/tasks.mdx): a task-augmented tools/call answers at
@@ -3907,9 +3896,8 @@ register_method("server/discover", handle_discover, eras=("modern",))
 
 
 class LatestLine:
-    """The latest complete, non-blank line of a stream, for progress messages. Output comes
-    in arbitrary pieces (`print("tick", 2)` under `python -u` is several writes), so the
-    unfinished line waits for its newline; before the first one, it is the latest there is."""
+    """A stream's latest full, non-blank line, for progress. Output comes in pieces, so a partial
+    line counts until a full one came (`print("tick", 2)` is several writes under `python -u`)."""
 
     def __init__(self):
         self.partial = b""
@@ -3929,11 +3917,9 @@ class LatestLine:
 
 
 class Progress:
-    """notifications/progress for a request that asked for it with _meta.progressToken, sent
-    by the thread that waits for the request's job (wait_for_job): every PROGRESS_INTERVAL
-    seconds, and sooner, at most every PROGRESS_MIN_GAP, when a new line of output came.
-    `progress` is the seconds elapsed, strictly increasing; `message` (2025-03-26 and
-    later) is the latest line of output or of the installer."""
+    """notifications/progress, if a request set _meta.progressToken: sent by wait_for_job every
+    PROGRESS_INTERVAL s, sooner (at most every PROGRESS_MIN_GAP) on a new line. `progress`: seconds
+    elapsed, strictly increasing; `message` (2025-03-26+): the latest output or installer line."""
 
     def __init__(self, request):
         meta = request.params.get("_meta")
@@ -3980,9 +3966,8 @@ RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\
 
 
 class Job:
-    """One run: its cancel Event, the output no answer has shown yet, and, once it ended,
-    its Result. `status` is the task status: working, then completed, failed or
-    cancelled, for good (2025-11-25 tasks.mdx, Task Status Lifecycle)."""
+    """One run: cancel Event, unread output, Result once ended. Task `status`: working -> completed,
+    failed or cancelled, for good (2025-11-25 tasks.mdx, Task Status Lifecycle)."""
 
     def __init__(self, owner, notify):
         self.handle = new_handle("j")
@@ -4070,8 +4055,7 @@ class Job:
 
 
 class Jobs:
-    """The jobs of this server process. A job's slot and sandbox are its call's; a finished
-    one is forgotten JOB_TTL seconds after it ended. Over stdio, jobs end with the server."""
+    """This process's jobs, each with its call's slot and sandbox; they end with a stdio server."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -4091,8 +4075,7 @@ class Jobs:
             return self.jobs.get(handle)
 
     def _forget_old(self):
-        """Finished jobs go JOB_TTL after they ended, and the oldest of them beyond JOBS_KEPT:
-        a flood of calls cannot fill the memory with results."""
+        """Drop jobs ended over JOB_TTL ago and the oldest past JOBS_KEPT: no flood fills memory."""
         now, finished = time.time(), [job for job in self.jobs.values() if job.done.is_set()]
         for n, job in enumerate(sorted(finished, key=lambda job: job.updated)):
             if now - job.updated > JOB_TTL or len(finished) - n > JOBS_KEPT:
@@ -4119,10 +4102,9 @@ JOBS = Jobs()
 
 
 def wait_for_job(job, request, cancel, seconds):
-    """Wait while the request lives: -> True once the run ended, False when `seconds` passed
-    (None: no limit), None if the request was cancelled. The request's call was registered
-    (`cancel`) before the job started; it ends here. Progress the request asked for is sent
-    meanwhile, and never after (progress.mdx: nothing about a request after its response)."""
+    """Wait while the request lives -> True once the run ended, False after `seconds` (None: no
+    limit), None if the request was cancelled. Ends the request's call (`cancel`, registered before
+    the job); sends requested progress only until the response (progress.mdx)."""
     progress = Progress(request)
     job.listener = progress.output if progress.token is not None else None
     deadline = None if seconds is None else time.monotonic() + seconds
@@ -4139,8 +4121,7 @@ def wait_for_job(job, request, cancel, seconds):
 
 
 def job_call_mode(request, clean):
-    """The call mode of section 2, for every tools/call: a poll, a task, or a call that
-    becomes a job if it outlives CALL_WAIT."""
+    """Section 2's call mode: a poll, a task, or a call that is a job once it outlives CALL_WAIT."""
     if clean.get("job"):
         return poll_job(request, clean)
     if request.version == "2025-11-25" and isinstance(request.params.get("task"), dict):
@@ -4276,11 +4257,10 @@ register_lifecycle(shutdown=JOBS.close)
 # =============================================================================
 # 13. HTTP transports
 # =============================================================================
-# HttpServer holds the state and answers every route with an HttpReply; create_app()
-# only wires Flask routes to its methods. Flask and waitress are imported in create_app()
-# and serve_http(), so the stdio server never pays for them. `mcp_exec:app` (for
-# waitress-serve) is built on first access by the module __getattr__ below. The settings
-# are the constants of section 1, read where they are used.
+# HttpServer holds the state and answers every route with an HttpReply; create_app() wires Flask
+# routes to its methods. Flask and waitress are imported in create_app() and serve_http(), so the
+# stdio server never pays for them; the module __getattr__ builds `mcp_exec:app` (for
+# waitress-serve) on first access. Settings are section 1's constants, read where used.
 #
 #   GET    /sse                          HTTP+SSE (2024-11-05): the event stream of one session
 #   POST   /messages/?session_id=...     its client-to-server messages -> 202
@@ -4320,8 +4300,7 @@ def text_reply(status, body=b""):      # no JSON-RPC message: 202 Accepted, 204 
 
 
 def sse_reply(first, messages=(), on_close=None):
-    """An event stream: the text `first`, then each message as an event, and a keep-alive
-    comment for each None."""
+    """An event stream: `first`, then an event per message, a keep-alive comment per None."""
     def stream():
         yield first
         for message in messages:
@@ -4340,10 +4319,9 @@ def accepts_json(accept):
 
 
 def drain(outbox, client_disconnected, done=None, poll=0.25):
-    """Yield what arrives in `outbox` until `done` arrives or the client leaves, and None after
-    every SSE_KEEPALIVE seconds of silence (for a keep-alive comment). Never blocks for long:
-    a client that vanished is noticed within `poll` seconds through waitress's
-    client_disconnected (needs channel_request_lookahead), or when a keep-alive write fails."""
+    """Yield `outbox`'s messages until `done` or the client leaves, and None per SSE_KEEPALIVE s of
+    silence (a keep-alive). A client that left is seen within `poll` seconds (waitress's
+    client_disconnected, needing channel_request_lookahead) or when a keep-alive fails."""
     last_write = time.monotonic()
     while True:
         try:
@@ -4396,10 +4374,9 @@ def _host_name(value):
 
 
 class ThreadBudget:
-    """The waitress threads that requests may hold for long: open SSE streams and running
-    tools/call. It stays below the thread count by a reserve, so that /health, initialize,
-    ping, the POSTs that feed SSE streams and DELETE always find a thread: no load can
-    deadlock the server. Beyond it, requests are refused at once instead of queued."""
+    """The waitress threads requests may hold long (open SSE streams, running tools/call), a reserve
+    below the thread count so /health, initialize, ping, the POSTs feeding SSE streams and DELETE
+    always find one: no load can deadlock the server. Beyond it, refused at once, not queued."""
 
     def __init__(self, threads):
         self.lock = threading.Lock()
@@ -4575,8 +4552,7 @@ class HttpServer:
             if isinstance(request, Request):
                 return self.answer(request, accept, client_disconnected)
             return text_reply(202) if request is None else self.quick_reply(request, accept)
-        # A batch (2025-03-26) is answered here, all of it; if it runs code, it holds a
-        # thread of the budget meanwhile.
+        # A batch (2025-03-26) is answered here, whole, holding a budget thread if it runs code.
         token = self.budget.take(client_disconnected) if needs_worker(payload) else None
         if needs_worker(payload) and token is None:
             return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
@@ -4778,8 +4754,7 @@ def _stop_on_sigterm(cleanup):
 
 
 def create_app(host=None, threads=None):
-    """Build the Flask app: routes wired to an HttpServer(host, threads). Refuses (SystemExit)
-    without API_KEY."""
+    """The Flask app: routes wired to an HttpServer(host, threads); SystemExit without API_KEY."""
     from flask import Flask, Response, request
 
     if not API_KEY:
@@ -4841,9 +4816,8 @@ def __getattr__(name):
 
 
 def serve_http(args):
-    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress, configured.
-    The flags win over HOST, PORT and WEB_CONCURRENCY. -> 2 with one line on stderr, before
-    anything else is said, when it cannot serve."""
+    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress; the flags win over
+    HOST, PORT, WEB_CONCURRENCY. -> 2 after one stderr line (nothing before) if it can't serve."""
     import argparse
     parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
     parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
@@ -4904,11 +4878,9 @@ def _cannot_serve(host, port):
     return None
 
 
-# How waitress must run for this app (the Procfile says the same on waitress-serve's command line).
-# Measured on 2 cores with waitress 3.0.2:
+# How waitress must run for this app (the Procfile repeats it); measured on 2 cores, waitress 3.0.2:
 WAITRESS_OPTIONS = {
-    # lets waitress see a client leave while its stream is open (client_disconnected);
-    # without it, only a failed keep-alive write tells
+    # waitress sees a client leave mid-stream (client_disconnected), not just at a failed keep-alive
     "channel_request_lookahead": 1,
     # 100 (the default) slow connections starve everyone, key or no key; 1,000 idle or
     # trickling ones cost ~2.6 MB and kept /health under 40 ms
@@ -4925,9 +4897,8 @@ WAITRESS_OPTIONS = {
 # =============================================================================
 # 14. Client
 # =============================================================================
-# The other side of the wire, for checking a server you just started or deployed. McpClient
-# is the conversation, the same on every transport; a transport is a subclass that knows
-# only how to send one message and hand back the messages that came in answer.
+# The other side of the wire, to check a server just started or deployed. McpClient is the
+# conversation on any transport; a transport subclass only sends a message and returns the replies.
 
 
 class ClientError(Exception):
@@ -4935,9 +4906,8 @@ class ClientError(Exception):
 
 
 class McpClient:
-    """The conversation: initialize (handshake era) or per-request _meta (2026-07-28), then
-    requests. A subclass implements close() and send(message) -> an iterable of the
-    messages the server sent back, read lazily: for a notification nothing is read."""
+    """Initialize (handshake era) or per-request _meta (2026-07-28), then requests. Subclasses add
+    close() and send(message) -> replies, read lazily (none to a notification)."""
 
     def __init__(self, version=LATEST_HANDSHAKE_VERSION, trace=None):
         self.version, self.trace = version, trace
@@ -5056,10 +5026,9 @@ def _sse_messages(resp):
 
 
 class HttpClient(McpClient):
-    """Streamable HTTP: each message is a POST to the URL; the reply is the response's body,
-    JSON or an event stream ending with it. HTTP+SSE (2024-11-05; a URL ending in /sse): a
-    GET stream names the endpoint to POST to and carries every reply; the replies wait in
-    its socket until send() reads them, so no thread is needed."""
+    """Streamable HTTP: each message is a POST to the URL, its reply the response's body (JSON, or
+    an event stream ending with it). HTTP+SSE (2024-11-05; a URL ending in /sse): a GET stream names
+    the endpoint to POST to and carries every reply, waiting in its socket for send(): no thread."""
 
     def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
         super().__init__(version, trace)
@@ -5362,11 +5331,10 @@ def demo():
 
 
 def start_as_import():
-    """`python mcp_exec.py` about to serve: replace this process (same pid, descriptors and
-    arguments) by an import of this file, if its bytecode can be cached. CPython keeps a
-    script's syntax tree until the script ends (pyrun_file frees it after the module has
-    run): for this file 12 MB, held as long as the server runs. An import reads the cached
-    bytecode and keeps no tree, so the server idles in 18 MB instead of 31."""
+    """`python mcp_exec.py` about to serve: replace this process (same pid, descriptors, arguments)
+    by an import of this file if its bytecode can be cached. CPython keeps a script's syntax tree
+    (12 MB here) until the script ends (pyrun_file frees it after the module ran); an import reads
+    cached bytecode, no tree: the server idles in 18 MB, not 31."""
     import py_compile
     from importlib.util import cache_from_source
     path = os.path.abspath(__file__)
