@@ -2035,19 +2035,21 @@ def server_setup():
 
 def _cache_bytecode():
     """Children import this file as a module (CHILD_COMMAND), and a sandboxed one cannot write
-    its bytecode cache: write it here, so that no child compiles 5,000 lines."""
+    its bytecode cache: write it here, so that no child compiles 5,000 lines. -> False where
+    it cannot be written (a read-only directory: children compile the file each time)."""
     import py_compile
     from importlib.util import cache_from_source
     source = os.path.abspath(__file__)
     try:
         if os.path.getmtime(cache_from_source(source)) >= os.path.getmtime(source):
-            return
+            return True
     except OSError:
         pass
     try:
         py_compile.compile(source, doraise=True)
     except (OSError, py_compile.PyCompileError):
-        pass                               # a read-only directory: children compile it each time
+        return False
+    return True
 
 
 # --- 7.1 The sandbox (Landlock) --------------------------------------------------------
@@ -5335,20 +5337,11 @@ def start_as_import():
     by an import of this file if its bytecode can be cached. CPython keeps a script's syntax tree
     (12 MB here) until the script ends (pyrun_file frees it after the module ran); an import reads
     cached bytecode, no tree: the server idles in 18 MB, not 31."""
-    import py_compile
-    from importlib.util import cache_from_source
     path = os.path.abspath(__file__)
     folder, module = os.path.split(path[:-3])
     if not (path.endswith(".py") and module.isidentifier() and hasattr(sys, "orig_argv")):
         return
-    try:
-        fresh = os.path.getmtime(cache_from_source(path)) >= os.path.getmtime(path)
-    except OSError:
-        fresh = False
-    try:
-        if not fresh:
-            py_compile.compile(path, doraise=True)
-    except (OSError, py_compile.PyCompileError):
+    if not _cache_bytecode():
         return                          # no cache can be written here: serve on as a script
     # What `python -m` does, but with this file's folder (not the current one) on sys.path.
     run = ("import runpy, sys; sys.path[0] = %r; "
