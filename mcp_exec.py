@@ -2006,7 +2006,7 @@ TEMPLATES = Templates(FORK_SERVER)
 # =============================================================================
 # 7. Containment: a call cannot reach another call, the server, or its secret
 # =============================================================================
-# Three layers, all Linux (elsewhere the first two are off and the README says so):
+# Four layers; the first two are Linux only (elsewhere they are off, as the README says):
 #   7.1 Landlock, set by each child before the code: writes only in its own directory, reads (over
 #       HTTP) only what Python needs, signals only in its domain, optionally no TCP;
 #   7.2 then it drops every capability and installs a seccomp filter: no other process reachable, no
@@ -2848,10 +2848,11 @@ def _digest(text, length):
 
 class Environments:
     """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
-    Under STATE_DIR, which several server processes may share: workspace/ (installs
-    accumulate; .installed lists them; .lock is flocked while it changes), venvs/<key>-<random>/
-    (built in place, then read-only) and venvs/<key>.ready (published once complete). A
-    call in an isolated venv holds a shared flock on its lease file: none is evicted in use."""
+    Under STATE_DIR, which several server processes may share: workspace-<tag>/ per interpreter
+    (installs accumulate; <tag>.installed lists them; <tag>.lock is flocked while it changes),
+    venvs/<key>-<random>/ (built in place, then read-only) and venvs/<key>.ready (published once
+    complete). A call in an isolated venv holds a shared flock on its lease file: none is
+    evicted in use."""
 
     def __init__(self, root):
         self.root = root
