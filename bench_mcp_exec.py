@@ -499,6 +499,8 @@ class Figure:
     dpi = 100
     def __init__(self):
         self.png = png(590)
+    def get_size_inches(self):
+        return 5.9, 5.9
     def savefig(self, f, format, dpi):
         f.write(self.png)
 plt = types.ModuleType("matplotlib.pyplot")

@@ -3152,7 +3152,7 @@ def describe_value(value, config):
         numbers = plt.get_fignums()
         for number in numbers[:limit]:
             figure = plt.figure(number)
-            width, height = figure.get_size_inches() * figure.dpi
+            width, height = (inches * figure.dpi for inches in figure.get_size_inches())
             scale = min(1.0, IMAGE_MAX_SIDE / max(width, height, 1),
                         (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
             png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s),
