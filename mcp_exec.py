@@ -4358,6 +4358,13 @@ class SseSession(Session):
         except queue.Full:
             self.close()
 
+    def close(self):
+        """End the session and its stream (drain() stops at None): at shutdown waitress then
+        has no stream thread left to wait for, and the client reads the stream's end."""
+        super().close()
+        with contextlib.suppress(queue.Full):
+            self.outbox.put_nowait(None)
+
 
 class HttpSession(Session):
     """A Streamable HTTP session, identified by the Mcp-Session-Id header (None: stateless)."""

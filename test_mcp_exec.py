@@ -4303,6 +4303,22 @@ def test_sigterm_kills_running_code_and_leaves_no_directory(tmp_path):
         server.stop()
 
 
+@pytest.mark.skipif(not POSIX, reason="SIGTERM")
+def test_sigterm_ends_an_open_sse_stream_with_its_last_chunk(tmp_path):
+    """Shutting down ends each HTTP+SSE stream properly: the client reads the stream's end,
+    not a cut connection (http.client raises IncompleteRead for that), and waitress has no
+    stream thread left running to wait for."""
+    server = HttpProcess(tmp_path)
+    try:
+        client = SseClient(server)
+        server.proc.send_signal(signal.SIGTERM)
+        rest = client.resp.read()          # to the end of the chunked body
+        assert b"event: message" not in rest
+        assert server.proc.wait(HANG) == 0
+    finally:
+        server.stop()
+
+
 # --- HTTP+SSE (2024-11-05) --------------------------------------------------------
 
 def test_sse_endpoint_event_comes_first_with_a_relative_uri(web):
