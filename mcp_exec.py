@@ -1797,7 +1797,8 @@ def _report_exit(sock, poller, roots, pidfd):
     _, status = os.waitpid(pid, 0)
     for orphan in set(children_of(os.getpid())) - set(roots.values()):
         kill_tree(orphan)
-        os.waitpid(orphan, os.WNOHANG)      # reaped now if dead already, else at a next exit
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(orphan, 0)           # killed: reaped at once, no zombie left behind
     sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 

@@ -54,6 +54,7 @@ ALL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 HANG = 20.0   # seconds: a read that takes longer fails the test instead of hanging it
 POSIX = os.name == "posix"
 HAS_PROC = os.path.isdir("/proc/self")
+LINUX = sys.platform.startswith("linux")
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 
@@ -2015,6 +2016,32 @@ def test_timeout_and_cleanup_are_the_same_forked_or_spawned(start_server, tmp_pa
     assert out["timed_out"] and result["isError"]
     pid = int(wait_for_file(pid_file))
     assert wait_gone(pid), "a grandchild in its own session outlived the call"
+
+
+def proc_children(pid):
+    """The children of pid (zombies too), from /proc."""
+    found = []
+    for task in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+            found += [int(p) for p in f.read().split()]
+    return found
+
+
+def proc_state(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_the_orphans_of_a_call_leave_no_zombie_in_its_template(server):
+    """A call that leaves processes running: the template kills them, and reaps them before
+    it reports the call's end, so no zombie holds a pid (or counts against RLIMIT_NPROC)."""
+    code = "import subprocess\nfor _ in range(5):\n    subprocess.Popen(['sleep', '30'])\n"
+    assert server.run(code)[1]["returncode"] == 0
+    templates = proc_children(server.proc.pid)
+    assert templates, "no fork-server template"
+    left = [(t, p, proc_state(p)) for t in templates for p in proc_children(t)]
+    assert left == [], left
 
 
 # ===== 7. Containment =====
