@@ -5352,11 +5352,16 @@ def start_as_import():
         return
     if not _cache_bytecode():
         return                          # no cache can be written here: serve on as a script
-    # What `python -m` does, but with this file's folder (not the current one) on sys.path.
-    run = ("import runpy, sys; sys.path[0] = %r; "
+    # What `python -m` does, with sys.path as a script has it: this file's folder first, and
+    # never the current directory (-c puts it there: a runpy.py in it must not be imported).
+    run = ("import sys; sys.path[:] = [%r] + [p for p in sys.path if p]; import runpy; "
            "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % (folder, module))
     options = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]     # -u, -X ...: kept
-    os.execv(sys.executable, [sys.executable] + options + ["-c", run] + sys.argv[1:])
+    options = [option for option in options if option != "--"]
+    try:
+        os.execv(sys.executable, [sys.executable] + options + ["-c", run] + sys.argv[1:])
+    except OSError:
+        return                          # no interpreter to exec: serve on as a script
 
 
 if __name__ == "__main__":

@@ -5186,6 +5186,20 @@ def test_a_server_started_as_a_script_serves_as_an_import_in_the_same_process(se
     assert server.run("import sys; print(sys.version_info[0])")[1]["stdout"] == "3\n"
 
 
+@pytest.mark.skipif(not POSIX or sys.version_info < (3, 11), reason="exec; -X frozen_modules")
+def test_a_runpy_py_in_the_current_directory_is_never_imported(tmp_path):
+    """The re-executed server must not take modules from the client's working directory (a
+    project folder): a script never has it on sys.path. frozen_modules=off makes Python
+    import runpy from sys.path, as 3.10 and builds without frozen modules do."""
+    (tmp_path / "runpy.py").write_text("import sys\nsys.stdout.write('PWNED\\n')\nsys.exit(9)\n")
+    ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
+    for options in (["-X", "frozen_modules=off"], ["-X", "frozen_modules=off", "--"]):
+        done = subprocess.run([sys.executable] + options + [SERVER], input=ping, cwd=tmp_path,
+                              env=make_env(tmp_path), capture_output=True, timeout=HANG)
+        assert done.returncode == 0 and b"PWNED" not in done.stdout, (options, done)
+        assert json.loads(done.stdout) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+
+
 def test_demo_shows_a_session_on_the_wire(tmp_path):
     done = subprocess.run([sys.executable, SERVER, "demo"], cwd=REPO, env=make_env(tmp_path),
                           capture_output=True, timeout=60)
