@@ -87,7 +87,11 @@ class Setting:
         try:
             value = self.kind(float(text))
         except ValueError:
-            sys.exit("mcp-exec: %s must be a number, got %r" % (self.name, text))
+            problem = "mcp-exec: %s must be a number, got %r" % (self.name, text)
+            if self.group != HTTP:
+                sys.exit(problem)
+            HTTP_PROBLEMS.append(problem)     # only HTTP needs it: --http refuses to start
+            return default
         return value if self.minimum is None else max(self.minimum, value)
 
 
@@ -186,6 +190,7 @@ SESSION_LIMIT, SESSION_IDLE = _EXEC["SESSION_LIMIT"], _EXEC["SESSION_IDLE"]
 STATE_DIR, VENV_CACHE_SIZE = os.path.abspath(_EXEC["MCP_EXEC_DIR"]), _EXEC["VENV_CACHE_SIZE"]
 INSTALLER, MAX_MESSAGE_BYTES, TRACE = _EXEC["MCP_EXEC_INSTALLER"].lower(), _EXEC["MAX_MESSAGE_BYTES"], _EXEC["MCP_TRACE"]
 
+HTTP_PROBLEMS = []        # HTTP settings that are not numbers: stdio and the client run on
 _HTTP = read_settings(HTTP)
 API_KEY, HOST, PORT = _HTTP["API_KEY"], _HTTP["HOST"], _HTTP["PORT"]
 WEB_CONCURRENCY, SSE_KEEPALIVE = _HTTP["WEB_CONCURRENCY"], _HTTP["SSE_KEEPALIVE"]
@@ -4768,8 +4773,8 @@ def create_app(host=None, threads=None):
     """The Flask app: routes wired to an HttpServer(host, threads); SystemExit without API_KEY."""
     from flask import Flask, Response, request
 
-    if not API_KEY:
-        raise SystemExit(NO_API_KEY)
+    if not API_KEY or HTTP_PROBLEMS:
+        raise SystemExit(HTTP_PROBLEMS[0] if HTTP_PROBLEMS else NO_API_KEY)
     run_lifecycle("setup")
     server = HttpServer(host, threads)
     _stop_on_sigterm(server.close)
@@ -4872,6 +4877,8 @@ def _cannot_serve(host, port):
     from importlib.util import find_spec
     if find_spec("flask") is None or find_spec("waitress") is None:
         return NO_FLASK
+    if HTTP_PROBLEMS:
+        return HTTP_PROBLEMS[0]
     if not API_KEY:
         return NO_API_KEY
     try:

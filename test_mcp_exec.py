@@ -4853,11 +4853,12 @@ def test_no_progress_without_a_token(web):
     assert [m.get("id") for m in messages] == [14]
 
 
-def start_refused(tmp_path, python, port):
+def start_refused(tmp_path, python, port, **settings):
     """Run `PYTHON mcp_exec.py --http --port PORT` -> its stderr, after checking that it
     exited 2 with exactly one line, no traceback, and never said it was serving."""
     env = {k: v for k, v in os.environ.items() if k not in ("PORT", "WEB_CONCURRENCY")}
     env.update({"API_KEY": KEY, "MCP_EXEC_DIR": str(tmp_path / "state"), "HOST": "127.0.0.1"})
+    env.update(settings)
     proc = subprocess.run(python + [os.path.join(HERE, "mcp_exec.py"), "--http", "--port", str(port)],
                           cwd=HERE, env=env, capture_output=True, timeout=60)
     err = proc.stderr.decode()
@@ -4875,6 +4876,17 @@ def test_http_on_a_port_in_use_says_so_in_one_line(tmp_path):
         err = start_refused(tmp_path, [sys.executable], port)
     assert "port %d on 127.0.0.1 is in use" % port in err
     assert "--port N" in err and "PORT=N" in err
+
+
+def test_a_bad_http_number_stops_only_the_http_server(tmp_path):
+    """HTTP's settings are read at import, by every mode: one that is not a number stops
+    --http with one line, and the stdio server, which does not use it, serves on."""
+    err = start_refused(tmp_path, [sys.executable], free_port(), WEB_CONCURRENCY="8/tcp")
+    assert err.strip() == "mcp-exec: WEB_CONCURRENCY must be a number, got '8/tcp'"
+    ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
+    done = subprocess.run([sys.executable, SERVER], input=ping, cwd=REPO, capture_output=True,
+                          env=make_env(tmp_path, WEB_CONCURRENCY="8/tcp"), timeout=HANG)
+    assert json.loads(done.stdout) == {"jsonrpc": "2.0", "id": 1, "result": {}}, done
 
 
 def test_http_without_flask_names_the_command_that_installs_it(tmp_path):
