@@ -994,7 +994,7 @@ LOCAL = Session()     # who asks when run_code() is called outside any transport
 # Handles (jobs, kernels, returned files) name the instance that made them: behind a router,
 # one that reaches another dyno is told where it lives instead of being called unknown.
 _HOST = os.environ.get("DYNO") or socket.gethostname()
-INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST)[:24] or "local"
+INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST).strip(".")[:24] or "local"
 
 
 def new_handle(prefix):
@@ -3445,7 +3445,9 @@ class OutputStore:
         self.expire()
         token, _, rel = uri[len(self.PREFIX):].partition("/")
         rel = _relative_path(urllib.parse.unquote(rel))
-        known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9._-]+$", token)
+        # A token is one name the store made: it starts with a letter or digit, so it is
+        # never "." or "..", and the URI cannot climb into the rest of STATE_DIR.
+        known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
         if not known or rel is None:
             return None
         path = os.path.join(self.root, token, *rel.split("/"))

@@ -3050,6 +3050,21 @@ def test_an_expired_uri_is_resource_not_found(start_server):
                  -32002, 32)
 
 
+def test_a_uri_cannot_climb_out_of_the_output_store(start_server, tmp_path):
+    """The token of an output URI is one name of the store's: `..` is no token, so the rest
+    of the server's state directory (other calls' directories among it) stays unreadable."""
+    s = start_server()
+    s.initialize()
+    s.run("open('kept.txt', 'w').write('kept')")    # the store holds a file now
+    secret = tmp_path / "state" / "secret.txt"
+    secret.write_text("not for the client")
+    for request_id, token in enumerate(("..", ".", "..%2F.."), 40):
+        uri = "mcp-exec://output/%s/secret.txt" % token
+        response = s.request("resources/read", {"uri": uri}, request_id=request_id)
+        assert_error(response, -32002, request_id)
+        assert "not for the client" not in json.dumps(response)
+
+
 def test_a_symlink_the_code_made_is_listed_not_read(server):
     result, out = server.run("import os\nos.symlink('/etc/passwd', 'pw')\nos.symlink('/etc', 'etcdir')")
     by_path = {f["path"]: f for f in out["files"]}
