@@ -1946,12 +1946,22 @@ class ForkedChild(Child):
         self.template.done(self.pid)
 
 
+def _have_pidfd():
+    """A template follows its children through pidfds (Linux 5.3+): without them (an older
+    kernel, a container's seccomp profile) every call is spawned, from the start."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
 class Templates:
     """The templates of the environments in use: one per interpreter, for its current
     generation of packages; beyond FORK_SERVER_SIZE, the least recently used is retired."""
 
     def __init__(self, enabled, size=3):
-        self.enabled, self.size = enabled and LINUX, size
+        self.enabled, self.size = enabled and LINUX and _have_pidfd(), size
         self.lock = threading.Lock()
         self.by_python = {}                    # python -> Template, least recently used first
         self.starting = {}                     # python -> lock held while one starts
@@ -2852,6 +2862,12 @@ def _digest(text, length):
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+@functools.lru_cache(maxsize=None)
+def workspace_tag():
+    """This interpreter's workspace is workspace-<tag>: one per interpreter path and version."""
+    return _digest("%s %s" % (sys.executable, sys.version), 12)
+
+
 class Environments:
     """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
     Under STATE_DIR, which several server processes may share: workspace-<tag>/ per interpreter
@@ -2872,7 +2888,7 @@ class Environments:
         """-> (python, None), or (None, failure Result), installing what is missing."""
         # One workspace per interpreter (path and version), as with isolated environments:
         # servers started with different Pythons never rebuild or delete each other's.
-        tag = _digest("%s %s" % (sys.executable, sys.version), 12)
+        tag = workspace_tag()
         venv = os.path.join(self.root, "workspace-" + tag)
         record = venv + ".installed"
         stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
@@ -3158,7 +3174,10 @@ def describe_value(value, config):
         numbers = plt.get_fignums()
         for number in numbers[:limit]:
             figure = plt.figure(number)
-            width, height = (inches * figure.dpi for inches in figure.get_size_inches())
+            try:
+                width, height = (inches * figure.dpi for inches in figure.get_size_inches())
+            except Exception:         # not quite matplotlib's Figure: drawn at its own size
+                width = height = 0
             scale = min(1.0, IMAGE_MAX_SIDE / max(width, height, 1),
                         (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
             png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s),
@@ -3709,10 +3728,13 @@ class Kernels:
         kernel.env.__exit__()
 
     def _reap_idle(self):
-        while True:
+        while True:                   # for the server's life: an error is logged, not fatal
             time.sleep(min(10.0, max(0.2, SESSION_IDLE / 4)))
             now = time.monotonic()
-            self.close(lambda k: not k.turns.running and now - k.last_used > SESSION_IDLE)
+            try:
+                self.close(lambda k: not k.turns.running and now - k.last_used > SESSION_IDLE)
+            except Exception:
+                log("error while ending idle kernels:\n%s" % traceback.format_exc())
 
     def close(self, which=lambda kernel: True):
         """End every live kernel, or those which(kernel) picks."""
