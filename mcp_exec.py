@@ -1513,17 +1513,34 @@ def _signal(pid, signum):
 
 def reap_orphans():
     """Kill and reap the server's children that it did not start itself (Linux)."""
-    if not LINUX:
-        return
-    with _SPAWN_LOCK:               # no spawn() between the two lists
-        ours = {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
-        orphans = [p for p in children_of(os.getpid()) if p not in ours]
-    for pid in orphans:             # our children, not yet reaped: their pids cannot be reused
-        kill_tree(pid)
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+    def ours():                     # asked after the children are listed: a spawn() under
+        with _SPAWN_LOCK:           # way then is waited for, and its child is ours
+            return {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
+    if LINUX:
+        kill_orphans(ours)
+
+
+def kill_orphans(ours):
+    """Kill and reap every child of this process that ours() does not claim, with all it started.
+    We are a subreaper, so an orphan that forks and exits hands its child to us: all are stopped
+    first, round after round until a round finds none new (a stopped one cannot fork), and only
+    then killed; and that again, while any is left. Our children, not yet reaped: their pids
+    cannot be reused meanwhile."""
+    for _ in range(100):
+        stopped = set()
+        for _ in range(1000):
+            found = set(children_of(os.getpid())) - ours() - stopped
+            if not found:
+                break
+            for pid in found:
+                _signal(pid, signal.SIGSTOP)
+            stopped |= found
+        if not stopped:
+            return
+        for pid in stopped:
+            kill_tree(pid)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 # =============================================================================
@@ -1742,8 +1759,7 @@ def serve_template(config, fresh_modules):
             if not data or _rlimits() != limits:
                 # The server is gone, or someone changed our limits: we end, and all we started
                 # with us. The server spawns this call, and starts a fresh template after.
-                for pid in children_of(os.getpid()):
-                    kill_tree(pid)
+                kill_orphans(set)
                 os._exit(0)
             request = json.loads(data)
             pid = os.fork()
@@ -1800,10 +1816,7 @@ def _report_exit(sock, poller, roots, pidfd):
     os.close(pidfd)
     pid = roots.pop(pidfd)
     _, status = os.waitpid(pid, 0)
-    for orphan in set(children_of(os.getpid())) - set(roots.values()):
-        kill_tree(orphan)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(orphan, 0)           # killed: reaped at once, no zombie left behind
+    kill_orphans(lambda: set(roots.values()))      # and reaped: no zombie is left behind
     sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 
@@ -2274,7 +2287,9 @@ _ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 k
     name_to_handle_at 303 264 iopl 172 - ioperm 173 - io_uring_setup 425 425
     io_uring_enter 426 426 io_uring_register 427 427 acct 163 89 quotactl 179 60 syslog 103 116
     vhangup 153 58 settimeofday 164 170 clock_settime 227 112 adjtimex 159 171 setns 308 268
-    migrate_pages 256 238 move_pages 279 239"""
+    migrate_pages 256 238 move_pages 279 239 shmget 29 194 shmat 30 196 shmctl 31 195
+    shmdt 67 197 semget 64 190 semop 65 193 semtimedop 220 192 semctl 66 191 msgget 68 186
+    msgsnd 69 189 msgrcv 70 188 msgctl 71 187"""
 _BY_ARG = """prlimit64 302 261 sched_setaffinity 203 122 sched_setscheduler 144 119
     sched_setparam 142 118 sched_setattr 314 274 setpriority 141 140 ioprio_set 251 30
     socket 41 198 ioctl 16 29 prctl 157 167 unshare 272 97 clone 56 220 clone3 435 435"""
@@ -2308,7 +2323,8 @@ def _program(arch, network_off):
         p += [n, arg(0), (JEQ, 0, "deny", who_self), arg(1), (JEQ, "allow", "deny", 0)]
     p += ["ioctl", arg(1), (JEQ, "deny", 0, 0x5412), (JEQ, "deny", "allow", 0x541c)]  # STI/LINUX
     p += ["prctl", arg(0), (JEQ, "deny", "allow", 36)]             # keep PR_SET_CHILD_SUBREAPER
-    p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10000000)]  # no CLONE_NEWUSER
+    # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's, outside the call.
+    p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
     # socket: an allow-list of families. AF_UNIX always; with the network on also NETLINK
     # (getifaddrs) and INET/INET6 as STREAM or DGRAM: not RAW, nor SOCK_PACKET, which the
     # kernel turns into AF_PACKET. Off: UNIX only (no UDP, TFO, MPTCP, VSOCK to the host...).

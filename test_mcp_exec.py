@@ -2359,6 +2359,71 @@ def test_raw_and_packet_sockets_are_refused(server, family, kind, proto):
     assert server.run("print('next')")[1]["stdout"] == "next\n"
 
 
+SYSCALL_ATTACK = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def check(result):
+    if result == -1:
+        raise OSError(ctypes.get_errno(), "refused")
+    return result
+"""
+CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine if POSIX else "", 0)
+
+
+@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
+@pytest.mark.parametrize("attack", [
+    # CLONE_PARENT | SIGCHLD: the new process would be the template's child, outside the call,
+    # uncounted by EXEC_MAX_PROCS and the memory watch, and left behind when the call ends.
+    "pid = check(libc.syscall(%d, 0x8000 | 17, 0, 0, 0, 0))\nif pid == 0:\n    os._exit(0)" % CLONE,
+    # System V IPC outlives the call and the server, and passes data to a later call.
+    "check(libc.shmget(0, 1 << 20, 0o600))",
+    "check(libc.msgget(0x4d435100, 0o1666))",
+    "check(libc.semget(0, 1, 0o600))",
+], ids=["CLONE_PARENT", "shmget", "msgget", "semget"])
+def test_code_cannot_leave_its_call_by_clone_parent_or_system_v_ipc(server, attack):
+    code = SYSCALL_ATTACK + ATTACK % attack.replace("\n", "\n    ")
+    assert server.run(code)[1]["stdout"].split()[:2] == ["denied", "1"]        # EPERM
+    assert server.run("print('next')")[1]["stdout"] == "next\n"
+
+
+HOPPERS = """import ctypes, os, time
+ctypes.CDLL(None).prctl(15, b"mcpexec-hopper", 0, 0, 0)
+end = time.time() + 20
+for _ in range(20):
+    if os.fork() == 0:
+        while time.time() < end:        # fork, and let the parent die: always a new pid
+            time.sleep(0.002)
+            if os.fork() != 0:
+                os._exit(0)
+        os._exit(0)
+print("hopping")
+"""
+
+
+def processes_named(name):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/comm" % pid) as f:
+                if f.read().strip() == name:
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the subreaper and /proc are Linux's")
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "spawned"])
+def test_processes_that_keep_forking_new_pids_die_with_their_call(start_server, fork):
+    """Each hopper forks and exits, again and again, so a new pid keeps coming up under the
+    reaper: a single pass over the reaper's children would miss some. None may outlive the
+    call, or leave a zombie behind."""
+    s = start_server(FORK_SERVER=fork)
+    s.initialize()
+    assert s.run(HOPPERS)[1]["stdout"] == "hopping\n"
+    assert processes_named("mcpexec-hopper") == []
+    assert s.run("print('next')")[1]["stdout"] == "next\n"
+
+
 def limits_of(pid):
     with open("/proc/%d/limits" % pid) as f:
         return f.read()
