@@ -1457,7 +1457,7 @@ def spawn(argv, env, cwd, stdio=(subprocess.PIPE,) * 3, pass_fds=()):
 
 
 def children_of(pid):
-    """The live children of pid (of all its threads), through /proc (Linux)."""
+    """The children of pid (of all its threads; zombies too), through /proc (Linux)."""
     kids = []
     try:
         tasks = os.listdir("/proc/%d/task" % pid)
