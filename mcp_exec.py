@@ -1739,10 +1739,8 @@ def serve_template(config, fresh_modules):
     Single-threaded: fork() copies only the calling thread. A pidfd (Linux 5.3+) says when a call's
     child ends; it reaps it, kills its orphans (ours: we are a subreaper), then reports the exit."""
     sock = socket.socket(fileno=config["socket_fd"])
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except (AttributeError, OSError) as exc:    # Linux < 5.3: calls are spawned instead
-        raise SystemExit("mcp-exec: no template without pidfds (%s)" % exc)
+    if not _have_pidfd():                       # the server checked too: this is a backstop
+        raise SystemExit("mcp-exec: no template without pidfds (Linux < 5.3)")
     _prepare_template(config.get("sandbox"))
     poller, roots, limits = select.poll(), {}, _rlimits()      # roots: pidfd -> call's child
     poller.register(sock, select.POLLIN)
