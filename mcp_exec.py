@@ -2839,10 +2839,9 @@ def _satisfied_here(requirement):
 
 def _install(python, requirements, deadline, cancel, report):
     """pip (or uv, when on PATH) installs requirements into `python`'s environment -> Result; its
-    output is progress of the "install" stream. With pip's --python (22.3+) our environments need no
-    pip. "--" ends the options: a requirement slipping past validation cannot become one. Both
-    compile the bytecode (uv only when asked): the code cannot write it into its environment,
-    and without it each call would compile its imports again."""
+    output is progress of the "install" stream. "--" ends the options: a requirement slipping past
+    validation cannot become one. Both compile the bytecode (uv only when asked): the code cannot
+    write it into its environment, and without it each call would compile its imports again."""
     uv, env = _installer()
     if uv:
         # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
@@ -2851,11 +2850,23 @@ def _install(python, requirements, deadline, cancel, report):
         argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]
         argv += ["--no-index"] if no_index else []
     else:
-        argv = [sys.executable, "-m", "pip", "--python", python, "install", "--no-input",
-                "--disable-pip-version-check"]
+        argv = _pip(python) + ["install", "--no-input", "--disable-pip-version-check"]
     return run_process(argv + ["--"] + list(requirements), env=env, cwd=STATE_DIR,
                        timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                        on_output=report and (lambda stream, chunk: report("install", chunk)))
+
+
+def _pip(python):
+    """The server's pip, run by `python` (our environments have no pip of their own). pip's
+    --python (22.3+) starts pip here to run it there through its __pip-runner__.py; running
+    that directly saves the first start: an install takes 1.0 s, not 1.6."""
+    import importlib.util
+    spec = importlib.util.find_spec("pip")
+    if spec and spec.origin:
+        runner = os.path.join(os.path.dirname(spec.origin), "__pip-runner__.py")
+        if os.path.isfile(runner):
+            return [python, runner]
+    return [sys.executable, "-m", "pip", "--python", python]
 
 
 def _install_failed(result, what):

@@ -6,10 +6,10 @@ a thread of this process, over pipes (InProcessStdio, the start_wire fixture); t
 protocol tests call the routes of an HttpServer of this process (HttpRoutes, the routes
 fixture). No process, no socket, and a call that would run code fails them.
 
-Real processes: every other test starts `python mcp_exec.py` and talks to it over pipes or
-sockets: JSON lines in on stdin and out on stdout, raw HTTP. No MCP SDK. A test that needs
-settings, an exit or a crash of its own starts its own server (start_server, start_http),
-with its MCP_EXEC_DIR and TMPDIR under its tmp_path. Tests that need only a default server
+Real processes: every other test starts `python -m mcp_exec` (SERVER_COMMAND) and talks to
+it over pipes or sockets: JSON lines in on stdin and out on stdout, raw HTTP. No MCP SDK. A
+test that needs settings, an exit or a crash of its own starts its own server (start_server,
+start_http), with its MCP_EXEC_DIR and TMPDIR under its tmp_path. Tests that need only a default server
 share one per module (the server fixture; web for HTTP): each ends the sessions it opened,
 and a test that fails or leaves a message unread makes the next one start a fresh server.
 Each process that runs tests has its own shared servers, so the suite is safe to run in
@@ -2800,9 +2800,8 @@ def test_installed_packages_come_with_their_bytecode(start_server, tmp_path, whe
     s.initialize()
     code = ("import importlib.util, os, mcpexec_testpkg\n"
             "print(os.path.exists(importlib.util.cache_from_source(mcpexec_testpkg.__file__)))")
-    for use_temp_dir in (False, True):
-        _, out = s.run(code, guard=120, packages=["mcpexec_testpkg"], use_temp_dir=use_temp_dir)
-        assert out["stdout"] == "True\n", out
+    _, out = s.run(code, guard=120, packages=["mcpexec_testpkg"], use_temp_dir=True)
+    assert out["stdout"] == "True\n", out
 
 
 def test_isolated_env_for_the_same_set_at_the_same_moment_is_built_once(start_server, tmp_path, wheelhouse):
@@ -3008,19 +3007,39 @@ def test_images_travel_beside_stdout_never_in_it(server):
     assert out["stdout"] == "only this\n" and len(images_of(result)) == 1
 
 
-@pytest.fixture(scope="module")
-def plotting(tmp_path_factory):
-    """A server whose isolated environment has matplotlib (and numpy): installed once."""
-    tmp = tmp_path_factory.mktemp("plots")
-    s = StdioProcess(tmp).start()
-    s.initialize()
-    result, out = s.run("import matplotlib; print(matplotlib.__version__)", guard=600, timeout=60,
-                        packages=["matplotlib"], use_temp_dir=True)
-    if out["returncode"] != 0:
-        s.close()
-        pytest.skip("matplotlib could not be installed here (no package index?): %s" % out["stderr"][-300:])
+@pytest.fixture(scope="session", autouse=True)
+def plotting_server(request, tmp_path_factory):
+    """-> a server whose isolated environment gets matplotlib (and numpy), once: the install
+    takes 20 s of one core, so when the session has tests that plot it starts with the session,
+    on a thread, while the tests before them use the other core. None if none will plot."""
+    if not any("plotting" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    s = StdioProcess(tmp_path_factory.mktemp("plots")).start()
+
+    def install():
+        try:
+            s.initialize()
+            s.installed = s.run("import matplotlib; print(matplotlib.__version__)", guard=600,
+                                timeout=60, packages=["matplotlib"], use_temp_dir=True)[1]
+        except BaseException as exc:       # a hang or a broken answer: the plotting tests fail
+            s.installed = exc
+    s.installing = threading.Thread(target=install, daemon=True)
+    s.installing.start()
     yield s
+    s.installing.join(600)
     s.close()
+
+
+@pytest.fixture
+def plotting(plotting_server):
+    plotting_server.installing.join(600)
+    out = getattr(plotting_server, "installed", "the install is still running after 600 s")
+    if not isinstance(out, dict):
+        pytest.fail("installing matplotlib failed: %r" % (out,))
+    if out["returncode"] != 0:
+        pytest.skip("matplotlib could not be installed here (no package index?): %s" % out["stderr"][-300:])
+    return plotting_server
 
 
 def plot(s, code):
@@ -5001,8 +5020,8 @@ def test_http_without_flask_names_the_command_that_installs_it(tmp_path):
 
 
 def run_client(tmp_path, *args, stdin=b"", guard=60, **env):
-    """`python mcp_exec.py client ARGS` -> CompletedProcess (stdout and stderr as text)."""
-    done = subprocess.run([sys.executable, SERVER, "client"] + [str(a) for a in args], cwd=REPO,
+    """`python -m mcp_exec client ARGS` -> CompletedProcess (stdout and stderr as text)."""
+    done = subprocess.run(SERVER_COMMAND + ["client"] + [str(a) for a in args], cwd=REPO,
                           env=make_env(tmp_path, **env), input=stdin, capture_output=True, timeout=guard)
     done.stdout, done.stderr = done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
     return done
