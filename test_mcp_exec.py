@@ -3369,16 +3369,29 @@ def test_a_session_whose_interpreter_exits_ends(server):
     assert server.call("1", session=handle)["isError"]
 
 
+BURN_THREADS = """import hashlib, threading, time
+def spin():
+    data = bytes(1 << 20)
+    while time.process_time() < 7.5:
+        hashlib.sha256(data)
+def burn():
+    for _ in range(2):
+        threading.Thread(target=spin, daemon=True).start()
+    spin()
+"""
+
+
 def test_a_sessions_cpu_time_adds_up_without_killing_it(start_server):
     # A plain call's RLIMIT_CPU is EXEC_TIMEOUT_MAX + 5 s; a kernel, whose CPU time adds up
     # over calls, must have none. Each call burns until its 1 s timeout interrupts it (the
     # state is kept) or the kernel has used 7.5 s: however busy the machine, the CPU time
     # grows past the backstop without a guess of how much CPU a wall-clock second gives.
+    # Three threads hash without the GIL: the process's CPU time grows on every core.
     s = start_server(EXEC_TIMEOUT_MAX=2)                   # the per-call CPU backstop is 7 s
     s.initialize()
-    handle, _ = new_session(s, "import time")             # 2 s to start the kernel
-    burn = "while time.process_time() < 7.5:\n    pass\ntime.process_time()"
-    for _ in range(100):                                   # a hang guard: 8 calls when idle
+    handle, _ = new_session(s, BURN_THREADS)              # 2 s to start the kernel
+    burn = "burn()\ntime.process_time()"
+    for _ in range(100):                                   # a hang guard: 4 calls on 2 idle cores
         out = s.run(burn, session=handle, timeout=1, guard=30)[1]
         assert "session_ended" not in out, out
         if not out["timed_out"]:
