@@ -1444,11 +1444,11 @@ def test_timeout_kills_grandchild_in_a_new_session(server):
 
 
 def test_timeout_argument_is_clamped_to_exec_timeout_max(start_server):
-    s = start_server(EXEC_TIMEOUT=1, EXEC_TIMEOUT_MAX=2)
+    s = start_server(EXEC_TIMEOUT=0.5, EXEC_TIMEOUT_MAX=1)
     s.initialize()
     result, out = s.run("while True: pass", guard=30, timeout=100)
     assert out["timed_out"] is True and result["isError"] is True
-    assert "Timed out after 2 s" in out["stderr"]
+    assert "Timed out after 1 s" in out["stderr"]
 
 
 def test_exec_timeout_max_alone_caps_the_timeout(start_server):
@@ -2016,7 +2016,7 @@ def test_timeout_and_cleanup_are_the_same_forked_or_spawned(start_server, tmp_pa
             "                     start_new_session=True)\n"
             "open(%r, 'w').write(str(p.pid))\nos.replace(%r, %r)\ntime.sleep(30)\n"
             % (str(pid_file) + ".tmp", str(pid_file) + ".tmp", str(pid_file)))
-    result, out = s.run(code, timeout=2)
+    result, out = s.run(code, timeout=1)
     assert out["timed_out"] and result["isError"]
     pid = int(wait_for_file(pid_file))
     assert wait_gone(pid), "a grandchild in its own session outlived the call"
@@ -3428,7 +3428,7 @@ JOB_GUARD = 60.0     # seconds: a job that is not over by then fails the test in
 SIX_LINES = ("import time\n"
              "for i in range(6):\n"
              "    print('line', i, flush=True)\n"
-             "    time.sleep(0.5)\n"
+             "    time.sleep(0.25)\n"
              "open('report.txt', 'w').write('done')\n"
              "6 * 7\n")
 SIX_LINES_OUT = "".join("line %d\n" % i for i in range(6))
@@ -3587,7 +3587,7 @@ def cmdline(pid):
 def test_a_long_run_answers_running_then_each_line_once_then_the_result(start_server):
     # The model must see every line exactly once, whatever the polls' timing, and the
     # end (value, files, exit status) on the last answer only.
-    s = start_server(CALL_WAIT=2)
+    s = start_server(CALL_WAIT=1)
     s.initialize()
     tool = Tool(s)
     first = tool.call(code=SIX_LINES)
@@ -3652,10 +3652,10 @@ def test_a_short_call_is_answered_as_before_jobs_existed(start_server):
 def test_every_job_answer_fits_the_output_schema(start_server):
     # A client that validates structuredContent (the Python SDK does) must accept the
     # running, completed, cancelled and unknown-handle answers alike, in both eras.
-    s = start_server(CALL_WAIT=1)
+    s = start_server(CALL_WAIT=0.5)
     s.initialize()
     tool = Tool(s)                                   # Tool.call checks each answer against the schema
-    code = "import time\nprint('a', flush=True)\ntime.sleep(1.5)\nprint('b')\n1"
+    code = "import time\nprint('a', flush=True)\ntime.sleep(1)\nprint('b')\n1"
     handle = running(tool.call(code=code))
     tool.poll_to_end(handle)
     handle = running(tool.call(code=TREE))
@@ -3667,7 +3667,7 @@ def test_every_job_answer_fits_the_output_schema(start_server):
     # the 2026-07-28 era declares the same schema; a job answer there fits it too
     meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
     schema = s.request("tools/list", {"_meta": meta})["result"]["tools"][0]["outputSchema"]
-    params = {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(1.5)"}, "_meta": meta}
+    params = {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(1)"}, "_meta": meta}
     called = s.request("tools/call", params)["result"]
     assert check_answer(called, schema)["status"] == "running"
     assert called["resultType"] == "complete"
@@ -3676,10 +3676,10 @@ def test_every_job_answer_fits_the_output_schema(start_server):
 def test_a_job_over_the_memory_cap_ends_with_the_usual_message_on_the_next_poll(start_server):
     # The cap still applies to a run that outlived its request, and the poll after the
     # end carries the same message an ordinary call would have shown.
-    s = start_server(EXEC_MEMORY_MB=200, CALL_WAIT=1)
+    s = start_server(EXEC_MEMORY_MB=200, CALL_WAIT=0.5)
     s.initialize()
     tool = Tool(s)
-    code = ("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(1.5)\n"
+    code = ("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(1)\n"
             "block = bytearray(400 * 2**20)\nprint('allocated')\n")
     first = tool.call(code=code)
     handle = running(first)
@@ -3694,7 +3694,7 @@ def test_a_job_over_the_memory_cap_ends_with_the_usual_message_on_the_next_poll(
     # ...and it is the message an ordinary call gets (CALL_WAIT=0: no job at all)
     plain = start_server(EXEC_MEMORY_MB=200, CALL_WAIT=0)
     plain.initialize()
-    _, usual = plain.run(code.replace("time.sleep(1.5)", "time.sleep(0)"))
+    _, usual = plain.run(code.replace("time.sleep(1)", "time.sleep(0)"))
     assert usual["stderr"].strip().splitlines()[-1] == out["stderr"].strip().splitlines()[-1], (usual, out)
 
 
