@@ -343,23 +343,32 @@ def bench_parallel(env):
         row("eight calls over Streamable HTTP, wall time", "%.2f s" % wall, "1.00 s", "%.2fx" % wall)
 
 
-def bench_packages(env, wheels):
+# Requirements that name the same wheel as different sets: each one is a first build.
+FIRST_BUILDS = ("mcpexec_benchpkg", "mcpexec_benchpkg>=1", "mcpexec_benchpkg==1.0")
+
+
+def bench_packages(env, wheels, compare=None):
     env = dict(env, PIP_FIND_LINKS=wheels, PIP_NO_INDEX="1")
-    print("5. packages + use_temp_dir")
-    installers = [("pip", dict(env, MCP_EXEC_INSTALLER="pip"))]
+    print("5. packages + use_temp_dir (first build: median of %d sets)" % len(FIRST_BUILDS))
+    installers = [("pip", dict(env, MCP_EXEC_INSTALLER="pip"), None)]
+    if compare:
+        installers.append(("pip, %s" % os.path.basename(compare), dict(env, MCP_EXEC_INSTALLER="pip"),
+                           [sys.executable, compare]))
     if shutil.which("uv", path=env.get("PATH")):
-        installers.append(("uv", dict(env, MCP_EXEC_INSTALLER="auto")))
+        installers.append(("uv", dict(env, MCP_EXEC_INSTALLER="auto"), None))
     else:
         print("  (uv is not on PATH: the uv figures are skipped; `pip install uv` to see them)")
-    for name, run_env in installers:
+    for name, run_env, argv in installers:
         run_env = dict(run_env, MCP_EXEC_DIR=tempfile.mkdtemp(prefix="bench-state-"))
-        server = Stdio(run_env)
+        server = Stdio(run_env, argv)
         server.initialize()
         server.call("pass")
         code = "import mcpexec_benchpkg; print(mcpexec_benchpkg.VALUE)"
-        t = time.perf_counter()
-        server.call(code, packages=["mcpexec_benchpkg"], use_temp_dir=True)
-        first = time.perf_counter() - t
+        first = []
+        for requirement in FIRST_BUILDS:
+            t = time.perf_counter()
+            server.call(code, packages=[requirement], use_temp_dir=True)
+            first.append(time.perf_counter() - t)
         plain, cached = [], []
         for _ in range(10):
             time.sleep(0.05)                # as in 2.: a client thinks between calls
@@ -368,12 +377,12 @@ def bench_packages(env, wheels):
             plain.append(time.perf_counter() - t)
             time.sleep(0.05)
             t = time.perf_counter()
-            server.call(code, packages=["mcpexec_benchpkg"], use_temp_dir=True)
+            server.call(code, packages=[FIRST_BUILDS[0]], use_temp_dir=True)
             cached.append(time.perf_counter() - t)
         server.close()
         shutil.rmtree(run_env["MCP_EXEC_DIR"], ignore_errors=True)
-        row("first build (%s)" % name, ms(first), ms(median(plain)), "%.1fx" % (first / median(plain)),
-            "(baseline: a call without packages)")
+        row("first build (%s)" % name, ms(median(first)), ms(median(plain)),
+            "%.1fx" % (median(first) / median(plain)), "(baseline: a call without packages)")
         row("cached environment (%s), median" % name, ms(median(cached)), ms(median(plain)),
             "%.2fx" % (median(cached) / median(plain)))
 
@@ -544,7 +553,8 @@ def parse_arguments(argv):
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
                         help="run only these sections: %s" % ", ".join(SECTIONS))
     parser.add_argument("--compare", metavar="OLD_MCP_EXEC_PY",
-                        help="also time print(2+2) on another copy of mcp_exec.py, in the same run")
+                        help="also time print(2+2) and a first install on another copy of "
+                        "mcp_exec.py, in the same run")
     return parser.parse_args(argv)     # an unknown argument is an error (exit 2), not ignored
 
 
@@ -567,7 +577,7 @@ def main(argv):
             "round_trip": lambda: bench_round_trip(env, 10 if quick else 60, options.compare),
             "cpu": lambda: bench_cpu(env, 20 if quick else 100),
             "parallel": lambda: bench_parallel(env),
-            "packages": lambda: bench_packages(env, wheels),
+            "packages": lambda: bench_packages(env, wheels, options.compare),
             "http_throughput": lambda: bench_http_throughput(env, 1.0 if quick else 5.0),
             "http_calls": lambda: bench_http_calls(env, 3.0 if quick else 20.0),
             "memory": lambda: bench_memory(env),
