@@ -4844,7 +4844,7 @@ def test_a_burst_of_calls_is_answered_and_health_answers_throughout(start_http):
 
     def call(n):
         started = time.monotonic()
-        status, _, body = server.mcp(call_message("import time\ntime.sleep(2)\nprint(%d)" % n, n + 1),
+        status, _, body = server.mcp(call_message("import time\ntime.sleep(1)\nprint(%d)" % n, n + 1),
                                      extra={"MCP-Protocol-Version": "2025-11-25"})
         results.append((time.monotonic() - started, status, json.loads(body)))
     callers = [threading.Thread(target=call, args=(n,)) for n in range(100)]
@@ -4877,7 +4877,7 @@ def test_slow_connections_do_not_starve_health(start_http):
             for n, sock in enumerate(slow):
                 sock.sendall(b"X-Slow-%d: 1\r\n" % n)     # a header line now and then, never the end
             assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
-            time.sleep(0.5)
+            time.sleep(0.25)
     finally:
         for sock in slow:
             sock.close()
