@@ -352,8 +352,8 @@ def bench_packages(env, wheels, compare=None):
     print("5. packages + use_temp_dir (first build: median of %d sets)" % len(FIRST_BUILDS))
     installers = [("pip", dict(env, MCP_EXEC_INSTALLER="pip"), None)]
     if compare:
-        installers.append(("pip, %s" % os.path.basename(compare), dict(env, MCP_EXEC_INSTALLER="pip"),
-                           [sys.executable, compare]))
+        old = "pip, %s" % os.path.basename(compare)
+        installers.append((old, dict(env, MCP_EXEC_INSTALLER="pip"), [sys.executable, compare]))
     if shutil.which("uv", path=env.get("PATH")):
         installers.append(("uv", dict(env, MCP_EXEC_INSTALLER="auto"), None))
     else:

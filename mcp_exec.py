@@ -2840,8 +2840,9 @@ def _satisfied_here(requirement):
 def _install(python, requirements, deadline, cancel, report):
     """pip (or uv, when on PATH) installs requirements into `python`'s environment -> Result; its
     output is progress of the "install" stream. "--" ends the options: a requirement slipping past
-    validation cannot become one. Both compile the bytecode (uv only when asked): the code cannot
-    write it into its environment, and without it each call would compile its imports again."""
+    validation cannot become one. Both compile the bytecode (uv only when asked, 0.1.32+): the
+    code cannot write it into its environment, and without it each call would compile its
+    imports again."""
     uv, env = _installer()
     if uv:
         # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
@@ -2850,21 +2851,25 @@ def _install(python, requirements, deadline, cancel, report):
         argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]
         argv += ["--no-index"] if no_index else []
     else:
-        argv = _pip(python) + ["install", "--no-input", "--disable-pip-version-check"]
+        argv = _pip(python, env) + ["install", "--no-input", "--disable-pip-version-check"]
     return run_process(argv + ["--"] + list(requirements), env=env, cwd=STATE_DIR,
                        timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                        on_output=report and (lambda stream, chunk: report("install", chunk)))
 
 
-def _pip(python):
-    """The server's pip, run by `python` (our environments have no pip of their own). pip's
-    --python (22.3+) starts pip here to run it there through its __pip-runner__.py; running
-    that directly saves the first start: an install takes 1.0 s, not 1.6."""
+def _pip(python, env):
+    """The server's pip, run by `python` (our environments have no pip of their own) -> argv;
+    `env`, the installer's environment, gets what it needs. pip's --python (22.3+) starts pip
+    here to run it there through its __pip-runner__.py; running that directly saves the first
+    start (pip's own run for a small wheel: 1.0 s, not 1.6)."""
     import importlib.util
     spec = importlib.util.find_spec("pip")
     if spec and spec.origin:
         runner = os.path.join(os.path.dirname(spec.origin), "__pip-runner__.py")
         if os.path.isfile(runner):
+            # What --python sets for the pip it starts: that pip then obeys no PIP_PYTHON (or
+            # pip.conf "python =") of its own, which would install into another interpreter.
+            env["_PIP_RUNNING_IN_SUBPROCESS"] = "1"
             return [python, runner]
     return [sys.executable, "-m", "pip", "--python", python]
 
@@ -5163,7 +5168,8 @@ unreachable or refused. --trace shows every frame, --progress the progress, on s
 
 
 def client_arguments(args):
-    """The client's command line -> (options, stdio command); a mistake exits 2 with one line."""
+    """The client's command line -> (options, the stdio command after "--", or []); a mistake
+    exits 2 with one line."""
     import argparse
 
     class Arguments(argparse.ArgumentParser):   # says what was wrong in one line, and where help is
@@ -5196,7 +5202,7 @@ def client_arguments(args):
         parser.error("%s needs %s" % (options.action, needs[options.action]))
     if options.url and "://" not in options.url:
         options.url = "http://" + options.url
-    return options, command or import_command([]) or [sys.executable, os.path.abspath(__file__)]
+    return options, command
 
 
 def client_main(args):
@@ -5211,7 +5217,8 @@ def client_main(args):
     try:
         if options.url:
             client = HttpClient(options.url, options.api_key, options.protocol, trace)
-        else:
+        else:           # this file as its server, as the import a script start becomes
+            command = command or import_command([]) or [sys.executable, os.path.abspath(__file__)]
             client = StdioClient(command, options.protocol, trace)
         client.progress = options.progress
         with contextlib.closing(client):
