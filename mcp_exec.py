@@ -5416,8 +5416,10 @@ def import_command(args, options=()):
     folder, module = os.path.split(path[:-3])
     if not (path.endswith(".py") and module.isidentifier() and _cache_bytecode()):
         return None
+    # The closing comment keeps the file's path in the command line: `ps`, `pkill -f` find it.
     run = ("import sys; sys.path[:] = [%r] + [p for p in sys.path if p]; import runpy; "
-           "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % (folder, module))
+           "runpy.run_module(%r, run_name='__main__', alter_sys=True)  # %r"
+           % (folder, module, path))
     return [sys.executable] + list(options) + ["-c", run] + list(args)
 
 

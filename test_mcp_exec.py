@@ -5356,8 +5356,9 @@ def test_a_server_started_as_a_script_serves_as_an_import_in_the_same_process(st
     server.initialize()
     with open("/proc/%d/cmdline" % server.proc.pid, "rb") as f:
         argv = f.read().split(b"\0")
-    assert argv[argv.index(b"-c") + 1].endswith(b"run_module('mcp_exec', run_name='__main__', "
-                                                b"alter_sys=True)"), argv
+    command = argv[argv.index(b"-c") + 1]
+    assert b"run_module('mcp_exec', run_name='__main__', alter_sys=True)" in command, argv
+    assert command.endswith(b"# '%s'" % SERVER.encode()), argv      # `pkill -f mcp_exec.py`
     assert server.run("import sys; print(sys.version_info[0])")[1]["stdout"] == "3\n"
 
 
