@@ -1262,7 +1262,7 @@ def test_progress_notifications_report_output_until_the_response(start_server):
     s.expect_silence(0.5)   # nothing about a request after its response
 
 
-TICK_CODE = "import time\nfor i in range(8):\n    print('tick', i)\n    time.sleep(0.25)\n"
+TICK_CODE = "import time\nfor i in range(8):\n    print('tick', i)\n    time.sleep(0.1)\n"
 
 
 def test_progress_messages_are_whole_lines(start_server):
@@ -3247,7 +3247,7 @@ def test_each_session_call_returns_only_its_own_output(server):
 
 def test_a_timeout_interrupts_the_code_and_keeps_the_state(server):
     handle, _ = new_session(server, "kept = 'yes'")
-    result, out = server.run("while True:\n    pass", session=handle, timeout=1)
+    result, out = server.run("while True:\n    pass", session=handle, timeout=0.5)
     assert out["timed_out"] and result["isError"] and "KeyboardInterrupt" in out["stderr"]
     assert "state was kept" in out["stderr"] and "session_ended" not in out
     assert server.run("kept", session=handle)[1]["value"] == "'yes'"
@@ -3257,7 +3257,7 @@ def test_code_that_ignores_the_interrupt_ends_its_session(server):
     handle, _ = new_session(server, "import os\nprint(os.getpid())")
     pid = int(server.run("import os\nprint(os.getpid())", session=handle)[1]["stdout"])
     code = "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass\n"
-    result, out = server.run(code, session=handle, timeout=1, guard=30)
+    result, out = server.run(code, session=handle, timeout=0.5, guard=30)
     assert out["timed_out"] and out["session_ended"] is True and "state is lost" in out["stderr"]
     assert wait_gone(pid)
     result = server.call("1", session=handle)
