@@ -1328,6 +1328,25 @@ def test_non_ascii_output_round_trips(server):
 # ===== 3. stdio transport =====
 
 
+def test_inprocess_workers_reuse_a_waiting_thread_and_wait_for_work_not_threads():
+    workers = mcp_exec.Workers(linger=10)
+    idents, release = [], threading.Event()
+    workers.start(lambda: idents.append(threading.get_ident()))
+    assert workers.wait(5) and wait_until(lambda: workers.waiting == 1, seconds=5)
+
+    def held():
+        idents.append(threading.get_ident())
+        release.wait(10)
+    workers.start(held)                       # the thread that waits takes it
+    workers.start(lambda: 1 / 0)              # none waits now: a thread starts; the error is logged
+    assert wait_until(lambda: len(idents) == 2, seconds=5)
+    assert idents[0] == idents[1]
+    assert not workers.wait(0.2)              # held() still runs: wait() counts work
+    release.set()
+    assert workers.wait(5)
+    assert wait_until(lambda: workers.waiting == 2, seconds=5)    # the failure ended no thread
+
+
 def test_ping_is_answered_while_a_call_runs(server, tmp_path):
     # The call waits until the test has its ping answer: ping first is the only order possible.
     release = out_dir(tmp_path) / "release"
@@ -4836,17 +4855,16 @@ def test_closing_a_modern_response_stream_cancels_the_call(web, tmp_path):
     assert wait_until(lambda: not alive(pid), seconds=10), "closing the stream did not cancel the call"
 
 
-def test_a_2025_disconnect_is_not_a_cancellation(web, tmp_path):
+@pytest.mark.parametrize("accept", [ACCEPT_BOTH, "application/json"])   # an SSE or a JSON reply
+def test_a_2025_disconnect_is_not_a_cancellation(web, tmp_path, accept):
     sid, _ = web.initialize("2025-11-25")
     pid_file, done_file = web.out / (tmp_path.name + ".pid"), web.out / (tmp_path.name + ".done")
     code = ("import os, time\nopen(%r, 'w').write(str(os.getpid()))\ntime.sleep(1.5)\nopen(%r, 'w').write('x')\n"
             % (str(pid_file), str(done_file)))
     conn = web.connect()
     conn.request("POST", "/mcp", json.dumps(call_message(code, 12)),
-                 dict(AUTH, Accept=ACCEPT_BOTH, **{"Mcp-Session-Id": sid}))
+                 dict(AUTH, Accept=accept, **{"Mcp-Session-Id": sid}))
     sock = conn.sock
-    resp = conn.getresponse()          # keep it: dropping it would close the socket politely
-    assert resp.status == 200
     assert wait_until(pid_file.exists, seconds=15)
     sock.shutdown(socket.SHUT_RDWR)
     sock.close()
