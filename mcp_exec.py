@@ -908,40 +908,41 @@ class Workers:
         self.linger = linger
         self.running = 0            # work given and not yet done
         self.waiting = 0            # threads waiting for work
-        self.queued = []            # (work, Event set once a thread took it)
+        self.queued = []            # (work, Event set once a thread took it), oldest first
         lock = threading.Lock()
         self.changed = threading.Condition(lock)      # running changed
         self.has_work = threading.Condition(lock)     # queued grew
 
     def start(self, target):
-        """Run target() on a thread. Like Thread.start(), return once a thread runs it: work given
-        in order starts in order (a kernel's calls line up as they came, section 10)."""
+        """Run target() on a thread. Like Thread.start(), return once a thread has taken it:
+        work given in order is taken in order (a kernel's calls line up as they came)."""
         taken = threading.Event()
         with self.changed:
             self.running += 1
-            handed = self.waiting > len(self.queued)     # a waiting thread will take it
-            if handed:
-                self.queued.append((target, taken))
+            self.queued.append((target, taken))
+            spare = self.waiting >= len(self.queued)     # a waiting thread will take it
+            if spare:
                 self.has_work.notify()
-        if handed:
-            taken.wait()
-        else:
-            threading.Thread(target=self._serve, args=(target,), daemon=True).start()
+        if not spare:
+            threading.Thread(target=self._serve, daemon=True).start()
+        taken.wait()
 
-    def _serve(self, target):
+    def _serve(self):
+        target = self._next()
         while target is not None:
             try:
                 target()
             except Exception:
                 log("error in a worker thread:\n" + traceback.format_exc())
             finally:
+                target = None               # what it holds is not kept while the thread waits
                 with self.changed:
                     self.running -= 1
                     self.changed.notify_all()
             target = self._next()
 
     def _next(self):
-        """Wait up to `linger` s for work -> it, or None: the thread ends."""
+        """Wait up to `linger` s for work -> the oldest, or None: the thread ends."""
         with self.has_work:
             self.waiting += 1
             self.has_work.wait_for(lambda: self.queued, self.linger)
@@ -4660,8 +4661,9 @@ class HttpServer:
             if isinstance(request, Request):
                 return self.answer(request, accept, client_disconnected)
             return text_reply(202) if request is None else self.quick_reply(request, accept)
-        # A batch (2025-03-26) is answered here, whole, holding a budget thread if it runs code.
-        token = self.budget.take(client_disconnected) if needs_worker(payload) else None
+        # A batch (2025-03-26) is answered here, whole, holding a budget thread if it runs code
+        # (until it ends, whether or not the client stays).
+        token = self.budget.take() if needs_worker(payload) else None
         if needs_worker(payload) and token is None:
             return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
         try:
@@ -4737,17 +4739,19 @@ class HttpServer:
         budget allows (else a tool error that says so, at once). With SSE (preferred) progress
         and keep-alives flow; on 2026-07-28, closing the stream cancels the call. A handshake-era
         JSON reply needs no watching: it runs on this thread (one thread hop less per call)."""
-        token = self.budget.take(client_disconnected)
+        sse = "text/event-stream" in accept or not accepts_json(accept)
+        # JSON in the handshake era: nothing can be streamed, and a disconnect is no cancellation
+        # (2025-11-25 transports.mdx, Sending Messages to the Server): nothing to watch. Inline,
+        # this thread is held until the call ends, so its token stays taken if the client leaves.
+        inline = not sse and not request.modern
+        token = self.budget.take(None if inline else client_disconnected)
         if token is None:
             result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1),
                                  request.version)
             request.decorate(result)
             return json_reply({"jsonrpc": "2.0", "id": request.id, "result": result})
-        sse = "text/event-stream" in accept or not accepts_json(accept)
-        if not sse and not request.modern:
-            # Nothing can be streamed, and a disconnect is no cancellation (2025-11-25
-            # transports.mdx, Sending Messages to the Server): there is nothing to watch.
-            request.notify = lambda message: None
+        if inline:
+            request.notify = None
             try:
                 reply = answer_request(request)
             finally:

@@ -4865,10 +4865,35 @@ def test_a_2025_disconnect_is_not_a_cancellation(web, tmp_path, accept):
     conn.request("POST", "/mcp", json.dumps(call_message(code, 12)),
                  dict(AUTH, Accept=accept, **{"Mcp-Session-Id": sid}))
     sock = conn.sock
+    if accept == ACCEPT_BOTH:              # a stream opens at once (a JSON reply comes at the end)
+        resp = conn.getresponse()          # keep it: dropping it would close the socket politely
+        assert resp.status == 200
     assert wait_until(pid_file.exists, seconds=15)
     sock.shutdown(socket.SHUT_RDWR)
     sock.close()
     assert wait_until(done_file.exists, seconds=15), "the call was killed by a 2025-era disconnect"
+
+
+def test_departed_json_clients_cannot_take_the_threads_health_needs(start_http, tmp_path):
+    # A 2025-era JSON call runs on its waitress thread to the end, whether or not its client
+    # stays: its place in the thread budget is not given away when the client leaves.
+    server = start_http(WEB_CONCURRENCY="4")            # 4 threads: 2 may be held
+    sid, _ = server.initialize("2025-11-25")
+    for n in range(2):
+        started = server.out / ("%s-%d" % (tmp_path.name, n))
+        code = "open(%r, 'w').close()\nimport time\ntime.sleep(30)\n" % str(started)
+        conn = server.connect()
+        conn.request("POST", "/mcp", json.dumps(call_message(code, 10 + n)),
+                     dict(AUTH, Accept="application/json", **{"Mcp-Session-Id": sid}))
+        assert wait_until(started.exists, seconds=15)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+    for n in range(2):      # the budget is spent: refused at once, not run on the reserve
+        status, _, body = server.mcp(call_message("print(1)", 20 + n), sid)
+        result = json.loads(body)["result"]
+        assert status == 200 and result["isError"]
+        assert "Server busy" in tool_output(result)["stderr"]
+    assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
 
 
 # --- Liveness under load ------------------------------------
