@@ -95,11 +95,7 @@ class Setting:
         return value if self.minimum is None else max(self.minimum, value)
 
 
-def _default_state_dir(values):
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mcp-exec")
-
-
+_CACHE_HOME = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
 EXECUTION, HTTP = "Execution (all modes)", "HTTP (--http and mcp_exec:app)"
 SETTINGS = [
     Setting(EXECUTION, "EXEC_TIMEOUT", float, 30.0, "seconds a call may run unless it asks otherwise"),
@@ -138,7 +134,7 @@ SETTINGS = [
             "refused", minimum=0),
     Setting(EXECUTION, "SESSION_IDLE", float, 900.0, "seconds of idleness before a kernel ends"),
     Setting(EXECUTION, "PROGRESS_INTERVAL", float, 3.0, "seconds between progress notifications, when a call asks"),
-    Setting(EXECUTION, "MCP_EXEC_DIR", str, _default_state_dir,
+    Setting(EXECUTION, "MCP_EXEC_DIR", str, os.path.join(_CACHE_HOME, "mcp-exec"),
             "state: workspace environment, isolated-environment cache", "~/.cache/mcp-exec"),
     Setting(EXECUTION, "VENV_CACHE_SIZE", int, 8, "isolated environments kept (least recently used go)", minimum=1),
     Setting(EXECUTION, "MCP_EXEC_INSTALLER", str, "auto", "auto (uv when on PATH, else pip) or pip"),
@@ -307,12 +303,9 @@ def register_era(parse):
 
 def register_tool_feature(check=None, note=None, capability=None, call_mode=None):
     """An argument check, a sentence for the model, a capability {name: value}, a call mode."""
-    if call_mode:
-        CALL_MODES.append(call_mode)
-    if check:
-        ARGUMENT_CHECKS.append(check)
-    if note:
-        TOOL_NOTES.append(note)
+    for table, item in ((CALL_MODES, call_mode), (ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
+        if item:
+            table.append(item)
     CAPABILITIES.update(capability or {})
 
 
@@ -371,22 +364,20 @@ class Session:
         """Stop a running call. A cancel may overtake its call on the way to a worker thread;
         it is kept for a few seconds, for that call only (cancellation.mdx)."""
         with self.lock:
-            event = self.calls.get(request_id)
-            if event is None:
-                now = time.monotonic()
-                self.early_cancels = {k: t for k, t in self.early_cancels.items() if now - t < 5.0}
-                if len(self.early_cancels) < 100:
-                    self.early_cancels[request_id] = now
-        if event is not None:
-            event.set()
+            if request_id in self.calls:
+                self.calls[request_id].set()
+                return
+            now = time.monotonic()
+            self.early_cancels = {k: t for k, t in self.early_cancels.items() if now - t < 5.0}
+            if len(self.early_cancels) < 100:
+                self.early_cancels[request_id] = now
 
     def close(self):
         """End the session: every running execution is killed."""
         with self.lock:
             self.closed = True
-            events = list(self.calls.values())
-        for event in events:
-            event.set()
+            for event in self.calls.values():
+                event.set()
 
     def running(self):
         with self.lock:
@@ -523,10 +514,6 @@ def server_capabilities(version):
     return offered
 
 
-def handle_ping(request):
-    return {}     # ping.mdx: answer promptly with an empty result
-
-
 def handle_tools_list(request):
     if request.params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
@@ -545,9 +532,7 @@ def handle_tools_call(request):
     if not session.allow_exec:
         raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s. Code execution is disabled over HTTP on "
                             "this server (STDIO_MODE_ONLY=true); it runs only over stdio." % name)
-    arguments = params.get("arguments")
-    if arguments is None:
-        arguments = {}
+    arguments = {} if params.get("arguments") is None else params["arguments"]
     if not isinstance(arguments, dict):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
     # Bad arguments are a tool error the model can read and fix, not a protocol error
@@ -578,7 +563,8 @@ def notify_cancelled(params, session):
 
 
 register_method("initialize", handle_initialize, eras=("handshake",))
-register_method("ping", handle_ping)                 # 2026-07-28 removed it; we still answer
+# ping.mdx: answer promptly with an empty result. 2026-07-28 removed ping; we still answer it.
+register_method("ping", lambda request: {})
 register_method("tools/list", handle_tools_list)
 register_method("tools/call", handle_tools_call, slow=True)
 register_notification("notifications/initialized", lambda params, session: None)
@@ -606,20 +592,17 @@ INPUT_SCHEMA = {
                                  "\"data.csv\", \"content\": \"...\"}], with \"encoding\": "
                                  "\"base64\" for binary content.",
                   "items": {"type": "object", "required": ["path", "content"],
-                            "additionalProperties": False,
-                            "properties": {"path": {"type": "string"}, "content": {"type": "string"},
-                                           "encoding": {"type": "string",
-                                                        "enum": ["utf-8", "base64"]}}}},
+                            "additionalProperties": False, "properties": {
+                                "path": {"type": "string"}, "content": {"type": "string"},
+                                "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}},
         "session": {"type": "string",
-                    "description": "\"new\" starts a session that keeps variables, imports "
-                                   "and files across calls; then pass the handle the result "
-                                   "gives you."},
+                    "description": '"new" starts a session that keeps variables, imports and files '
+                                   "across calls; then pass the handle the result gives you."},
         "end_session": {"type": "boolean", "default": False,
                         "description": "true ends the session after this call's code."},
         "job": {"type": "string",
-                "description": "Instead of code: the handle (\"j-...\") of a run still going; "
-                               "waits for it, and returns its new output and, at the end, its "
-                               "result."},
+                "description": 'Instead of code: the handle ("j-...") of a run still going; waits '
+                               "for it, and returns its new output and, at the end, its result."},
         "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop it."},
     },
     "additionalProperties": False,
@@ -659,7 +642,13 @@ ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHi
 
 def tool_definition(version, local=True):
     """The one tool, with only the fields the negotiated version knows (tools.mdx)."""
-    tool = {"name": TOOL_NAME, "description": tool_description(local), "inputSchema": INPUT_SCHEMA}
+    description = ("Run Python code and return its exit status, stdout and stderr as JSON "
+                   "{returncode, stdout, stderr, timed_out, truncated}. Print what you want to see. "
+                   '"packages" installs pip requirements first (names, extras and versions only, '
+                   'e.g. ["numpy", "requests>=2.31"]) into a workspace environment shared by later '
+                   'calls; with "use_temp_dir": true the code runs in an isolated environment '
+                   "holding only those packages. %s %s" % (limits_text(), tool_notes(local)))
+    tool = {"name": TOOL_NAME, "description": description, "inputSchema": INPUT_SCHEMA}
     if at_least(version, "2025-03-26"):        # ToolAnnotations arrived in 2025-03-26
         tool["annotations"] = ANNOTATIONS
     if at_least(version, "2025-06-18"):        # title and structured output in 2025-06-18
@@ -672,15 +661,6 @@ def tool_definition(version, local=True):
 
 def tool_notes(local):
     return " ".join(note(local) for note in TOOL_NOTES)
-
-
-def tool_description(local=True):
-    return ("Run Python code and return its exit status, stdout and stderr as JSON "
-            "{returncode, stdout, stderr, timed_out, truncated}. Print what you want to see. "
-            "\"packages\" installs pip requirements first (names, extras and versions only, e.g. "
-            "[\"numpy\", \"requests>=2.31\"]) into a workspace environment shared by later calls; "
-            "with \"use_temp_dir\": true the code runs in an isolated environment holding only those "
-            "packages. %s %s" % (limits_text(), tool_notes(local)))
 
 
 def instructions(session):
@@ -707,18 +687,14 @@ def validate_arguments(arguments):
     code = arguments.get("code")
     if not isinstance(code, str) and not (code is None and "job" in arguments):
         return None, '"code" is required and must be a string of Python source, e.g. {"code": "print(1 + 1)"}'
-    packages = arguments.get("packages")
-    if packages is None:
-        packages = []
+    packages = [] if arguments.get("packages") is None else arguments["packages"]
     if not isinstance(packages, list) or len(packages) > MAX_PACKAGES:
         return None, ('"packages" must be a list of at most %d requirement strings, e.g. ["numpy", '
                       '"requests>=2.31"]' % MAX_PACKAGES)
     use_temp_dir = arguments.get("use_temp_dir", False)
     if not isinstance(use_temp_dir, bool):
         return None, '"use_temp_dir" must be true or false'
-    timeout = arguments.get("timeout")
-    if timeout is None:
-        timeout = EXEC_TIMEOUT
+    timeout = EXEC_TIMEOUT if arguments.get("timeout") is None else arguments["timeout"]
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         return None, '"timeout" must be a positive number of seconds (at most %g)' % EXEC_TIMEOUT_MAX
     timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)   # no float() of 10**400
@@ -928,30 +904,25 @@ class Workers:
         taken.wait()
 
     def _serve(self):
-        target = self._next()
-        while target is not None:
+        """Run the oldest work, then wait up to `linger` s for more; none came: the thread ends."""
+        while True:
+            with self.has_work:
+                self.waiting += 1
+                self.has_work.wait_for(lambda: self.queued, self.linger)
+                self.waiting -= 1
+                if not self.queued:
+                    return
+                target, taken = self.queued.pop(0)
+            taken.set()
             try:
                 target()
             except Exception:
                 log("error in a worker thread:\n" + traceback.format_exc())
             finally:
-                target = None               # what it holds is not kept while the thread waits
+                target = taken = None       # what it holds is not kept while the thread waits
                 with self.changed:
                     self.running -= 1
                     self.changed.notify_all()
-            target = self._next()
-
-    def _next(self):
-        """Wait up to `linger` s for work -> the oldest, or None: the thread ends."""
-        with self.has_work:
-            self.waiting += 1
-            self.has_work.wait_for(lambda: self.queued, self.linger)
-            self.waiting -= 1
-            if not self.queued:
-                return None
-            target, taken = self.queued.pop(0)
-        taken.set()
-        return target
 
     def wait(self, seconds):
         """Wait until no work runs, `seconds` at most -> True if none runs."""
@@ -962,9 +933,7 @@ class Workers:
 def serve_stdio():
     """Serve one client on stdin/stdout until stdin closes or SIGTERM comes."""
     if POSIX:
-        def on_sigterm(signum, frame):
-            raise SystemExit(0)
-        signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     if sys.stdin.isatty():
         log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on "
             "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
@@ -1015,12 +984,11 @@ from urllib.parse import urljoin, urlsplit
 # =============================================================================
 # 4. Executor: one call's life on the server
 # =============================================================================
-# run_code() is the whole tool. Each call runs in a fresh interpreter (forked from a template of
-# its environment, section 6, or spawned) in a fresh directory. The server feeds it the code through
-# a pipe, reads its output and results through three more, and when it ends, fails or times out,
-# kills all it started and removes every trace. In the order a call lives: run_code() waits for a
-# slot and an environment, run_once() makes the directory, start_child() the process, supervise()
-# watches it, and finish() turns what it left into a Result.
+# run_code() is the whole tool. It waits for a slot and an environment; run_once() makes a fresh
+# directory, start_child() a fresh interpreter (forked from the environment's template, section 6,
+# or spawned); supervise() feeds it the code through a pipe, reads its output and results through
+# three more, and when it ends, fails or times out, kills all it started; finish() turns what it
+# left into a Result, and run_once() removes every trace.
 
 import select         # poll(): the supervisor's, and the template's (section 5)
 
@@ -1061,9 +1029,7 @@ def run_code(args, session=LOCAL, cancel=None, on_output=None):
         return EXEC_SLOTS.refusal(slot)
     try:
         with Environment(args["packages"], args["use_temp_dir"], cancel, on_output) as env:
-            if env.failure:
-                return env.failure
-            return run_once(env, args, session, cancel, on_output)
+            return env.failure or run_once(env, args, session, cancel, on_output)
     finally:
         EXEC_SLOTS.release(session.owner)
 
@@ -1085,14 +1051,14 @@ def run_once(env, args, session, cancel, on_output):
         call.remove()
 
 
-def wait_or_cancel(ready, cancel, deadline=None, wake=None, step=0.1):
-    """Wait until ready() -> True, or until the call is cancelled or past its deadline
-    -> False. It sleeps on `wake` (an Event set when ready() may have changed) or else on
-    the cancel itself, so either one ends the sleep at once; ready() is polled every `step`."""
+def wait_or_cancel(ready, cancel, deadline=None, wake=None):
+    """Wait until ready() -> True, or until the call is cancelled or past its deadline -> False.
+    It sleeps on `wake` (an Event set when ready() may have changed) or else on the cancel itself,
+    so either one ends the sleep at once; ready() is polled every 0.1 s."""
     while not ready():
         if cancel.is_set() or (deadline is not None and time.monotonic() > deadline):
             return False
-        (wake or cancel).wait(step)
+        (wake or cancel).wait(0.1)
     return True
 
 
@@ -1197,22 +1163,16 @@ def child_environment(extra=None, installer=False):
     return dict(_CHILD_ENV, **(extra or {}))
 
 
-_CHILD_ENV = {}
-
-
+_CHILD_ENV = {}      # the code's environment, filled on first use
 # The child sees only these variables of the server's environment (plus LC_* and
 # EXEC_ENV_PASSTHROUGH). API_KEY and every other secret stay in the server.
-CHILD_ENV_ALLOW = (
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR",
-    "SYSTEMROOT", "SYSTEMDRIVE", "WINDIR", "COMSPEC", "PATHEXT", "USERPROFILE", "APPDATA",
-    "LOCALAPPDATA", "PROGRAMDATA", "TEMP", "TMP",
-)
+CHILD_ENV_ALLOW = """PATH HOME USER LOGNAME SHELL LANG LANGUAGE TZ TERM TMPDIR SYSTEMROOT
+    SYSTEMDRIVE WINDIR COMSPEC PATHEXT USERPROFILE APPDATA LOCALAPPDATA PROGRAMDATA
+    TEMP TMP""".split()
 # The installer also sees pip/uv settings, proxies and CA bundles, so mirrors and local wheels work.
 INSTALLER_ENV_PREFIXES = ("PIP_", "UV_")
-INSTALLER_ENV_ALLOW = (
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-)
+INSTALLER_ENV_ALLOW = """HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy
+    SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE""".split()
 
 
 class Pipes:
@@ -1231,8 +1191,7 @@ class Pipes:
 
     def close_all(self):
         """When no child got them: close every end."""
-        self.close_child_ends()
-        for fd in (self.code, self.stdout, self.stderr, self.results):
+        for fd in self.child + [self.code, self.stdout, self.stderr, self.results]:
             if fd >= 0:
                 os.close(fd)
 
@@ -1294,10 +1253,8 @@ class SpawnedChild(Child):
         return self.proc.poll()
 
     def wait(self, seconds):
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(seconds)
-        except subprocess.TimeoutExpired:
-            pass
 
     def kill(self):
         kill_tree(self.proc.pid)
@@ -1384,7 +1341,11 @@ def _stop_reason(watch, cancel, deadline, interrupted):
 
 def finish(child, stop, interrupted, out, err, results, timeout):
     """The Result of a supervised child, after killing whatever of it may still run."""
-    record = _parse_results(results)
+    try:
+        record = json.loads(bytes(results)) if results else {}
+    except ValueError:
+        record = {}
+    record = record if isinstance(record, dict) else {}
     if stop or child.needs_kill(record):
         child.kill()       # nothing is left of a child that exited: this kills what escaped
     status = child.status(record)
@@ -1427,14 +1388,6 @@ def _close(poller, names, fd):
     os.close(fd)
 
 
-def _parse_results(data):
-    try:
-        record = json.loads(bytes(data)) if data else {}
-    except ValueError:
-        record = {}
-    return record if isinstance(record, dict) else {}
-
-
 class OutputBuffer:
     """Keep the first and last `limit // 2` bytes of a stream, count the rest: the middle is dropped
     as it arrives (memory stays flat however much the code prints), a marker says how much."""
@@ -1442,8 +1395,7 @@ class OutputBuffer:
     def __init__(self, limit):
         self.head_limit = limit // 2
         self.tail_limit = limit - self.head_limit
-        self.head = bytearray()
-        self.tail = bytearray()
+        self.head, self.tail = bytearray(), bytearray()
         self.total = 0
 
     def add(self, chunk):
@@ -1452,10 +1404,9 @@ class OutputBuffer:
         if room > 0:
             self.head += chunk[:room]
             chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > 2 * self.tail_limit:   # trim in batches, not per chunk
-                del self.tail[:-self.tail_limit]
+        self.tail += chunk
+        if len(self.tail) > 2 * self.tail_limit:   # trim in batches, not per chunk
+            del self.tail[:-self.tail_limit]
 
     @property
     def truncated(self):
@@ -1494,16 +1445,11 @@ def spawn(argv, env, cwd, stdio=(subprocess.PIPE,) * 3, pass_fds=()):
 def children_of(pid):
     """The children of pid (of all its threads; zombies too), through /proc (Linux)."""
     kids = []
-    try:
-        tasks = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return kids
-    for task in tasks:
-        try:
-            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
-                kids.extend(int(p) for p in f.read().split())
-        except (OSError, ValueError):
-            pass
+    with contextlib.suppress(OSError):          # gone: no children
+        for task in os.listdir("/proc/%d/task" % pid):
+            with contextlib.suppress(OSError, ValueError):
+                with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                    kids.extend(int(p) for p in f.read().split())
     return kids
 
 
@@ -1516,34 +1462,37 @@ def descendants(pid):
     return found
 
 
+def stop_all(find, rounds=100):
+    """SIGSTOP every pid find() lists, round after round until a round finds none new (a stopped
+    process cannot fork: then none is missing) -> the pids stopped."""
+    stopped = set()
+    for _ in range(rounds):
+        found = set(find()) - stopped
+        if not found:
+            break
+        for pid in found:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= found
+    return stopped
+
+
 def kill_tree(pid):
-    """SIGKILL a process, its process group, and every descendant, wherever it went. Descendants are
-    stopped first, round after round, so none can fork while the tree is collected; then all die."""
+    """SIGKILL a process, its process group, and every descendant, wherever it went. All are stopped
+    first (stop_all), so none can fork while the tree is collected; then all die."""
     if not POSIX:
         subprocess.run(["taskkill", "/F", "/T", "/PID", str(pid)], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         return
-    stopped = set()
-    for _ in range(100):
-        found = [p for p in [pid] + descendants(pid) if p not in stopped]
-        if not found:
-            break
-        for p in found:
-            _signal(p, signal.SIGSTOP)
-        stopped.update(found)
-    try:
+    stopped = stop_all(lambda: [pid] + descendants(pid))
+    with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
     for p in stopped | {pid}:
         _signal(p, signal.SIGKILL)
 
 
 def _signal(pid, signum):
-    try:
+    with contextlib.suppress(OSError):
         os.kill(pid, signum)
-    except OSError:
-        pass
 
 
 def reap_orphans():
@@ -1557,19 +1506,10 @@ def reap_orphans():
 
 def kill_orphans(ours):
     """Kill and reap every child of this process that ours() does not claim, with all it started.
-    We are a subreaper, so an orphan that forks and exits hands its child to us: all are stopped
-    first, round after round until a round finds none new (a stopped one cannot fork), and only
-    then killed; and that again, while any is left. Our children, not yet reaped: their pids
-    cannot be reused meanwhile."""
+    As a subreaper we get the children of orphans that exit: all are stopped first (stop_all), then
+    killed, again while any is left. Not yet reaped, their pids cannot be reused meanwhile."""
     for _ in range(100):
-        stopped = set()
-        for _ in range(1000):
-            found = set(children_of(os.getpid())) - ours() - stopped
-            if not found:
-                break
-            for pid in found:
-                _signal(pid, signal.SIGSTOP)
-            stopped |= found
+        stopped = stop_all(lambda: set(children_of(os.getpid())) - ours(), 1000)
         if not stopped:
             return
         for pid in stopped:
@@ -1621,29 +1561,23 @@ def child_exit(status, namespace):
     """Exit as the interpreter would (threads joined, atexit handlers run, files flushed),
     without its final teardown of every module: that costs a forked child ~20 ms."""
     threading_module = sys.modules.get("threading")
-    if threading_module is not None and hasattr(threading_module, "_shutdown"):
+    if hasattr(threading_module, "_shutdown"):     # None if the code never imported it
         threading_module._shutdown()         # what Py_Finalize does first: wait for threads
     atexit._run_exitfuncs()
     namespace.clear()                        # the code's objects go: open files are flushed
-    # A full collection also empties the free lists, which copies pages the template
-    # shares. Until the code's objects reach the oldest generation (which child_main
-    # left empty), collecting the two younger ones finds the same garbage.
-    if gc.get_objects(2):
-        gc.collect()
-    else:
-        gc.collect(1)
+    # A full collection also empties the free lists, which copies pages the template shares. Until
+    # the code's objects reach the oldest generation (child_main left it empty), the two younger
+    # ones hold all the garbage.
+    gc.collect(2 if gc.get_objects(2) else 1)
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
     os._exit(status & 0xFF if isinstance(status, int) else 1)
 
 
 def fresh_main():
     """__main__'s namespace, emptied as `python -c` leaves it: the code's globals."""
-    import __main__
-    namespace = __main__.__dict__
+    namespace = sys.modules["__main__"].__dict__
     namespace.clear()
     namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
                      __spec__=None, __builtins__=__builtins__)
@@ -1721,18 +1655,16 @@ def child_report(fd, config, status, value):
         record.update(describe_value(value, config))       # section 9: value and images
     except BaseException as exc:                           # a __repr__ that raised, say
         record["value"] = "<the value could not be shown: %s: %s>" % (type(exc).__name__, exc)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
     with os.fdopen(fd, "wb") as f:
         f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
 
 
 def adopt_fds(config, fds, template_env):
-    """In a forked child: the call's pipes become stdin/stdout/stderr, and the call's
-    environment replaces `template_env` (a copy of the template's) -> the results fd."""
+    """In a forked child: the call's pipes become stdin/stdout/stderr (the results fd and any extra
+    ones go into config), and the call's environment replaces `template_env` (the template's)."""
     use_as_stdio(fds)
     os.chdir(config["cwd"])
     for name in template_env.keys() - config["env"].keys():
@@ -1741,29 +1673,25 @@ def adopt_fds(config, fds, template_env):
         if template_env.get(name) != value:      # most are the template's own: left alone
             os.environ[name] = value
     os.setsid()                    # a process group of its own, as a spawned child has
-    for extra in fds[4:]:
-        config.setdefault("extra_fds", []).append(extra)
-    return fds[3]
+    config.update(results_fd=fds[3], extra_fds=fds[4:])
 
 
-_LIBC = []
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_DUMPABLE = 36, 38, 24, 4
 
 
+@functools.lru_cache(maxsize=None)
 def _libc():
     """The C library through ctypes (Linux), loaded once; None elsewhere."""
-    if not _LIBC:
-        try:
-            lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
-            if lib is not None:
-                lib.syscall.restype = ctypes.c_long
-                # The kernel reads prctl's arguments as unsigned longs: declared once here,
-                # plain ints are passed whole (a bare int would leave upper halves undefined).
-                lib.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
-        except (OSError, AttributeError):
-            lib = None
-        _LIBC.append(lib)
-    return _LIBC[0]
+    try:
+        lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
+        if lib is not None:
+            lib.syscall.restype = ctypes.c_long
+            # The kernel reads prctl's arguments as unsigned longs: declared once here,
+            # plain ints are passed whole (a bare int would leave upper halves undefined).
+            lib.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
+    except (OSError, AttributeError):
+        lib = None
+    return lib
 
 
 # --- The template's loop (its server side is section 6) ----------------------------------
@@ -1772,7 +1700,8 @@ def _libc():
 def serve_template(config, fresh_modules):
     """Template mode (in the child): fork a child per request -> its config, in the child.
     Single-threaded: fork() copies only the calling thread. A pidfd (Linux 5.3+) says when a call's
-    child ends; it reaps it, kills its orphans (ours: we are a subreaper), then reports the exit."""
+    child ends; it reaps it, kills its orphans (ours: we are a subreaper), then reports the exit:
+    when the server hears a call is over, nothing of it still runs."""
     sock = socket.socket(fileno=config["socket_fd"])
     if not _have_pidfd():                       # the server checked too: this is a backstop
         raise SystemExit("mcp-exec: no template without pidfds (Linux < 5.3)")
@@ -1785,8 +1714,14 @@ def serve_template(config, fresh_modules):
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         for fd, _ in poller.poll():
-            if fd in roots:
-                _report_exit(sock, poller, roots, fd)
+            if fd in roots:                             # a call's child ended
+                poller.unregister(fd)
+                os.close(fd)
+                pid = roots.pop(fd)
+                _, status = os.waitpid(pid, 0)
+                kill_orphans(lambda: set(roots.values()))     # and reaped: no zombie is left
+                code = os.waitstatus_to_exitcode(status)
+                sock.send(json.dumps({"exit": pid, "code": code}).encode())
                 continue
             data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
             if not data or _rlimits() != limits:
@@ -1799,11 +1734,18 @@ def serve_template(config, fresh_modules):
             if pid == 0:
                 for fd in [sock.detach()] + list(roots):    # the template's, not the code's
                     os.close(fd)
-                request["results_fd"] = adopt_fds(request, fds, template_env)
+                adopt_fds(request, fds, template_env)
                 return request
             for fd in fds:
                 os.close(fd)
-            _watch_exit(poller, roots, pid)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:         # it cannot be followed: it dies, and the template with it
+                kill_tree(pid)      # (the server then spawns the call)
+                os.waitpid(pid, 0)
+                raise
+            roots[pidfd] = pid
+            poller.register(pidfd, select.POLLIN)
             sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
 
 
@@ -1816,10 +1758,8 @@ def _prepare_template(sandbox):
         for network_off in (False, True):
             _filter(os.uname().machine, network_off)
     if sandbox and libc is not None:
-        try:
+        with contextlib.suppress(OSError):    # if not, each child drops its own
             drop_capabilities(libc)       # its children inherit none, and skip their own drop
-        except OSError:
-            pass                          # then each child drops its own
 
 
 def _rlimits():
@@ -1829,30 +1769,6 @@ def _rlimits():
              "RLIMIT_CORE")]
 
 
-def _watch_exit(poller, roots, pid):
-    """Poll a pidfd of a call's child. Without one, the child cannot be followed: it dies,
-    and the template with it (the server then spawns the call)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        kill_tree(pid)
-        os.waitpid(pid, 0)
-        raise
-    roots[pidfd] = pid
-    poller.register(pidfd, select.POLLIN)
-
-
-def _report_exit(sock, poller, roots, pidfd):
-    """A call's child ended: reap it, kill what it orphaned, then tell the server, so that
-    nothing of a call still runs when the server hears it is over."""
-    poller.unregister(pidfd)
-    os.close(pidfd)
-    pid = roots.pop(pidfd)
-    _, status = os.waitpid(pid, 0)
-    kill_orphans(lambda: set(roots.values()))      # and reaped: no zombie is left behind
-    sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
-
-
 # =============================================================================
 # 6. Fork server: one template interpreter per environment
 # =============================================================================
@@ -1860,8 +1776,7 @@ def _report_exit(sock, poller, roots, pidfd):
 # a clean, single-threaded interpreter of one environment, started at first use, that forks one
 # child per call (as multiprocessing's forkserver). The request and the call's pipes travel over a
 # unix socket (SCM_RIGHTS); the forked child then does all a spawned one does (child_main): the code
-# cannot tell them apart. It reports each child's pid and exit status, reaps and kills what the code
-# orphaned (it is their subreaper), and when the server goes away kills all its children and exits.
+# cannot tell them apart. Its loop, serve_template(), is in section 5; this is the server's side.
 # Linux only: with FORK_SERVER=0, elsewhere, or while no template can start, calls are spawned.
 
 
@@ -1872,7 +1787,7 @@ class Template:
         self.lock, self.send_lock = threading.Lock(), threading.Lock()
         self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
         self.alive, self.retired, self.next_id = True, False, 0
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active}
         argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
         try:
@@ -1880,13 +1795,11 @@ class Template:
                               (subprocess.DEVNULL, subprocess.DEVNULL, None), [theirs.fileno()])
         finally:
             theirs.close()
-        self.sock = ours
-        ours.settimeout(60)
-        try:
-            ready = ours.recv(4096)          # sent once its imports are done
-        except OSError:
-            ready = b""
-        ours.settimeout(None)
+        self.sock.settimeout(60)
+        ready = b""
+        with contextlib.suppress(OSError):
+            ready = self.sock.recv(4096)          # sent once its imports are done
+        self.sock.settimeout(None)
         if not ready:
             self.close()
             raise OSError("the template for %s did not start" % python)
@@ -1955,11 +1868,9 @@ class Template:
     def close(self):
         """Stop the template: seeing its socket close, it kills its children and exits."""
         self.retired = True
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)   # wakes our reader; the template sees EOF
             self.sock.close()
-        except OSError:
-            pass
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -1968,17 +1879,14 @@ class Template:
 
 
 class ForkedChild(Child):
-    """A child forked by a template: its parent is the template, which tells us its pid
-    (`forked`) and how it ended (`ended`, or the template is gone)."""
+    """Forked by a template, which tells us its pid (`forked`) and exit (`ended`, or it died)."""
 
     def __init__(self, template, pipes):
-        self.template, self.pipes, self.code = template, pipes, None
+        self.template, self.pipes, self.code = template, pipes, -9    # -9 if its template dies
         self.forked, self.ended = threading.Event(), threading.Event()
 
     def exit_code(self):
-        if not self.ended.is_set():
-            return None
-        return self.code if self.code is not None else -9     # its template died
+        return self.code if self.ended.is_set() else None
 
     def wait(self, seconds):
         self.ended.wait(seconds)
@@ -2004,7 +1912,7 @@ def _have_pidfd():
 
 class Templates:
     """The templates of the environments in use: one per interpreter, for its current
-    generation of packages; beyond FORK_SERVER_SIZE, the least recently used is retired."""
+    generation of packages; beyond `size` of them, the least recently used is retired."""
 
     def __init__(self, enabled, size=3):
         self.enabled, self.size = enabled and LINUX and _have_pidfd(), size
@@ -2027,10 +1935,9 @@ class Templates:
         with start_lock:                       # one start at a time per environment
             with self.lock:
                 template = self.by_python.pop(python, None)
-            stale = [template] if template else []
-            if template and template.alive and template.generation == generation:
-                stale = []                     # still good: it becomes the most recent
-            else:
+            good = template and template.alive and template.generation == generation
+            stale = [template] if template and not good else []
+            if not good:                       # a good one stays, now the most recent
                 try:
                     template = Template(python, generation)
                 except OSError as exc:
@@ -2075,8 +1982,7 @@ TEMPLATES = Templates(FORK_SERVER)
 #       raw socket, no administration, optionally no IP;
 #   7.3 per-call totals: memory, processes, threads and disk of the call's processes;
 #   7.4 nothing escapes or stays: the server is subreaper of all it starts, keeps each call's
-#       directory in its run directory, and after a crash the next server kills and removes what is
-#       left.
+#       directory in its run directory; after a crash the next server kills and removes the rest.
 
 
 def server_setup():
@@ -2085,8 +1991,7 @@ def server_setup():
     libc = _libc()
     if libc is not None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        # Not dumpable: our /proc files (environ: API_KEY) belong to root, so code
-        # running as another user, or as this one, cannot read them.
+        # Not dumpable: our /proc files (environ: API_KEY) are root's, unreadable to any user's code
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     RUN_DIR.recover()
     ENVIRONMENTS.recover()
@@ -2096,22 +2001,11 @@ def server_setup():
 
 
 def _cache_bytecode():
-    """Children import this file as a module (CHILD_COMMAND), and a sandboxed one cannot write
-    its bytecode cache: write it here, so that no child compiles 5,000 lines. -> False where
-    it cannot be written (a read-only directory: children compile the file each time)."""
-    import py_compile
-    from importlib.util import cache_from_source
-    source = os.path.abspath(__file__)
-    try:
-        if os.path.getmtime(cache_from_source(source)) >= os.path.getmtime(source):
-            return True
-    except OSError:
-        pass
-    try:
-        py_compile.compile(source, doraise=True)
-    except (OSError, py_compile.PyCompileError):
-        return False
-    return True
+    """Children import this file as a module (CHILD_COMMAND); a sandboxed one cannot write its
+    bytecode cache, so write it here (if stale): no child compiles 5,000 lines. -> False where it
+    cannot be written (a read-only directory: children compile the file each time)."""
+    import compileall
+    return compileall.compile_file(os.path.abspath(__file__), quiet=2)   # quiet: stdout is wire
 
 
 # --- 7.1 The sandbox (Landlock) --------------------------------------------------------
@@ -2131,14 +2025,6 @@ SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/
                      "/etc/mime.types", "/etc/fonts", "/dev/urandom", "/dev/zero")
 
 
-def landlock_abi():
-    """The kernel's Landlock ABI version; 0 where there is none."""
-    libc = _libc()
-    if libc is None:
-        return 0
-    return max(0, libc.syscall(LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
-
-
 class Sandbox:
     """The children's restrictions, decided once (EXEC_SANDBOX, EXEC_NETWORK). Reads: over stdio (a
     `local` session) the user's files are the point; over HTTP, only what Python needs."""
@@ -2146,11 +2032,9 @@ class Sandbox:
     def __init__(self, mode, network):
         self.mode, self.network = mode, network
         self.nproc_limit = 0          # RLIMIT_NPROC for the code, set by server_setup()
-        self._abi = None
         # seccomp (7.2) where the kernel has it, for a 64-bit Python on x86_64 or aarch64
-        self.seccomp = (mode != "off" and LINUX and os.uname().machine in _ARCH
-                        and struct.calcsize("P") == 8
-                        and os.path.exists("/proc/sys/kernel/seccomp"))
+        self.seccomp = (mode != "off" and LINUX and os.uname().machine in _ARCH and
+                        struct.calcsize("P") == 8 and os.path.exists("/proc/sys/kernel/seccomp"))
 
     @property
     def active(self):
@@ -2161,36 +2045,31 @@ class Sandbox:
         layers = [name for name, on in (("landlock", self.abi), ("seccomp", self.seccomp)) if on]
         return "+".join(layers) or "off"
 
-    @property
+    @functools.cached_property
     def abi(self):
-        if self._abi is None:
-            self._abi = landlock_abi() if self.mode != "off" else 0
-            if self.mode == "landlock" and not self._abi:
-                raise SystemExit("mcp-exec: EXEC_SANDBOX=landlock, but this kernel has no Landlock "
-                                 "(Linux 5.13 or newer with landlock in the lsm= list); use auto or off")
-        return self._abi
-
-    def for_the_model(self, local):
-        if not self.abi:
-            return "The code is not sandboxed: it runs with the server user's rights."
-        reads = "" if local else ", read only Python and system files"
-        return ("The code is sandboxed (Landlock%s): it can write only in its working directory "
-                "and TMPDIR%s, and cannot touch other processes%s." % (
-                    ", seccomp" if self.seccomp else "", reads,
-                    "; it has no network" if self.network == "off" else ""))
+        """The kernel's Landlock ABI version, 0 where there is none: asked on first use (by the
+        server, not by each child that imports this file), with the version flag (1)."""
+        libc = _libc() if self.mode != "off" else None
+        abi = 0 if libc is None else max(0, libc.syscall(
+            LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+        if self.mode == "landlock" and not abi:
+            raise SystemExit(
+                "mcp-exec: EXEC_SANDBOX=landlock, but this kernel has no Landlock (Linux 5.13 or "
+                "newer with landlock in the lsm= list); use auto or off")
+        return abi
 
     def describe(self):
         if not self.active:
             why = "EXEC_SANDBOX=off" if self.mode == "off" else "no Landlock, no seccomp here"
             return "off: code runs with this user's rights (%s)" % why
-        parts = ["Landlock ABI %d" % self.abi if self.abi else "NO Landlock in this kernel",
-                 "writes only in the call's directory",
-                 "reads everywhere over stdio, only Python and system files over HTTP",
-                 "signals and abstract sockets scoped" if self.abi >= 6 else
-                 "signals NOT scoped (Landlock ABI < 6)", "no capabilities",
-                 "seccomp filter" if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
-                 "network off" if self.network == "off" else "network on"]
-        return ", ".join(parts)
+        return ", ".join([
+            "Landlock ABI %d" % self.abi if self.abi else "NO Landlock in this kernel",
+            "writes only in the call's directory",
+            "reads everywhere over stdio, only Python and system files over HTTP",
+            "signals and abstract sockets scoped" if self.abi >= 6 else
+            "signals NOT scoped (Landlock ABI < 6)", "no capabilities",
+            "seccomp filter" if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
+            "network off" if self.network == "off" else "network on"])
 
 
 def sandbox_config(call_root, local):
@@ -2296,9 +2175,8 @@ def drop_capabilities(libc):
     setpcap = struct.unpack_from("=I", data.raw)[0] & 1 << 8      # CAP_SETPCAP is effective
     if setpcap:
         with open("/proc/sys/kernel/cap_last_cap") as f:
-            last_cap = int(f.read())
-        for cap in range(last_cap + 1):
-            _prctl(libc, PR_CAPBSET_DROP, cap)
+            for cap in range(int(f.read()) + 1):
+                _prctl(libc, PR_CAPBSET_DROP, cap)
     _prctl(libc, 47, 4)                         # PR_CAP_AMBIENT_CLEAR_ALL: open to anyone
     if setpcap:      # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, each locked; KEEP_CAPS_LOCKED
         _prctl(libc, 28, 0x2f)
@@ -2331,17 +2209,13 @@ LD, JEQ, JGE, JSET, AND, RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
 ALLOW, EPERM, ENOSYS = 0x7fff0000, 0x00050000 | 1, 0x00050000 | 38
 
 
-def _table(text, column):
-    t = text.split()
-    return {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
-
-
 def _program(arch, network_off):
-    """(code, jt, jf, k) tuples; jt/jf may name a label (a bare string in the list, always further
-    on: BPF jumps only forward). Arguments are compared on their low 32 bits only: each one checked
-    is a C int (or unsigned int) that the kernel truncates, so the low word is exactly what it acts
-    on. Matching both halves would let cmd = 1 << 32 | TIOCSTI slip past the ioctl check."""
-    nr = _table(_ALWAYS + " " + _BY_ARG, 1 if arch == "x86_64" else 2)
+    """(code, jt, jf, k) tuples; jt/jf may name a label (a bare string further on: BPF jumps only
+    forward). Arguments are compared on their low 32 bits, all the kernel keeps of each C int
+    checked: matching both halves would let cmd = 1 << 32 | TIOCSTI slip past the ioctl check."""
+    t = (_ALWAYS + " " + _BY_ARG).split()
+    column = 1 if arch == "x86_64" else 2
+    nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
     arg = lambda i: (LD, 0, 0, 16 + 8 * i)        # seccomp_data.args[i], low word (little-endian)
     p = [(LD, 0, 0, 4), (JEQ, 0, "nosys", _ARCH[arch]), (LD, 0, 0, 0)]   # foreign ABI (int 0x80)
     if arch == "x86_64":
@@ -2373,11 +2247,10 @@ def _program(arch, network_off):
 def _filter(arch, network_off):
     """The filter as the kernel takes it: (struct sock_fprog, the instructions it points to),
     kept together so that the second lives as long as the first."""
-    program, at, n = _program(arch, network_off), {}, 0
-    for ins in program:                                  # first pass: where each label lands
+    program, at = _program(arch, network_off), {}
+    for i, ins in enumerate(program):        # a label lands at its index, less the labels before
         if isinstance(ins, str):
-            at[ins] = n
-        n += not isinstance(ins, str)
+            at[ins] = i - len(at)
     code = []
     for ins in (x for x in program if not isinstance(x, str)):
         jt, jf = (at[j] - len(code) - 1 if isinstance(j, str) else j for j in ins[1:3])
@@ -2407,15 +2280,14 @@ def _nproc_limit():
     polls, set above what this user runs now plus what the calls may run (it counts them all)."""
     if not LINUX or os.geteuid() == 0 or not EXEC_MAX_PROCS:
         return 0
-    mine = sum(1 for e in os.listdir("/proc") if e.isdigit() and _owner(e) == os.geteuid())
+    mine = 0
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat("/proc/" + entry).st_uid == os.geteuid():
+                mine += 1
+        except OSError:
+            pass                                 # a process that ended meanwhile
     return mine + EXEC_MAX_PROCS * (EXEC_CONCURRENCY + SESSION_LIMIT) + 64
-
-
-def _owner(pid):
-    try:
-        return os.stat("/proc/" + pid).st_uid
-    except OSError:
-        return None
 
 
 class Watch:
@@ -2449,18 +2321,11 @@ def _thread_count(pid):
 def _memory_kb(pid):
     """A process's proportional share of memory (PSS: pages shared with the template or
     with siblings count once), or its resident size where PSS is not available."""
-    try:
-        with open("/proc/%d/smaps_rollup" % pid) as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    try:
-        with open("/proc/%d/statm" % pid) as f:
-            return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
-    except (OSError, ValueError):
-        return 0
+    for line in (_read_text("/proc/%d/smaps_rollup" % pid) or "").splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    resident = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[1]     # in pages
+    return int(resident) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
 def walk_tree(top, limit):
@@ -2513,13 +2378,12 @@ class Monitor:
 
     def watch(self, pid, directory, on_over=None):
         watch = Watch(pid, directory, on_over)
-        if not LINUX:
-            return watch
-        with self.lock:
-            self.watches.add(watch)
-            if not self.running:
-                self.running = True
-                threading.Thread(target=self._run, daemon=True).start()
+        if LINUX:                                # elsewhere there is no /proc to check
+            with self.lock:
+                self.watches.add(watch)
+                if not self.running:
+                    self.running = True
+                    threading.Thread(target=self._run, daemon=True).start()
         return watch
 
     def unwatch(self, watch):
@@ -2550,7 +2414,6 @@ MONITOR = Monitor()
 
 # --- 7.4 Run directories and recovery after a crash ---------------------------------------
 
-
 FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602    # _IOR/_IOW('f', 1|2, long)
 UNDELETABLE_FLAGS = 0x10 | 0x20                              # FS_IMMUTABLE_FL, FS_APPEND_FL
 
@@ -2578,7 +2441,11 @@ def remove_tree(path):
             except OSError:
                 left += 1
                 continue
-            for entry in _entries(fd):
+            try:
+                entries = list(os.scandir(fd))
+            except OSError:
+                entries = []
+            for entry in entries:
                 moved += 1
                 try:
                     if entry.is_dir(follow_symlinks=False):
@@ -2589,21 +2456,13 @@ def remove_tree(path):
                         left += not _remove_at(os.unlink, fd, entry.name)
                 except OSError:
                     left += 1
-            if fd != top:
+            if name is not None:                  # fd is not top
                 os.close(fd)
-            if name is not None:
                 left += not _remove_at(os.rmdir, top, name)
     finally:
         os.close(top)
     if not _remove_at(os.rmdir, None, path) or left:
         log("could not remove all of %s (%d entries left)" % (path, left))
-
-
-def _entries(fd):
-    try:
-        return list(os.scandir(fd))
-    except OSError:
-        return []
 
 
 def _make_removable(name, parent):
@@ -2651,18 +2510,15 @@ class CallDir:
     """A call's directory: root/work (the working directory) and root/tmp (TMPDIR)."""
     def __init__(self, root):
         self.root, self.work, self.tmp = root, os.path.join(root, "work"), os.path.join(root, "tmp")
-        os.mkdir(root)
-        os.mkdir(self.work)
-        os.mkdir(self.tmp)
+        for path in (root, self.work, self.tmp):
+            os.mkdir(path)
 
     def remove(self):
         try:                               # the common case, three syscalls: nothing was left
             for path in (self.work, self.tmp, self.root):
                 os.rmdir(path)
-            return
         except OSError:
-            pass
-        remove_tree(self.root)
+            remove_tree(self.root)
 
 
 class RunDir:
@@ -2747,11 +2603,8 @@ class RunDir:
 
 def _start_time(pid):
     """A process's start time (clock ticks since boot): with the pid, it names one process."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    fields = (_read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()   # after (comm)
+    return fields[19] if len(fields) > 19 else ""
 
 
 def shutdown():
@@ -2766,8 +2619,14 @@ def shutdown():
 def limits_note(local):
     """What the model is told of the limits and the sandbox."""
     memory = "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"
-    return "Memory: %s for the call's processes together. %s" % (
-        memory, SANDBOX.for_the_model(local))
+    note = "Memory: %s for the call's processes together. " % memory
+    if not SANDBOX.abi:
+        return note + "The code is not sandboxed: it runs with the server user's rights."
+    return note + ("The code is sandboxed (Landlock%s): it can write only in its working directory "
+                   "and TMPDIR%s, and cannot touch other processes%s." % (
+                       ", seccomp" if SANDBOX.seccomp else "",
+                       "" if local else ", read only Python and system files",
+                       "; it has no network" if SANDBOX.network == "off" else ""))
 
 
 SANDBOX = Sandbox(EXEC_SANDBOX, EXEC_NETWORK)
@@ -2790,9 +2649,7 @@ REQUIREMENT_RE = re.compile(
 
 def normalize_requirement(text):
     """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain requirement."""
-    if not isinstance(text, str) or len(text) > 200:
-        return None
-    m = REQUIREMENT_RE.match(text)
+    m = REQUIREMENT_RE.match(text) if isinstance(text, str) and len(text) <= 200 else None
     if not m:
         return None
     name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
@@ -2804,15 +2661,12 @@ def normalize_requirement(text):
 
 def check_packages(arguments, clean):
     """The "packages" argument -> clean["packages"], normalized and sorted, or the problem."""
-    normal = []
     for item in clean["packages"]:
-        requirement = normalize_requirement(item)
-        if requirement is None:
+        if normalize_requirement(item) is None:
             return ('"packages" entry %s is not a plain requirement: use a package name with optional '
                     '[extras] and version specifiers, such as "numpy" or "pandas>=2,<3"; options, URLs, '
                     'paths and "name @ url" are not allowed' % json.dumps(item)[:200])
-        normal.append(requirement)
-    clean["packages"] = sorted(set(normal))
+    clean["packages"] = sorted(set(map(normalize_requirement, clean["packages"])))
     return None
 
 
@@ -2838,10 +2692,8 @@ def _create_venv(path, layered, deadline, cancel):
     gets a .pth that adds the server's site-packages *after* its own: code sees what the
     server has, and what it installs lands in the workspace, never in the server's."""
     uv, env = _installer()
-    if uv:
-        argv = [uv, "venv", "--quiet", "--python", sys.executable, path]
-    else:
-        argv = [sys.executable, "-m", "venv", "--without-pip", path]
+    argv = ([uv, "venv", "--quiet", "--python", sys.executable, path] if uv
+            else [sys.executable, "-m", "venv", "--without-pip", path])
     result = run_process(argv, env=env, cwd=STATE_DIR,
                          timeout=max(1.0, deadline - time.monotonic()), cancel=cancel)
     if result.failed or not layered:
@@ -2875,9 +2727,8 @@ def _satisfied_here(requirement):
 def _install(python, requirements, deadline, cancel, report):
     """pip (or uv, when on PATH) installs requirements into `python`'s environment -> Result; its
     output is progress of the "install" stream. "--" ends the options: a requirement slipping past
-    validation cannot become one. Both compile the bytecode (uv only when asked, 0.1.32+): the
-    code cannot write it into its environment, and without it each call would compile its
-    imports again."""
+    validation cannot become one. Both compile bytecode (uv when asked, 0.1.32+): code cannot write
+    it into its environment, and without it each call would compile its imports again."""
     uv, env = _installer()
     if uv:
         # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
@@ -2886,27 +2737,23 @@ def _install(python, requirements, deadline, cancel, report):
         argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]
         argv += ["--no-index"] if no_index else []
     else:
-        argv = _pip(python, env) + ["install", "--no-input", "--disable-pip-version-check"]
+        # The server's pip, run by `python` (our environments have no pip of their own). pip's
+        # --python (22.3+) starts pip here to run it there through its __pip-runner__.py; running
+        # that directly saves the first start (pip's own run for a small wheel: 1.0 s, not 1.6).
+        import importlib.util
+        argv = [sys.executable, "-m", "pip", "--python", python]
+        spec = importlib.util.find_spec("pip")
+        if spec and spec.origin:
+            runner = os.path.join(os.path.dirname(spec.origin), "__pip-runner__.py")
+            if os.path.isfile(runner):
+                # What --python sets for the pip it starts: that pip then obeys no PIP_PYTHON (or
+                # pip.conf "python =") of its own, which would install into another interpreter.
+                env["_PIP_RUNNING_IN_SUBPROCESS"] = "1"
+                argv = [python, runner]
+        argv += ["install", "--no-input", "--disable-pip-version-check"]
     return run_process(argv + ["--"] + list(requirements), env=env, cwd=STATE_DIR,
                        timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                        on_output=report and (lambda stream, chunk: report("install", chunk)))
-
-
-def _pip(python, env):
-    """The server's pip, run by `python` (our environments have no pip of their own) -> argv;
-    `env`, the installer's environment, gets what it needs. pip's --python (22.3+) starts pip
-    here to run it there through its __pip-runner__.py; running that directly saves the first
-    start (pip's own run for a small wheel: 1.0 s, not 1.6)."""
-    import importlib.util
-    spec = importlib.util.find_spec("pip")
-    if spec and spec.origin:
-        runner = os.path.join(os.path.dirname(spec.origin), "__pip-runner__.py")
-        if os.path.isfile(runner):
-            # What --python sets for the pip it starts: that pip then obeys no PIP_PYTHON (or
-            # pip.conf "python =") of its own, which would install into another interpreter.
-            env["_PIP_RUNNING_IN_SUBPROCESS"] = "1"
-            return [python, runner]
-    return [sys.executable, "-m", "pip", "--python", python]
 
 
 def _install_failed(result, what):
@@ -2930,19 +2777,12 @@ def _digest(text, length):
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-@functools.lru_cache(maxsize=None)
-def workspace_tag():
-    """This interpreter's workspace is workspace-<tag>: one per interpreter path and version."""
-    return _digest("%s %s" % (sys.executable, sys.version), 12)
-
-
 class Environments:
-    """Where code runs: the shared workspace venv, or a cached isolated venv per package set.
-    Under STATE_DIR, which several server processes may share: workspace-<tag>/ per interpreter
-    (installs accumulate; <tag>.installed lists them; <tag>.lock is flocked while it changes),
-    venvs/<key>-<random>/ (built in place, then read-only) and venvs/<key>.ready (published once
-    complete). A call in an isolated venv holds a shared flock on its lease file: none is
-    evicted in use."""
+    """Where code runs: the shared workspace venv, or a cached isolated venv per package set, under
+    STATE_DIR (several servers may share it): workspace-<tag>/ per interpreter (installs accumulate;
+    <tag>.installed lists them; <tag>.lock is flocked while it changes), venvs/<key>-<random>/
+    (built in place, then read-only) and venvs/<key>.ready (published once complete). A call in an
+    isolated venv holds a shared flock on its lease file: none is evicted in use."""
 
     def __init__(self, root):
         self.root = root
@@ -2951,12 +2791,11 @@ class Environments:
         self.workspace_lock = threading.Lock()
         self.generation = 0               # bumped whenever this process changes the workspace
 
-    # -- the shared workspace ----------------------------------------------------------
     def workspace(self, requirements, deadline, cancel, report=None):
         """-> (python, None), or (None, failure Result), installing what is missing."""
         # One workspace per interpreter (path and version), as with isolated environments:
         # servers started with different Pythons never rebuild or delete each other's.
-        tag = workspace_tag()
+        tag = _digest("%s %s" % (sys.executable, sys.version), 12)
         venv = os.path.join(self.root, "workspace-" + tag)
         record = venv + ".installed"
         stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
@@ -2964,8 +2803,7 @@ class Environments:
         def missing():
             installed = set((_read_text(record) or "").split())
             return [r for r in requirements if r not in installed and not _satisfied_here(r)]
-        # The common case takes no lock: nothing to build, nothing to install. A call
-        # without packages never waits behind another call's install.
+        # The common case takes no lock: a call without packages never waits behind an install.
         if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not (requirements and missing()):
             return _venv_python(venv), None
         os.makedirs(self.root, exist_ok=True)
@@ -2998,7 +2836,6 @@ class Environments:
                 self.generation += 1
         return _venv_python(venv), None
 
-    # -- isolated, cached environments ---------------------------------------------------
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result); lease.release() after the run."""
         # The key covers the interpreter too: a server on another Python builds its own.
@@ -3059,12 +2896,11 @@ class Environments:
         """Remove the isolated environments that a dead server left half built."""
         cache = os.path.join(self.root, "venvs")
         for name in os.listdir(cache) if os.path.isdir(cache) else []:
-            if not name.endswith(".building"):
-                continue
-            with open(os.path.join(cache, name)) as lock:
-                if _flock(lock, shared=False, wait=False):
-                    remove_tree(os.path.join(cache, name[:-len(".building")]))
-                    os.unlink(os.path.join(cache, name))
+            if name.endswith(".building"):
+                with open(os.path.join(cache, name)) as lock:
+                    if _flock(lock, shared=False, wait=False):
+                        remove_tree(os.path.join(cache, name[:-len(".building")]))
+                        os.unlink(os.path.join(cache, name))
 
     def _lease(self, cache, pointer):
         """The cached venv a pointer names, leased (so it cannot be evicted), or None."""
@@ -3144,7 +2980,6 @@ class Environment:
     def __exit__(self, *exc):
         if self.lease:
             self.lease.release()
-            self.lease = None
 
 
 ENVIRONMENTS = Environments(STATE_DIR)
@@ -3345,13 +3180,11 @@ def check_files(arguments, clean):
             return "files[%d].path %s names a file given before; give each file once" % (n, json.dumps(path))
         seen.add(path)
         encoding = entry.get("encoding", "utf-8")
+        if encoding not in ("utf-8", "text", "base64"):
+            return 'files[%d].encoding must be "utf-8" (the default) or "base64"' % n
         try:
-            if encoding == "base64":
-                data = base64.b64decode(entry["content"], validate=True)
-            elif encoding in ("utf-8", "text"):
-                data = entry["content"].encode("utf-8")
-            else:
-                return 'files[%d].encoding must be "utf-8" (the default) or "base64"' % n
+            data = (base64.b64decode(entry["content"], validate=True) if encoding == "base64"
+                    else entry["content"].encode("utf-8"))
         except (binascii.Error, ValueError, UnicodeEncodeError):
             return "files[%d].content is not valid %s" % (n, "base64" if encoding == "base64" else "UTF-8 text")
         clean["files"].append((path, data))
@@ -3537,23 +3370,20 @@ class OutputStore:
         known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
         if not known or rel is None:
             return None
-        path = os.path.join(self.root, token, *rel.split("/"))
         try:
-            with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+            with os.fdopen(_open_inside(self.root, token + "/" + rel, os.O_RDONLY), "rb") as f:
                 return f.read()
         except OSError:
             return None
 
     def live(self, owner):
-        """(uri, name, size) of every file kept for `owner`'s calls, newest first."""
+        """Yields (uri, name, size) of every file kept for `owner`'s calls, newest first."""
         self.expire()
-        found = []
         with self.lock:
             tokens = [token for token, entry in self.calls.items() if entry[2] == owner]
         for token in reversed(tokens):
             for rel, info in sorted(snapshot_files(os.path.join(self.root, token)).items()):
-                found.append((self.PREFIX + token + "/" + urllib.parse.quote(rel), rel, info[1]))
-        return found
+                yield self.PREFIX + token + "/" + urllib.parse.quote(rel), rel, info[1]
 
     def expire(self):
         """Forget what is older than OUTPUT_TTL."""
@@ -3597,7 +3427,7 @@ def handle_resources_list(request):
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
     return {"resources": [
         {"uri": uri, "name": name, "size": size, "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
-        for uri, name, size in OUTPUTS.live(request.session.owner)[:200]]}
+        for uri, name, size in list(OUTPUTS.live(request.session.owner))[:200]]}
 
 
 FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"value\", like a notebook's "
@@ -3634,11 +3464,11 @@ class Kernel(Child):
         self.handle, self.env, self.call, self.child = handle, env, call, child
         self.control, self.owner, self.pid = control, owner, child.pid
         self.pipes = child.pipes                 # the first call's; a later call sends its own
-        self.watch = None                        # its totals, watched for its whole life
-        self.packages = sorted(env.packages)
         self.last_used = time.monotonic()
         self.turns = CallSlots(1, KERNEL_QUEUE)   # one call at a time, in arrival order
         self.ended = False
+        # Its totals hold for its whole life, between calls too (a thread it left running).
+        self.watch = MONITOR.watch(child.pid, call.root, functools.partial(KERNELS.end, self))
 
     def enter(self, cancel, turn, packages):
         """Wait for the turn (`turn`: the place line_up took on arrival, or "none yet"), then add
@@ -3647,15 +3477,14 @@ class Kernel(Child):
         if turn is None:
             return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
                                   % KERNEL_QUEUE, returncode=-1)
-        got = self.turns.wait(turn, cancel)
-        if got != "ok":
-            return self.turns.refusal(got)
+        if self.turns.wait(turn, cancel) != "ok":
+            return self.turns.refusal("cancelled")
         refusal = None
-        if packages and self.env.isolated and sorted(packages) != self.packages:
+        if packages and self.env.isolated and packages != self.env.packages:    # both sorted
             refusal = Result.refusal(
                 "This session runs in an isolated environment with %s; its packages cannot "
                 "change. Start a new session with the packages you need."
-                % (", ".join(self.packages) or "no packages"))
+                % (", ".join(self.env.packages) or "no packages"))
         elif packages and not self.env.isolated:
             with Environment(packages, False, cancel) as env:
                 refusal = env.failure
@@ -3734,42 +3563,37 @@ class Kernels:
                     "\"session\"." % len(self.live))
             handle = new_handle("s")
             self.live[handle] = None                  # reserved while it starts
-        env = call = ours = kernel = None
-        try:
-            env = Environment(args["packages"], args["use_temp_dir"], cancel, on_output).__enter__()
+        with contextlib.ExitStack() as undo:       # until it has started, nothing of it may stay
+            undo.callback(self._unreserve, handle)
+            env = undo.enter_context(
+                Environment(args["packages"], args["use_temp_dir"], cancel, on_output))
             if env.failure:
                 return None, env.failure
             call = CallDir(os.path.join(RUN_DIR.path(), "kernel-" + os.urandom(6).hex()))
+            undo.callback(call.remove)
             problem = write_input_files(call.work, args["files"])
             if problem:
                 return None, Result.refusal(problem)
             before = snapshot_files(call.work)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
+            undo.callback(ours.close)
+            with theirs:
                 child = start_child(env, call, "kernel", session.local, [theirs.fileno()])
-            finally:
-                theirs.close()
             kernel = Kernel(handle, env, call, child, ours, session.owner)
-            # Its totals hold for its whole life, between calls too (a thread it left running).
-            kernel.watch = MONITOR.watch(child.pid, call.root,
-                                         lambda reason: self.end(kernel, reason))
-            with self.lock:
-                self.live[handle] = kernel
-                if not self.reaper.is_alive():       # the first kernel starts it
-                    self.reaper.start()
-            return kernel, kernel.run(args, cancel, on_output, before)
-        finally:
-            if kernel is None:           # it never started: nothing of it may stay
-                for part in (ours and ours.close, call and call.remove, env and env.__exit__):
-                    if part:
-                        part()
-                with self.lock:
-                    self.live.pop(handle, None)
+            undo.pop_all()
+        with self.lock:
+            self.live[handle] = kernel
+            if not self.reaper.is_alive():       # the first kernel starts it
+                self.reaper.start()
+        return kernel, kernel.run(args, cancel, on_output, before)
+
+    def _unreserve(self, handle):
+        with self.lock:
+            self.live.pop(handle, None)
 
     def get(self, handle):
         with self.lock:
-            kernel = self.live.get(handle)
-        return kernel if kernel and not kernel.ended else None
+            return self.live.get(handle)      # an ended kernel has left it, a starting one is None
 
     def line_up(self, clean):
         """Queue the call at its kernel in arrival order, before it moves to its job's thread."""
@@ -3926,11 +3750,15 @@ def is_modern_request(method, params):
 
 
 class ModernRequest(Request):
-    """A 2026-07-28 request: served statelessly, its result marked as complete."""
+    """A 2026-07-28 request, served statelessly. Its result is marked: its type, who answered
+    (basic/index.mdx, _meta), and how long it may be cached where that is required."""
     modern = True
 
     def decorate(self, result):
-        decorate_modern_result(result, self.version, self.method)
+        result.setdefault("resultType", "complete")          # a task says "task" (section 12)
+        result.setdefault("_meta", {})[META_SERVER] = server_info(self.version)
+        if self.method in CACHING:
+            result["ttlMs"], result["cacheScope"] = CACHING[self.method]
 
 
 def modern_request(request_id, method, params, session, notify):
@@ -3950,14 +3778,6 @@ def modern_request(request_id, method, params, session, notify):
     if "modern" not in METHODS.get(method, (None, (), False))[1]:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
     return ModernRequest(request_id, method, params, session, version, notify)
-
-
-def decorate_modern_result(result, version, method="tools/call"):
-    """Mark a modern result: type, who answered (basic/index.mdx, _meta), caching if required."""
-    result.setdefault("resultType", "complete")          # a task says "task" (section 12)
-    result.setdefault("_meta", {})[META_SERVER] = server_info(version)
-    if method in CACHING:
-        result["ttlMs"], result["cacheScope"] = CACHING[method]
 
 
 def handle_discover(request):
@@ -4005,13 +3825,11 @@ class LatestLine:
         self.line = ""
 
     def feed(self, chunk):
-        data = self.partial + chunk
-        cut = data.rfind(b"\n")
-        self.partial = data[cut + 1:][-4096:]
-        for line in reversed(data[:max(cut, 0)].splitlines()):
-            if line.strip():
-                self.line = line.decode("utf-8", "replace").strip()[:200]
-                break
+        done, _, partial = (self.partial + chunk).rpartition(b"\n")
+        self.partial = partial[-4096:]
+        lines = [line for line in done.splitlines() if line.strip()]
+        if lines:
+            self.line = lines[-1].decode("utf-8", "replace").strip()[:200]
         if not self.line and self.partial.strip():
             return self.partial.decode("utf-8", "replace").strip()[:200]
         return self.line
@@ -4224,8 +4042,16 @@ def wait_for_job(job, request, cancel, seconds):
 
 def job_call_mode(request, clean):
     """Section 2's call mode: a poll, a task, or a call that is a job once it outlives CALL_WAIT."""
-    if clean.get("job"):
-        return poll_job(request, clean)
+    if clean.get("job"):                # {"job": handle} (and "cancel"): wait up to CALL_WAIT
+        job = JOBS.get(clean["job"])
+        if job is None:
+            return tool_result(Result.refusal(_unknown_job(clean["job"])), request.version)
+        if clean["cancel"]:
+            job.stop()
+        cancel = request.session.start_call(request.id)
+        if wait_for_job(job, request, cancel, CALL_WAIT or None) is None:
+            return CANCELLED
+        return tool_result(job.answer(), request.version)
     if request.version == "2025-11-25" and isinstance(request.params.get("task"), dict):
         lasting = request.session.lasting_channel          # stdio and HTTP+SSE, not a POST
         job = JOBS.start(clean, request.session, request.notify if lasting else None)
@@ -4245,19 +4071,6 @@ def job_call_mode(request, clean):
         return CANCELLED if job.result.cancelled else tool_result(job.result, request.version)
     if as_task:
         return dict(job.task(True), resultType="task")     # 2026-07-28 extension, Task Creation
-    return tool_result(job.answer(), request.version)
-
-
-def poll_job(request, clean):
-    """{"job": handle} (and "cancel"): wait up to CALL_WAIT for the run, then answer."""
-    job = JOBS.get(clean["job"])
-    if job is None:
-        return tool_result(Result.refusal(_unknown_job(clean["job"])), request.version)
-    if clean["cancel"]:
-        job.stop()
-    cancel = request.session.start_call(request.id)
-    if wait_for_job(job, request, cancel, CALL_WAIT or None) is None:
-        return CANCELLED
     return tool_result(job.answer(), request.version)
 
 
@@ -4428,15 +4241,14 @@ def drain(outbox, client_disconnected, done=None, poll=0.25):
     while True:
         try:
             message = outbox.get(timeout=poll)
+            if message is done:
+                return
         except queue.Empty:
             if client_disconnected is not None and client_disconnected():
                 return
-            if time.monotonic() - last_write >= SSE_KEEPALIVE:
-                last_write = time.monotonic()
-                yield None
-            continue
-        if message is done:
-            return
+            if time.monotonic() - last_write < SSE_KEEPALIVE:
+                continue
+            message = None                  # a keep-alive
         last_write = time.monotonic()
         yield message
 
@@ -4566,8 +4378,7 @@ class HttpServer:
     def check_request(self, headers):
         """-> None if the request may proceed, else the refusal (an HttpReply)."""
         host = _host_name(headers.get("Host", ""))
-        # DNS rebinding: a page on evil.example that resolves to 127.0.0.1 still says
-        # "Host: evil.example". When bound to loopback, local names are always accepted.
+        # DNS rebinding: evil.example resolving to 127.0.0.1 still sends "Host: evil.example".
         local = self.loopback and host in LOCAL_NAMES
         if not local and host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
             if ALLOWED_HOSTS:
@@ -4585,8 +4396,7 @@ class HttpServer:
                 origin_host = ""
             if not (self.loopback and origin_host in LOCAL_NAMES):
                 return error_reply(403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin)
-        # The API key, in either header, compared in constant time (authorization.mdx:
-        # every request is checked, and a missing or wrong key is 401).
+        # Every request needs the API key: missing or wrong is 401 (authorization.mdx).
         supplied = headers.get("X-API-Key", "")
         scheme, _, token = headers.get("Authorization", "").partition(" ")
         if not supplied and scheme.lower() == "bearer":
@@ -4661,8 +4471,7 @@ class HttpServer:
             if isinstance(request, Request):
                 return self.answer(request, accept, client_disconnected)
             return text_reply(202) if request is None else self.quick_reply(request, accept)
-        # A batch (2025-03-26) is answered here, whole, holding a budget thread if it runs code
-        # (until it ends, whether or not the client stays).
+        # A batch (2025-03-26) is answered whole, holding a budget thread to the end if it runs code
         token = self.budget.take() if needs_worker(payload) else None
         if needs_worker(payload) and token is None:
             return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
@@ -4723,26 +4532,15 @@ class HttpServer:
         return self.answer(request, headers.get("Accept", ""), client_disconnected)
 
     def answer(self, request, accept, client_disconnected):
-        """A request of either era: answered at once, or streamed if it may wait for code."""
-        if METHODS[request.method][2]:
-            return self.stream_reply(request, accept, client_disconnected)
-        return self.quick_reply(answer_request(request), accept)
-
-    def quick_reply(self, reply, accept, status=200):
-        """A request answered at once: JSON, or one SSE event for a client accepting only that."""
-        if status != 200 or accepts_json(accept):
-            return json_reply(reply, status)
-        return sse_reply(sse_event(reply))
-
-    def stream_reply(self, request, accept, client_disconnected):
-        """Run the request on a worker while this thread watches the client, if the thread
-        budget allows (else a tool error that says so, at once). With SSE (preferred) progress
-        and keep-alives flow; on 2026-07-28, closing the stream cancels the call. A handshake-era
-        JSON reply needs no watching: it runs on this thread (one thread hop less per call)."""
+        """A request of either era: answered at once, or, if it may wait for code and the thread
+        budget allows (else a tool error that says so, at once), run on a worker while this thread
+        watches the client. With SSE (preferred) progress and keep-alives flow. A handshake-era JSON
+        reply needs no watching: nothing can be streamed and a disconnect is no cancellation
+        (2025-11-25 transports.mdx, Sending Messages to the Server). It runs on this thread (one
+        thread hop less per call), which holds its token until the call ends, client or not."""
+        if not METHODS[request.method][2]:
+            return self.quick_reply(answer_request(request), accept)
         sse = "text/event-stream" in accept or not accepts_json(accept)
-        # JSON in the handshake era: nothing can be streamed, and a disconnect is no cancellation
-        # (2025-11-25 transports.mdx, Sending Messages to the Server): nothing to watch. Inline,
-        # this thread is held until the call ends, so its token stays taken if the client leaves.
         inline = not sse and not request.modern
         token = self.budget.take(None if inline else client_disconnected)
         if token is None:
@@ -4750,15 +4548,31 @@ class HttpServer:
                                  request.version)
             request.decorate(result)
             return json_reply({"jsonrpc": "2.0", "id": request.id, "result": result})
-        if inline:
-            request.notify = None
-            try:
-                reply = answer_request(request)
-            finally:
+        if sse:
+            def on_close():
                 self.budget.release(token)
-            return json_reply(reply) if reply is not None else text_reply(202)
-        outbox = queue.Queue()
-        done = object()
+                if request.modern:
+                    request.session.close()
+            # A comment first, so headers reach the client at once (waitress sends them with
+            # the first chunk) and Heroku's router sees bytes within its 30 s window.
+            return sse_reply(": stream open\n\n", self.watch(request, client_disconnected),
+                             on_close)
+        try:
+            if inline:
+                reply = answer_request(request)
+            else:                  # the response is the message with an id (progress has none)
+                replies = [m for m in self.watch(request, client_disconnected)
+                           if m is not None and "id" in m]
+                reply = replies[-1] if replies else None
+        finally:
+            self.budget.release(token)
+        return json_reply(reply) if reply is not None else text_reply(202)   # None: cancelled
+
+    def watch(self, request, client_disconnected):
+        """Run the request on a worker -> its messages as they come (None: a keep-alive), until it
+        ends or the client leaves. 2026-07-28: a closed response stream cancels the request
+        (cancellation.mdx). 2025-x: a disconnect is not a cancellation; the answer is dropped."""
+        outbox, done = queue.Queue(), object()
         request.notify = outbox.put
 
         def run():
@@ -4768,29 +4582,16 @@ class HttpServer:
                     outbox.put(reply)
             finally:
                 outbox.put(done)
+        self.workers.start(run)
+        yield from drain(outbox, client_disconnected, done)
+        if request.modern and client_disconnected is not None and client_disconnected():
+            request.session.close()
 
-        def messages():   # the worker's messages as they come; it starts with the response
-            self.workers.start(run)
-            yield from drain(outbox, client_disconnected, done)
-            if request.modern and client_disconnected is not None and client_disconnected():
-                # 2026-07-28: a closed response stream cancels the request (cancellation.mdx).
-                # 2025-x: a disconnect is not a cancellation; the answer is just dropped.
-                request.session.close()
-        if sse:
-            def on_close():
-                self.budget.release(token)
-                if request.modern:
-                    request.session.close()
-            # A comment first, so headers reach the client at once (waitress sends them with
-            # the first chunk) and Heroku's router sees bytes within its 30 s window.
-            return sse_reply(": stream open\n\n", messages(), on_close)
-        try:
-            replies = [m for m in messages() if m is not None and "id" in m]
-        finally:
-            self.budget.release(token)
-        if not replies:                      # cancelled: no JSON-RPC response exists
-            return text_reply(202)
-        return json_reply(replies[-1])
+    def quick_reply(self, reply, accept, status=200):
+        """A request answered at once: JSON, or one SSE event for a client accepting only that."""
+        if status != 200 or accepts_json(accept):
+            return json_reply(reply, status)
+        return sse_reply(sse_event(reply))
 
     def mcp_delete(self, session_id):
         """DELETE /mcp: the client ends its session (transports.mdx, Session Management)."""
@@ -4811,17 +4612,15 @@ class HttpServer:
         sessions expire; at MAX_SESSIONS the oldest idle one makes room."""
         now = time.monotonic()
         with self.lock:
-            for sid, old in list(self.http_sessions.items()):
-                if now - old.last_used > SESSION_IDLE_TIMEOUT and not old.running():
-                    del self.http_sessions[sid]
+            for old in sorted(self.http_sessions.values(), key=lambda x: x.last_used):
+                full = len(self.http_sessions) >= MAX_SESSIONS
+                if not full and now - old.last_used <= SESSION_IDLE_TIMEOUT:
+                    break                    # this one and all younger ones stay
+                if not old.running():        # expired, or the oldest idle one when full
+                    del self.http_sessions[old.session_id]
                     old.close()
             if len(self.http_sessions) >= MAX_SESSIONS:
-                idle = [x for x in self.http_sessions.values() if not x.running()]
-                if not idle:
-                    return None              # refuse, and kill nothing
-                oldest = min(idle, key=lambda x: x.last_used)
-                del self.http_sessions[oldest.session_id]
-                oldest.close()
+                return None                  # every session is running code: refuse, kill nothing
             session = HttpSession(self.allow_exec, base64.urlsafe_b64encode(os.urandom(24)).decode())
             self.http_sessions[session.session_id] = session
         return session
@@ -4867,13 +4666,12 @@ def _stop_on_sigterm(cleanup):
     """On SIGTERM (Heroku's restart, `kill`), kill running code, sessions and templates before
     exiting; waitress has no shutdown hook of its own. Also on normal exit."""
     atexit.register(cleanup)
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
-        return
 
     def on_sigterm(signum, frame):
         cleanup()
         raise SystemExit(0)
-    signal.signal(signal.SIGTERM, on_sigterm)
+    if threading.current_thread() is threading.main_thread():   # signal() works only there
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def create_app(host=None, threads=None):
@@ -4922,8 +4720,7 @@ def create_app(host=None, threads=None):
         server.mcp_post(request.headers, request.get_data(), disconnected())))
     app.add_url_rule("/mcp", "mcp_delete", methods=["DELETE"], view_func=lambda: respond(
         server.mcp_delete(request.headers.get("Mcp-Session-Id"))))
-    # GET (and the HEAD Flask adds to it): we offer no standalone server-to-client
-    # stream, and 405 is the answer that says so (transports.mdx, Listening for Messages).
+    # GET and HEAD: 405, as we offer no standalone stream (transports.mdx, Listening for Messages).
     app.add_url_rule("/mcp", "mcp_get", lambda: respond(error_reply(
         405, "This server sends no unsolicited messages: GET is not offered",
         headers={"Allow": "POST, DELETE"})))
@@ -5022,8 +4819,7 @@ WAITRESS_OPTIONS = {
 # =============================================================================
 # 14. Client
 # =============================================================================
-# The other side of the wire, to check a server just started or deployed. McpClient is the
-# conversation on any transport; a transport subclass only sends a message and returns the replies.
+# The other side of the wire, to check a server just started or deployed.
 
 
 class ClientError(Exception):
@@ -5037,7 +4833,7 @@ class McpClient:
     def __init__(self, version=LATEST_HANDSHAKE_VERSION, trace=None):
         self.version, self.trace = version, trace
         self.modern = version in MODERN_VERSIONS
-        self.protocol_version = None         # what HTTP sends as MCP-Protocol-Version
+        self.protocol_version = version if self.modern else None   # HTTP's MCP-Protocol-Version
         self.progress = False                # ask for progress, and write it to stderr
         self.next_id = 0
         self.info = {"name": "mcp-exec-client", "version": SERVER_VERSION}
@@ -5069,7 +4865,6 @@ class McpClient:
     def start(self):
         """The opening: server/discover (2026-07-28), or initialize and initialized."""
         if self.modern:
-            self.protocol_version = self.version
             return self.request("server/discover")
         result = self.request("initialize", {"protocolVersion": self.version, "capabilities": {},
                                              "clientInfo": self.info})
@@ -5123,10 +4918,9 @@ class StdioClient(McpClient):
 def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
     """One HTTP request -> the response, its body unread. No answer, or a status of 400 or
     more, is a ClientError. Proxies come from the environment (http_proxy), as for curl."""
-    import urllib.request       # the client's alone: it costs the server's start a few ms
+    from urllib.request import Request, urlopen   # the client's alone: slows the server's start
     try:
-        return urllib.request.urlopen(urllib.request.Request(url, body, headers, method=method),
-                                      timeout=timeout)
+        return urlopen(Request(url, body, headers, method=method), timeout=timeout)
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:300].decode("utf-8", "replace").strip()
         hint = " (check the API key: --api-key or API_KEY)" if exc.code == 401 else ""
@@ -5218,8 +5012,7 @@ unreachable or refused. --trace shows every frame, --progress the progress, on s
 
 
 def client_arguments(args):
-    """The client's command line -> (options, the stdio command after "--", or []); a mistake
-    exits 2 with one line."""
+    """The client's argv -> (options, the command after "--" or []); a mistake: one line, exit 2."""
     import argparse
 
     class Arguments(argparse.ArgumentParser):   # says what was wrong in one line, and where help is
@@ -5227,9 +5020,8 @@ def client_arguments(args):
             if message.startswith("unrecognized arguments"):   # a second CODE, most likely
                 message += ': CODE is one argument (quote it); --packages takes one: "numpy scipy"'
             self.exit(2, "%s: %s (try --help)\n" % (self.prog, message))
-    command = []
-    if "--" in args:
-        args, command = args[:args.index("--")], args[args.index("--") + 1:]
+    end = args.index("--") if "--" in args else len(args)
+    args, command = args[:end], args[end + 1:]
     parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
     parser.add_argument("action", nargs="?", choices=("list", "call", "job", "read"))
     parser.add_argument("target", nargs="?")        # the code, the job's handle, or the URI
@@ -5408,9 +5200,8 @@ def settings_help():
     lines = []
     for group in (EXECUTION, HTTP):
         lines.append("%s; defaults in brackets" % group)
-        for s in SETTINGS:
-            if s.group == group:
-                lines.append("  %-21s %s [%s]" % (s.name, s.meaning, s.shown))
+        lines += ["  %-21s %s [%s]" % (s.name, s.meaning, s.shown)
+                  for s in SETTINGS if s.group == group]
         lines.append("")
     lines.append("  PIP_*, UV_*           passed to the installer (mirrors, find-links, ...)")
     return "\n".join(lines) + "\n"
@@ -5443,17 +5234,16 @@ def main(argv=None):
 def demo():
     """Start `python mcp_exec.py` as a child and show a session with it, frame by frame."""
     client = StdioClient([sys.executable, os.path.abspath(__file__)], trace=sys.stdout)
-    try:
-        for step in (client.start, lambda: client.request("tools/list"),
-                     lambda: client.call({"code": "import sys\nprint(sys.version.split()[0])\nsum(range(101))"}),
-                     lambda: client.call({"code": "1/0"})):
-            step()
-            print()
-    except ClientError as exc:
-        sys.stderr.write("mcp-exec demo: %s\n" % exc)
-        return 1
-    finally:
-        client.close()
+    code = "import sys\nprint(sys.version.split()[0])\nsum(range(101))"
+    with contextlib.closing(client):
+        try:
+            for step in (client.start, lambda: client.request("tools/list"),
+                         lambda: client.call({"code": code}), lambda: client.call({"code": "1/0"})):
+                step()
+                print()
+        except ClientError as exc:
+            sys.stderr.write("mcp-exec demo: %s\n" % exc)
+            return 1
     return 0
 
 
@@ -5475,19 +5265,15 @@ def import_command(args, options=()):
 
 def start_as_import():
     """`python mcp_exec.py` about to serve: replace this process (same pid, descriptors, arguments)
-    by an import of this file (import_command). CPython keeps a script's syntax tree (12 MB here)
-    until the script ends (pyrun_file frees it after the module ran); an import keeps no tree: the
-    server idles in 18 MB, not 31."""
+    by an import of this file (import_command). CPython's pyrun_file keeps a script's syntax tree
+    (12 MB here) until the script ends; an import keeps none: the server idles in 18 MB, not 31."""
     if not hasattr(sys, "orig_argv"):
         return
     options = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]     # -u, -X ...: kept
     argv = import_command(sys.argv[1:], [option for option in options if option != "--"])
-    if argv is None:
-        return                          # no bytecode cache here: serve on as a script
-    try:
-        os.execv(sys.executable, argv)
-    except OSError:
-        return                          # no interpreter to exec: serve on as a script
+    if argv is not None:                # else no bytecode cache here: serve on as a script
+        with contextlib.suppress(OSError):      # no interpreter to exec: serve on as a script
+            os.execv(sys.executable, argv)
 
 
 if __name__ == "__main__":
