@@ -2988,7 +2988,7 @@ register_tool_feature(check=check_packages)
 
 def _read_text(path):
     try:
-        with open(path) as f:
+        with open(path, errors="replace") as f:      # /proc/PID/stat holds a name the code chose
             return f.read().strip()
     except OSError:
         return None
@@ -3466,6 +3466,7 @@ class Kernel(Child):
         self.pipes = child.pipes                 # the first call's; a later call sends its own
         self.last_used = time.monotonic()
         self.turns = CallSlots(1, KERNEL_QUEUE)   # one call at a time, in arrival order
+        self.turns.enqueue()                      # the first call's: not idle while it runs
         self.ended = False
         # Its totals hold for its whole life, between calls too (a thread it left running).
         self.watch = MONITOR.watch(child.pid, call.root, functools.partial(KERNELS.end, self))
@@ -3669,7 +3670,7 @@ def run_in_kernel(args, session, cancel, on_output):
     finally:
         if slot == "ok":
             EXEC_SLOTS.release(session.owner)
-        if kernel is not None and not new:
+        if kernel is not None:
             kernel.leave()
     result.session = kernel.handle
     if args.get("end_session") and not kernel.ended:

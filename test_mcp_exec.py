@@ -442,7 +442,7 @@ def alive(pid):
     except PermissionError:
         return True
     try:
-        with open("/proc/%d/stat" % pid) as f:
+        with open("/proc/%d/stat" % pid, errors="replace") as f:     # a name may not be UTF-8
             state = f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
@@ -2280,8 +2280,10 @@ def test_a_restart_after_kill_9_removes_what_the_dead_server_left(start_server, 
     doomed = start_server(**env)
     doomed.initialize()
     if during == "call":
+        # Its name is not UTF-8 (PR_SET_NAME): /proc/PID/stat must still be read to recover it.
         victim = start_victim(doomed, tmp_path, "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
                                                  "'import time; time.sleep(60)'], start_new_session=True)\n"
+                                                 "import ctypes\nctypes.CDLL(None).prctl(15, b'\\xff\\xfe', 0, 0, 0)\n"
                                                  "import time\ntime.sleep(60)\n")[1]
     else:
         doomed.send({"jsonrpc": "2.0", "id": 92, "method": "tools/call", "params": {"name": TOOL, "arguments": {
@@ -3308,7 +3310,9 @@ def test_end_session_ends_it(server):
 def test_session_limit_and_idle_expiry(start_server, tmp_path):
     s = start_server(SESSION_LIMIT=2, SESSION_IDLE=1)
     s.initialize()
-    handles = [new_session(s, "import os\nprint(os.getpid())")[0] for _ in range(2)]
+    first, out = new_session(s, "import time\ntime.sleep(2.5)\nprint('done')")    # busy, not idle
+    assert out["stdout"] == "done\n" and not out.get("session_ended"), out
+    handles = [first, new_session(s, "import os\nprint(os.getpid())")[0]]
     result = s.call("1", session="new")
     assert result["isError"] and "SESSION_LIMIT" in result["content"][0]["text"]
     pids = [int(s.run("import os\nprint(os.getpid())", session=h)[1]["stdout"]) for h in handles]
