@@ -42,6 +42,7 @@ References such as "lifecycle.mdx" point into the MCP specification,
 docs/specification/<version>/ in github.com/modelcontextprotocol/modelcontextprotocol.
 The stdio path imports only the standard library; Flask and waitress load only for HTTP."""
 
+import contextlib
 import json
 import os
 import re
@@ -279,7 +280,6 @@ def at_least(version, minimum):
 # These alone fill the core's tables, each called once where its section ends (grep register_).
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
-NOTIFICATIONS = {}        # method -> handler(params, session)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
 ARGUMENT_CHECKS = []      # check(arguments, clean) -> None, or what is wrong
 TOOL_NOTES = []           # note(local) -> a sentence for the model
@@ -291,10 +291,6 @@ LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(
 def register_method(name, handler, eras=("handshake", "modern"), slow=False):
     """A request handler. A slow one (it may wait for code) runs on a worker thread."""
     METHODS[name] = (handler, eras, slow)
-
-
-def register_notification(name, handler):
-    NOTIFICATIONS[name] = handler
 
 
 def register_era(parse):
@@ -326,10 +322,9 @@ def run_lifecycle(stage):
 
 
 class Session:
-    """One conversation: a stdio process, an HTTP+SSE stream, or a Streamable HTTP session. Holds
-    the negotiated protocol version (None until initialize) and the running tool calls, each with
-    the Event that cancels it (on notifications/cancelled, at the session's end). `local` is true
-    over stdio, where the client is the machine's own user; `owner` says whose files and tasks."""
+    """One conversation (a stdio process, an HTTP+SSE stream, a Streamable HTTP session): its
+    protocol version (None until initialize) and running calls. `local` is true over stdio, where
+    the client is the machine's own user; `owner` says whose files and tasks."""
 
     def __init__(self, allow_exec=True, modern=True, local=True):
         self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
@@ -385,8 +380,7 @@ class Session:
 
 
 class Request:
-    """One request on its way to a method handler: what a handler may look at.
-    A later era subclasses it (section 11) to check and decorate its results."""
+    """One request on its way to its method handler. Section 11's era subclasses it."""
     modern = False
 
     def __init__(self, request_id, method, params, session, version, notify):
@@ -429,13 +423,13 @@ def parse_request(message, session, notify=None):
         return error   # a response returns None: this server sends no requests to match it with
     request_id, method, params = message.get("id"), message["method"], message.get("params", {})
     if "id" not in message:
-        # Notifications never get a response, not even an error (basic/index.mdx).
-        handler = NOTIFICATIONS.get(method)
-        if handler is not None and isinstance(params, dict):
-            try:
-                handler(params, session)
-            except Exception:
-                log("error in notification %s:\n%s" % (method, traceback.format_exc()))
+        # Notifications never get a response, not even an error (basic/index.mdx). Only a cancel
+        # acts (basic/utilities/cancellation.mdx): it sets its call's Event, which kills the code,
+        # and handle_tools_call answers CANCELLED. Others (notifications/initialized) are ignored.
+        if method == "notifications/cancelled" and isinstance(params, dict):
+            cancelled = params.get("requestId")
+            if valid_id(cancelled):
+                session.cancel(cancelled)
         return None
     if not isinstance(params, dict):
         code = INVALID_PARAMS if method in METHODS else METHOD_NOT_FOUND
@@ -498,20 +492,15 @@ def handle_initialize(request):
     # (lifecycle.mdx, Version Negotiation); never 2026-07-28, which has no handshake.
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
-    return {"protocolVersion": version,
-            "capabilities": server_capabilities(version),
-            "serverInfo": server_info(version),
-            "instructions": instructions(session)}
+    return {"protocolVersion": version, "capabilities": server_capabilities(version),
+            "serverInfo": server_info(version), "instructions": instructions(session)}
 
 
 def server_capabilities(version):
     """What this server offers under `version`, less callable capabilities that return None."""
-    offered = {}
-    for name, value in CAPABILITIES.items():
-        value = value(version) if callable(value) else value
-        if value is not None:
-            offered[name] = value
-    return offered
+    offered = {name: value(version) if callable(value) else value
+               for name, value in CAPABILITIES.items()}
+    return {name: value for name, value in offered.items() if value is not None}
 
 
 def handle_tools_list(request):
@@ -555,20 +544,11 @@ def handle_tools_call(request):
     return tool_result(result, request.version)
 
 
-def notify_cancelled(params, session):
-    """notifications/cancelled (basic/utilities/cancellation.mdx): the call's cancel Event kills its
-    processes; handle_tools_call answers CANCELLED. Unknown or finished ids are ignored."""
-    if valid_id(params.get("requestId")):
-        session.cancel(params["requestId"])
-
-
 register_method("initialize", handle_initialize, eras=("handshake",))
 # ping.mdx: answer promptly with an empty result. 2026-07-28 removed ping; we still answer it.
 register_method("ping", lambda request: {})
 register_method("tools/list", handle_tools_list)
 register_method("tools/call", handle_tools_call, slow=True)
-register_notification("notifications/initialized", lambda params, session: None)
-register_notification("notifications/cancelled", notify_cancelled)
 
 
 # --- The tool: its whole contract -----------------------------------------------------
@@ -647,7 +627,7 @@ def tool_definition(version, local=True):
                    '"packages" installs pip requirements first (names, extras and versions only, '
                    'e.g. ["numpy", "requests>=2.31"]) into a workspace environment shared by later '
                    'calls; with "use_temp_dir": true the code runs in an isolated environment '
-                   "holding only those packages. %s %s" % (limits_text(), tool_notes(local)))
+                   "holding only those packages. %s" % tool_notes(local))
     tool = {"name": TOOL_NAME, "description": description, "inputSchema": INPUT_SCHEMA}
     if at_least(version, "2025-03-26"):        # ToolAnnotations arrived in 2025-03-26
         tool["annotations"] = ANNOTATIONS
@@ -659,22 +639,20 @@ def tool_definition(version, local=True):
     return tool
 
 
-def tool_notes(local):
-    return " ".join(note(local) for note in TOOL_NOTES)
-
-
 def instructions(session):
     return ("This server runs Python code for you with the tool %s. Use it to compute, test code, "
-            "or process data. %s %s" % (TOOL_NAME, limits_text(), tool_notes(session.local)))
+            "or process data. %s" % (TOOL_NAME, tool_notes(session.local)))
 
 
-def limits_text():
+def tool_notes(local):
+    """What the tool description and the instructions both say: the limits, then TOOL_NOTES."""
+    notes = " ".join(note(local) for note in TOOL_NOTES)
     return ("Each call runs in a fresh Python %d.%d interpreter in a new, empty working directory "
             "that is deleted afterwards. Limits: %g s per call by default (argument \"timeout\", "
             "at most %g s), %d KiB of stdout and of stderr each (the middle of longer output is "
-            "cut), no stdin. Code gets a minimal environment, without the server's secrets."
+            "cut), no stdin. Code gets a minimal environment, without the server's secrets. %s"
             % (sys.version_info[0], sys.version_info[1], EXEC_TIMEOUT, EXEC_TIMEOUT_MAX,
-               OUTPUT_LIMIT // 1024))
+               OUTPUT_LIMIT // 1024, notes))
 
 
 def validate_arguments(arguments):
@@ -710,12 +688,9 @@ def validate_arguments(arguments):
 
 
 class Result:
-    """What one call produced. as_dict() is the tool's JSON result (OPTIONAL fields only when set);
-    `failed` decides isError; `cancelled` (internal) means no response at all (cancellation.mdx);
-    `blocks` are extra content blocks (images, resources), each with the version that brought it."""
-
-    FIELDS = ("returncode", "stdout", "stderr", "timed_out", "truncated")
-    OPTIONAL = ("value", "images", "files", "session", "session_ended", "status", "job")
+    """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError;
+    `cancelled` (internal) means no response at all (cancellation.mdx); `blocks` are extra
+    content blocks (images, resources), each with the version that brought it."""
 
     def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False, cancelled=False):
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
@@ -739,15 +714,14 @@ class Result:
         self.stderr += ("" if not self.stderr or self.stderr.endswith("\n") else "\n") + "[mcp-exec] " + text
 
     def as_dict(self):
-        obj = {name: getattr(self, name) for name in self.FIELDS}
-        obj.update((name, getattr(self, name)) for name in self.OPTIONAL if getattr(self, name))
-        return obj
+        """OUTPUT_SCHEMA's fields, in its order; an optional one only when set."""
+        return {name: getattr(self, name) for name in OUTPUT_SCHEMA["properties"]
+                if name in OUTPUT_SCHEMA["required"] or getattr(self, name)}
 
 
 def tool_result(result, version):
-    """CallToolResult: the Result's JSON object as text (for every client), then its images
-    and files as content blocks the version knows, and the object as structuredContent
-    where the version has it (2025-06-18 server/tools.mdx, Structured Content)."""
+    """CallToolResult: the Result's JSON object as text (for every client), its blocks that the
+    version knows, and from 2025-06-18 the object as structuredContent (server/tools.mdx)."""
     obj = result.as_dict()
     content = [{"type": "text", "text": json.dumps(obj, ensure_ascii=False)}]
     content += [block for since, block in result.blocks if since is None or at_least(version, since)]
@@ -820,11 +794,9 @@ class StdioServer:
         with self.write_lock:
             if TRACE:
                 log("<-- " + line.decode("utf-8", "replace"))
-            try:
+            with contextlib.suppress(OSError, ValueError):   # the client left: EOF follows
                 self.outfile.write(line + b"\n")
                 self.outfile.flush()
-            except (OSError, ValueError):
-                pass   # the client went away; the read loop will see EOF
 
     def read_lines(self):
         """Yield input lines; one over MAX_MESSAGE_BYTES is discarded and answered with an error."""
@@ -862,9 +834,8 @@ class StdioServer:
 
 
 def dispatch(payload, session, send, workers):
-    """Handle a parsed frame and send() its reply: inline if quick, on a worker thread if it
-    holds a tools/call, so that the transport keeps reading (ping and cancellation are
-    answered while code runs, and several calls run at once)."""
+    """Handle a parsed frame and send() its reply: inline if quick, on a worker thread if it holds
+    a tools/call, so that reading goes on while calls run (ping, cancel, more calls)."""
     def work():
         reply = handle_payload(payload, session, send)
         if reply is not None:
@@ -939,15 +910,13 @@ def serve_stdio():
             "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
             "call 'print(1)'`; Ctrl-D ends it.")
     run_lifecycle("setup")
-    try:                    # give back what compiling and setting up left free (glibc keeps it)
+    # Give back what compiling and setting up left free (glibc keeps it); not glibc: nothing to do.
+    with contextlib.suppress(OSError, AttributeError, ImportError):
         import ctypes
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError, ImportError):
-        pass                # not glibc: nothing to do
     try:
-        StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):
+            StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
     finally:
         run_lifecycle("shutdown")
     return 0
@@ -961,7 +930,6 @@ import atexit
 import base64
 import binascii
 import collections
-import contextlib
 import errno
 import functools
 import gc
@@ -1053,8 +1021,7 @@ def run_once(env, args, session, cancel, on_output):
 
 def wait_or_cancel(ready, cancel, deadline=None, wake=None):
     """Wait until ready() -> True, or until the call is cancelled or past its deadline -> False.
-    It sleeps on `wake` (an Event set when ready() may have changed) or else on the cancel itself,
-    so either one ends the sleep at once; ready() is polled every 0.1 s."""
+    Sleeps on `wake` (set when ready() may have changed), else on the cancel; polls every 0.1 s."""
     while not ready():
         if cancel.is_set() or (deadline is not None and time.monotonic() > deadline):
             return False
@@ -1152,15 +1119,15 @@ def child_env(env, call, local):
 
 def child_environment(extra=None, installer=False):
     """The allow-listed environment of executed code (and, wider, of the installer)."""
-    if installer or not _CHILD_ENV:
-        env = {name: value for name, value in os.environ.items()
-               if name in CHILD_ENV_ALLOW or name.startswith("LC_") or name in EXEC_ENV_PASSTHROUGH
-               or (installer and (name.startswith(INSTALLER_ENV_PREFIXES) or name in INSTALLER_ENV_ALLOW))}
-        env["PYTHONIOENCODING"] = "utf-8"
-        if installer:
-            return dict(env, **(extra or {}))
-        _CHILD_ENV.update(env)           # the server's environment is read once
-    return dict(_CHILD_ENV, **(extra or {}))
+    if not _CHILD_ENV:                   # the server's environment is read once
+        _CHILD_ENV.update({name: value for name, value in os.environ.items()
+                           if name in CHILD_ENV_ALLOW or name.startswith("LC_")
+                           or name in EXEC_ENV_PASSTHROUGH}, PYTHONIOENCODING="utf-8")
+    env = dict(_CHILD_ENV, **(extra or {}))
+    if installer:
+        env.update((name, value) for name, value in os.environ.items()
+                   if name.startswith(INSTALLER_ENV_PREFIXES) or name in INSTALLER_ENV_ALLOW)
+    return env
 
 
 _CHILD_ENV = {}      # the code's environment, filled on first use
@@ -1176,12 +1143,12 @@ INSTALLER_ENV_ALLOW = """HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy 
 
 
 class Pipes:
-    """A child's four pipes: code in (its stdin; /dev/null for an installer), stdout, stderr, and
+    """A child's four pipes: code in (its stdin; empty for an installer), stdout, stderr, and
     results (JSON). `child` holds the child's ends, in that order; the server keeps the others."""
 
-    def __init__(self, code=True):
-        code_in, self.code = os.pipe() if code else (os.open(os.devnull, os.O_RDONLY), -1)
-        (self.stdout, out), (self.stderr, err), (self.results, res) = os.pipe(), os.pipe(), os.pipe()
+    def __init__(self):
+        (code_in, self.code), (self.stdout, out) = os.pipe(), os.pipe()
+        (self.stderr, err), (self.results, res) = os.pipe(), os.pipe()
         self.child = [code_in, out, err, res]
 
     def close_child_ends(self):
@@ -1192,8 +1159,7 @@ class Pipes:
     def close_all(self):
         """When no child got them: close every end."""
         for fd in self.child + [self.code, self.stdout, self.stderr, self.results]:
-            if fd >= 0:
-                os.close(fd)
+            os.close(fd)
 
 
 # --- The child, as the server sees it ----------------------------------------------------
@@ -1264,7 +1230,7 @@ class SpawnedChild(Child):
 
 def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
     """Run a helper program (venv creation, the installer) to completion -> Result."""
-    pipes = Pipes(code=False)
+    pipes = Pipes()
     try:
         child = SpawnedChild(argv, env, cwd, pipes)
     except BaseException:
@@ -1280,13 +1246,11 @@ def supervise(child, code, timeout, cancel, on_output):
     says so and its pipes are closed; a background process still holding them gets EXIT_GRACE."""
     out, err, results = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT), bytearray()
     pipes, poller = child.pipes, select.poll()
-    names = {pipes.stdout: "stdout", pipes.stderr: "stderr", pipes.results: "results"}
-    for fd in names:
-        poller.register(fd, select.POLLIN)     # reads block, but only follow poll()'s word
-    if pipes.code >= 0:
-        os.set_blocking(pipes.code, False)     # a write takes what the pipe has room for
-        poller.register(pipes.code, select.POLLOUT)
-        names[pipes.code] = "code"
+    names = {pipes.code: "code", pipes.stdout: "stdout", pipes.stderr: "stderr",
+             pipes.results: "results"}
+    for fd, name in names.items():             # reads block, but only follow poll()'s word
+        poller.register(fd, select.POLLOUT if name == "code" else select.POLLIN)
+    os.set_blocking(pipes.code, False)         # a write takes what the pipe has room for
     code = memoryview(code)
     watch = MONITOR.watch(child.pid, child.call.root) if child.call else None      # section 7
     deadline = time.monotonic() + timeout
@@ -1317,7 +1281,11 @@ def supervise(child, code, timeout, cancel, on_output):
                 finished_at = finished_at or time.monotonic()
                 if not reading or time.monotonic() - finished_at > EXIT_GRACE:
                     break
-            stop = _stop_reason(watch, cancel, deadline, interrupted)
+            stop = watch.reason if watch else None      # a per-call total (section 7)
+            if not stop and not interrupted and cancel.is_set():
+                stop = "cancelled"
+            elif not stop and time.monotonic() >= deadline:    # once interrupted, the grace's end
+                stop = "unresponsive" if interrupted else "timeout"
             if stop in ("cancelled", "timeout") and not interrupted and child.interrupt():
                 interrupted, stop, deadline = stop, None, time.monotonic() + KERNEL_INTERRUPT_GRACE
             if stop:
@@ -1330,21 +1298,11 @@ def supervise(child, code, timeout, cancel, on_output):
     return finish(child, stop, interrupted, out, err, results, timeout)
 
 
-def _stop_reason(watch, cancel, deadline, interrupted):
-    """Why a supervised call must stop now, or None: a per-call total (section 7), a cancel,
-    the timeout; once interrupted, only code that did not stop within the grace."""
-    reason = watch.reason if watch else None
-    if interrupted:
-        return reason or ("unresponsive" if time.monotonic() >= deadline else None)
-    return reason or ("cancelled" if cancel.is_set() else "timeout" if time.monotonic() >= deadline else None)
-
-
 def finish(child, stop, interrupted, out, err, results, timeout):
     """The Result of a supervised child, after killing whatever of it may still run."""
-    try:
-        record = json.loads(bytes(results)) if results else {}
-    except ValueError:
-        record = {}
+    record = {}
+    with contextlib.suppress(ValueError):      # none (b""), cut at RESULTS_LIMIT, or not JSON
+        record = json.loads(bytes(results))
     record = record if isinstance(record, dict) else {}
     if stop or child.needs_kill(record):
         child.kill()       # nothing is left of a child that exited: this kills what escaped
@@ -1393,10 +1351,8 @@ class OutputBuffer:
     as it arrives (memory stays flat however much the code prints), a marker says how much."""
 
     def __init__(self, limit):
-        self.head_limit = limit // 2
-        self.tail_limit = limit - self.head_limit
-        self.head, self.tail = bytearray(), bytearray()
-        self.total = 0
+        self.head_limit, self.tail_limit = limit // 2, limit - limit // 2
+        self.head, self.tail, self.total = bytearray(), bytearray(), 0
 
     def add(self, chunk):
         self.total += len(chunk)
@@ -1413,7 +1369,7 @@ class OutputBuffer:
         return self.total > self.head_limit + self.tail_limit
 
     def text(self):
-        tail = bytes(self.tail[-self.tail_limit:]) if self.tail else b""
+        tail = bytes(self.tail[-self.tail_limit:])
         if not self.truncated:
             return (bytes(self.head) + tail).decode("utf-8", "replace")
         cut = self.total - len(self.head) - len(tail)
@@ -1523,9 +1479,8 @@ def kill_orphans(ours):
 # =============================================================================
 # Every child interpreter starts with CHILD_COMMAND: it imports this very file as a module (from its
 # own path, which leaves sys.path as it was) and calls child_main(). The server's settings mean
-# nothing there: everything the child needs comes in its config. Before the code runs, every
-# pure-Python module this file imported is forgotten (a template forgets them once, for all its
-# children), so that the code finds the interpreter as fresh as `python -c` leaves it.
+# nothing there: all the child needs comes in its config. Before the code runs, every pure-Python
+# module this file imported is forgotten: the code finds the interpreter as `python -c` leaves it.
 
 try:
     import ctypes     # prctl, capabilities, Landlock, seccomp: imported before the forgetting
@@ -1544,10 +1499,9 @@ def child_main(fresh_modules):
     del sys.argv[1:]
     if config["mode"] == "template":
         config = serve_template(config, fresh_modules)    # below; returns in each forked child
-        child_setup(config)
     else:
-        child_setup(config)
         forget_modules(fresh_modules)                     # re-imported if the code wants them
+    child_setup(config)
     if config["mode"] == "kernel":
         serve_kernel(config, config["results_fd"])        # section 10; never returns
     namespace = fresh_main()
@@ -1565,9 +1519,8 @@ def child_exit(status, namespace):
         threading_module._shutdown()         # what Py_Finalize does first: wait for threads
     atexit._run_exitfuncs()
     namespace.clear()                        # the code's objects go: open files are flushed
-    # A full collection also empties the free lists, which copies pages the template shares. Until
-    # the code's objects reach the oldest generation (child_main left it empty), the two younger
-    # ones hold all the garbage.
+    # A full collection also empties the free lists, copying pages the template shares; until the
+    # code's objects reach the oldest generation (child_main left it empty), it holds no garbage.
     gc.collect(2 if gc.get_objects(2) else 1)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -1604,18 +1557,15 @@ def child_setup(config):
     libc = _libc()
     if libc is not None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)   # orphans of the code stay ours to kill
-    try:
-        import resource
-    except ImportError:
-        return                          # not POSIX: no limits here, nor a sandbox
+    if not POSIX:
+        return                          # no limits here, nor a sandbox
+    import resource
     for name, value in config["limits"].items():
-        try:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
             kind = getattr(resource, name)
             hard = resource.getrlimit(kind)[1]
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(kind, (value, value))
-        except (AttributeError, ValueError, OSError):
-            pass
     if config.get("sandbox"):
         apply_sandbox(config["sandbox"])                 # section 7
 
@@ -1686,8 +1636,7 @@ def _libc():
         lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
         if lib is not None:
             lib.syscall.restype = ctypes.c_long
-            # The kernel reads prctl's arguments as unsigned longs: declared once here,
-            # plain ints are passed whole (a bare int would leave upper halves undefined).
+            # prctl's arguments are unsigned longs: declared, ints pass whole (not half-undefined)
             lib.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
     except (OSError, AttributeError):
         lib = None
@@ -1703,8 +1652,6 @@ def serve_template(config, fresh_modules):
     child ends; it reaps it, kills its orphans (ours: we are a subreaper), then reports the exit:
     when the server hears a call is over, nothing of it still runs."""
     sock = socket.socket(fileno=config["socket_fd"])
-    if not _have_pidfd():                       # the server checked too: this is a backstop
-        raise SystemExit("mcp-exec: no template without pidfds (Linux < 5.3)")
     _prepare_template(config.get("sandbox"))
     poller, roots, limits = select.poll(), {}, _rlimits()      # roots: pidfd -> call's child
     poller.register(sock, select.POLLIN)
@@ -1718,9 +1665,8 @@ def serve_template(config, fresh_modules):
                 poller.unregister(fd)
                 os.close(fd)
                 pid = roots.pop(fd)
-                _, status = os.waitpid(pid, 0)
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
                 kill_orphans(lambda: set(roots.values()))     # and reaped: no zombie is left
-                code = os.waitstatus_to_exitcode(status)
                 sock.send(json.dumps({"exit": pid, "code": code}).encode())
                 continue
             data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
@@ -1784,7 +1730,7 @@ class Template:
     """The server's side of one template process."""
     def __init__(self, python, generation):
         self.python, self.generation = python, generation
-        self.lock, self.send_lock = threading.Lock(), threading.Lock()
+        self.lock = threading.Lock()
         self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
         self.alive, self.retired, self.next_id = True, False, 0
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -1814,12 +1760,11 @@ class Template:
             self.next_id += 1
             request_id = self.next_id
             self.forking[request_id] = child
-        with self.send_lock:
-            try:
-                socket.send_fds(self.sock, [json.dumps(dict(config, id=request_id)).encode()],
-                                pipes.child + list(extra_fds))
-            except OSError:
-                child.forked.set()
+        try:            # one sendmsg, one whole record (SOCK_SEQPACKET): threads need no lock
+            socket.send_fds(self.sock, [json.dumps(dict(config, id=request_id)).encode()],
+                            pipes.child + list(extra_fds))
+        except OSError:
+            child.forked.set()
         if not child.forked.wait(30):
             self.close()        # it forked nothing in 30 s: it may not fork onto these pipes later
         with self.lock:
@@ -1922,24 +1867,21 @@ class Templates:
         self.failed = {}                       # python -> until when not to try again
 
     def fork(self, env, config, pipes, extra_fds=()):
-        """A ForkedChild for this environment's call, or None: the caller spawns instead."""
-        template = self.get(env.python, env.generation) if self.enabled else None
-        return template.fork(config, pipes, extra_fds) if template else None
-
-    def get(self, python, generation):
-        """The live template of this environment and generation (started if need be), or None."""
+        """A ForkedChild for this environment's call, from the live template of its interpreter
+        and generation (started if need be), or None: the caller spawns instead."""
+        python = env.python
         with self.lock:
-            if time.monotonic() < self.failed.get(python, 0):
-                return None                    # it failed to start lately: spawn for a while
+            if not self.enabled or time.monotonic() < self.failed.get(python, 0):
+                return None                    # off, or it failed to start lately: spawn
             start_lock = self.starting.setdefault(python, threading.Lock())
         with start_lock:                       # one start at a time per environment
             with self.lock:
                 template = self.by_python.pop(python, None)
-            good = template and template.alive and template.generation == generation
+            good = template and template.alive and template.generation == env.generation
             stale = [template] if template and not good else []
             if not good:                       # a good one stays, now the most recent
                 try:
-                    template = Template(python, generation)
+                    template = Template(python, env.generation)
                 except OSError as exc:
                     log("no template for %s (%s); its calls are spawned for a minute" % (python, exc))
                     with self.lock:
@@ -1952,7 +1894,7 @@ class Templates:
                     stale.append(self.by_python.pop(next(iter(self.by_python))))
         for old in stale:
             old.retire()
-        return template
+        return template.fork(config, pipes, extra_fds) if template else None
 
     def discard(self, python):
         """The environment is being deleted: retire its template."""
@@ -2001,9 +1943,8 @@ def server_setup():
 
 
 def _cache_bytecode():
-    """Children import this file as a module (CHILD_COMMAND); a sandboxed one cannot write its
-    bytecode cache, so write it here (if stale): no child compiles 5,000 lines. -> False where it
-    cannot be written (a read-only directory: children compile the file each time)."""
+    """Children import this file (CHILD_COMMAND) but, sandboxed, cannot write its bytecode cache:
+    write it here if stale: no child compiles 5,000 lines. -> False where it cannot be written."""
     import compileall
     return compileall.compile_file(os.path.abspath(__file__), quiet=2)   # quiet: stdout is wire
 
@@ -2269,8 +2210,7 @@ def install_seccomp(libc, network_off):
 
 
 # --- 7.3 Per-call totals ----------------------------------------------------------------
-# setrlimit bounds each process; these bound a call's processes together. The monitor
-# polls every MONITOR_INTERVAL; a call over a total is ended, and its result says why.
+# setrlimit bounds each process; these bound a call's processes together (over: ended, saying why).
 
 MONITOR_INTERVAL = 0.25
 
@@ -2281,12 +2221,10 @@ def _nproc_limit():
     if not LINUX or os.geteuid() == 0 or not EXEC_MAX_PROCS:
         return 0
     mine = 0
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and os.stat("/proc/" + entry).st_uid == os.geteuid():
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):       # a process that ended meanwhile
+            if os.stat("/proc/" + entry).st_uid == os.geteuid():
                 mine += 1
-        except OSError:
-            pass                                 # a process that ended meanwhile
     return mine + EXEC_MAX_PROCS * (EXEC_CONCURRENCY + SESSION_LIMIT) + 64
 
 
@@ -2357,7 +2295,7 @@ def _disk_over(directory):
     entries = kb = 0
     for _, info in walk_tree(directory, (EXEC_MAX_ENTRIES or 1 << 20) + 1):
         entries += 1
-        kb += getattr(info, "st_blocks", info.st_size // 512) // 2
+        kb += info.st_blocks // 2                # 512-byte blocks (only Linux calls are watched)
     if EXEC_MAX_ENTRIES and entries > EXEC_MAX_ENTRIES:
         return ("Stopped: the call made more than %d files and directories (EXEC_MAX_ENTRIES)."
                 % EXEC_MAX_ENTRIES)
@@ -2372,9 +2310,7 @@ class Monitor:
     only while some are watched; one over by its first check costs nothing: setrlimit held it."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.watches = set()
-        self.running = False
+        self.lock, self.watches, self.running = threading.Lock(), set(), False
 
     def watch(self, pid, directory, on_over=None):
         watch = Watch(pid, directory, on_over)
@@ -2422,8 +2358,9 @@ def remove_tree(path):
     """Remove a tree whatever code did to it: any depth (each directory is first moved to the top:
     no long paths, no recursion), no write or search permission, immutable or append-only flags
     (cleared where we may), links never followed. Never raises: what cannot go stays, logged."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     try:
-        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        top = os.open(path, flags)
     except FileNotFoundError:
         return
     except OSError:
@@ -2434,9 +2371,6 @@ def remove_tree(path):
         while pending:
             name = pending.pop()
             try:
-                if name is not None:
-                    _make_removable(name, top)
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
                 fd = top if name is None else os.open(name, flags, dir_fd=top)
             except OSError:
                 left += 1
@@ -2449,7 +2383,10 @@ def remove_tree(path):
                 moved += 1
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        _make_removable(entry.name, fd)
+                        # to move, list and empty it: its owner's rights back, no undeletable flag
+                        with contextlib.suppress(OSError):
+                            os.chmod(entry.name, stat.S_IRWXU, dir_fd=fd)
+                        _clear_flags(entry.name, fd)
                         os.rename(entry.name, ".rm-%d" % moved, src_dir_fd=fd, dst_dir_fd=top)
                         pending.append(".rm-%d" % moved)
                     else:
@@ -2465,30 +2402,17 @@ def remove_tree(path):
         log("could not remove all of %s (%d entries left)" % (path, left))
 
 
-def _make_removable(name, parent):
-    """Give a directory back its owner's rights, and clear the flags that forbid removal."""
-    try:
-        os.chmod(name, stat.S_IRWXU, dir_fd=parent)
-    except OSError:
-        pass
-    _clear_flags(name, parent)
-
-
 def _clear_flags(name, parent):
     """Clear immutable and append-only (needs CAP_LINUX_IMMUTABLE: a root server has it)."""
     import fcntl     # POSIX only
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=parent)
-    except OSError:
-        return
-    try:
-        flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8))[0]
-        if flags & UNDELETABLE_FLAGS:
-            fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("l", flags & ~UNDELETABLE_FLAGS))
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8))[0]
+            if flags & UNDELETABLE_FLAGS:
+                fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("l", flags & ~UNDELETABLE_FLAGS))
+        finally:
+            os.close(fd)
 
 
 def _remove_at(remove, parent, name):
@@ -2591,13 +2515,11 @@ class RunDir:
                 kill_tree(int(pid))
                 killed += 1
         if LINUX:        # a process whose tree was broken: known by its working directory
-            for entry in os.listdir("/proc"):
-                try:
-                    if entry.isdigit() and os.readlink("/proc/%s/cwd" % entry).startswith(path + os.sep):
+            for entry in filter(str.isdigit, os.listdir("/proc")):
+                with contextlib.suppress(OSError):          # a process that ended meanwhile
+                    if os.readlink("/proc/%s/cwd" % entry).startswith(path + os.sep):
                         kill_tree(int(entry))
                         killed += 1
-                except OSError:
-                    pass
         return killed
 
 
@@ -2765,9 +2687,10 @@ def _install_failed(result, what):
                           result.returncode or 1, result.timed_out, result.cancelled)
 
 
-def _waited(cancel):
-    """The Result of a wait for a lock that ended without it: cancelled, or out of time."""
-    return Result.refusal("", timed_out=not cancel.is_set(), cancelled=cancel.is_set())
+def _waited(cancel, what):
+    """The failure of a call that stopped waiting for a lock: it was cancelled, or out of time."""
+    return _install_failed(Result.refusal("", timed_out=not cancel.is_set(),
+                                          cancelled=cancel.is_set()), what)
 
 
 def _digest(text, length):
@@ -2778,10 +2701,11 @@ def _digest(text, length):
 
 
 class Environments:
-    """Where code runs: the shared workspace venv, or a cached isolated venv per package set, under
-    STATE_DIR (several servers may share it): workspace-<tag>/ per interpreter (installs accumulate;
-    <tag>.installed lists them; <tag>.lock is flocked while it changes), venvs/<key>-<random>/
-    (built in place, then read-only) and venvs/<key>.ready (published once complete). A call in an
+    """Where code runs, under STATE_DIR: several servers may share it, and each interpreter (path
+    and version) has its own, which servers on other Pythons never rebuild or delete. The shared
+    workspace venv, workspace-<tag>/: installs accumulate, <tag>.installed lists them, <tag>.lock
+    is flocked while it changes. Or a cached isolated venv per package set, venvs/<key>-<random>/
+    (built in place, then read-only), published once complete as venvs/<key>.ready. A call in an
     isolated venv holds a shared flock on its lease file: none is evicted in use."""
 
     def __init__(self, root):
@@ -2793,8 +2717,6 @@ class Environments:
 
     def workspace(self, requirements, deadline, cancel, report=None):
         """-> (python, None), or (None, failure Result), installing what is missing."""
-        # One workspace per interpreter (path and version), as with isolated environments:
-        # servers started with different Pythons never rebuild or delete each other's.
         tag = _digest("%s %s" % (sys.executable, sys.version), 12)
         venv = os.path.join(self.root, "workspace-" + tag)
         record = venv + ".installed"
@@ -2812,7 +2734,7 @@ class Environments:
                 _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline, thread_lock.release) as got, \
                 _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel, deadline) as flocked:
             if not (got and flocked):
-                return None, _install_failed(_waited(cancel), "waiting for another install into the workspace")
+                return None, _waited(cancel, "waiting for another install into the workspace")
             if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
                 remove_tree(venv)
                 with contextlib.suppress(FileNotFoundError):
@@ -2837,8 +2759,7 @@ class Environments:
         return _venv_python(venv), None
 
     def isolated(self, requirements, deadline, cancel, report=None):
-        """-> (python, lease, None) or (None, None, failure Result); lease.release() after the run."""
-        # The key covers the interpreter too: a server on another Python builds its own.
+        """-> (python, lease, None) or (None, None, failure Result); lease.close() after the run."""
         key = _digest("\n".join([sys.executable, sys.version] + sorted(requirements)), 20)
         cache = os.path.join(self.root, "venvs")
         pointer = os.path.join(cache, key + ".ready")
@@ -2846,24 +2767,21 @@ class Environments:
             key_lock = self.key_locks.setdefault(key, threading.Lock())
         with _waiting(lambda: key_lock.acquire(blocking=False), cancel, deadline, key_lock.release) as got:
             if not got:
-                return None, None, _install_failed(_waited(cancel), "waiting for the same environment to be built")
+                return None, None, _waited(cancel, "waiting for the same environment to be built")
             lease = self._lease(cache, pointer)
             if lease is None:
-                failure = self._build(cache, pointer, key, requirements, deadline, cancel, report)
+                lease, failure = self._build(pointer, requirements, deadline, cancel, report)
                 if failure:
                     return None, None, failure
-                lease = self._lease(cache, pointer)
-        if lease is None:
-            return None, None, _install_failed(_waited(cancel), "the environment vanished")
         self._evict(cache)
-        return _venv_python(lease.venv), lease, None
+        return _venv_python(os.path.dirname(lease.name)), lease, None     # venv/LEASE_FILE
 
-    def _build(self, cache, pointer, key, requirements, deadline, cancel, report):
-        """Build an isolated venv in place and publish it -> None, or the failure Result.
-        While it builds, <dir>.building is locked: a directory nobody publishes and nobody
-        builds is a dead server's leftover, and recover() removes it (section 7)."""
-        os.makedirs(cache, exist_ok=True)
-        venv = os.path.join(cache, "%s-%s" % (key, os.urandom(4).hex()))
+    def _build(self, pointer, requirements, deadline, cancel, report):
+        """Build an isolated venv in place and publish it, leased (nobody can evict it before its
+        call runs) -> (the lease, None), or (None, the failure Result). While it builds,
+        <dir>.building is locked: recover() (section 7) removes what a dead builder left."""
+        os.makedirs(os.path.dirname(pointer), exist_ok=True)
+        venv = "%s-%s" % (pointer[:-len(".ready")], os.urandom(4).hex())     # venvs/<key>-<random>
         with open(venv + ".building", "w") as building:
             _flock(building, shared=False)
             try:
@@ -2872,88 +2790,83 @@ class Environments:
                     result = _install(_venv_python(venv), requirements, deadline, cancel, report)
                 if result.failed:
                     remove_tree(venv)
-                    return _install_failed(result, "building an isolated environment for %s"
-                                           % (" ".join(requirements) or "no packages"))
-                open(os.path.join(venv, LEASE_FILE), "w").close()
-                # Read-only, directories too, so that code cannot change it by accident (its
-                # owner could chmod it back: this guards against accidents, not the code).
+                    return None, _install_failed(result, "building an isolated environment for %s"
+                                                 % (" ".join(requirements) or "no packages"))
+                lease = open(os.path.join(venv, LEASE_FILE), "w")
+                _flock(lease, shared=True)
+                # Read-only, directories too, against accidents (the code could chmod it back).
                 for rel, info in [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20)):
                     if not stat.S_ISLNK(info.st_mode):
                         with contextlib.suppress(OSError):
                             os.chmod(os.path.join(venv, rel), stat.S_IMODE(info.st_mode & ~0o222))
-                # Publish atomically: a crash before this line leaves no entry that a
-                # later call would trust, only a directory that recover() removes.
                 tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
                 with open(tmp, "w") as f:
                     f.write(os.path.basename(venv))
                 with self.lock:
-                    os.replace(tmp, pointer)
+                    os.replace(tmp, pointer)    # atomic: a crash before leaves no entry to trust
             finally:
                 os.unlink(venv + ".building")      # only now: a directory has one or the other
-        return None
+        return lease, None
 
     def recover(self):
-        """Remove the isolated environments that a dead server left half built."""
+        """Remove the isolated environments that a dead server left half built (OSError: a server
+        starting beside us removed one first)."""
         cache = os.path.join(self.root, "venvs")
         for name in os.listdir(cache) if os.path.isdir(cache) else []:
             if name.endswith(".building"):
-                with open(os.path.join(cache, name)) as lock:
+                with contextlib.suppress(OSError), open(os.path.join(cache, name)) as lock:
                     if _flock(lock, shared=False, wait=False):
                         remove_tree(os.path.join(cache, name[:-len(".building")]))
                         os.unlink(os.path.join(cache, name))
 
     def _lease(self, cache, pointer):
-        """The cached venv a pointer names, leased (so it cannot be evicted), or None."""
+        """The cached venv a pointer names, leased -> its open lease file, or None. A lease is a
+        shared flock on that file (POSIX), released by closing it: such locks belong to open files,
+        so our threads' and other servers' leases count, and end with their process."""
         with self.lock:      # eviction unlinks pointers under this lock: no lookup sees half
             venv = _read_text(pointer)
             venv = venv and os.path.join(cache, venv)
             if not venv or not os.path.exists(_venv_python(venv)):
                 return None
             try:
-                lease = _Lease(venv)
+                lease = open(os.path.join(venv, LEASE_FILE))
             except OSError:
                 return None
+            _flock(lease, shared=True)
         # Another server may have evicted it between our read and our lease: look again.
         if _read_text(pointer) != os.path.basename(venv):
-            lease.release()
+            lease.close()
             return None
         os.utime(pointer)                # least-recently-used order is the pointers' mtime
         return lease
 
     def _evict(self, cache):
-        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that nobody uses."""
+        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that nobody uses; then
+        remove every directory that no entry names, nobody builds and nobody uses: those dropped,
+        failed or abandoned builds, the loser of two servers building one set."""
         with self.lock:
             pointers = []
             for name in os.listdir(cache):
                 if name.endswith(".ready"):
                     with contextlib.suppress(OSError):     # another server evicted it
                         pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
-            pointers.sort()
-            doomed = {}                  # venv name -> its lease file, held exclusively
-            for _, name in pointers[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
+            for _, name in sorted(pointers)[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
                 venv = _read_text(os.path.join(cache, name))
-                held = venv and _Lease.exclusive(os.path.join(cache, venv))
+                held = venv and _exclusive_lease(os.path.join(cache, venv))
                 if held:
-                    try:
+                    with contextlib.suppress(OSError):     # another server evicted it
                         os.unlink(os.path.join(cache, name))
-                        doomed[venv] = held
-                    except OSError:
-                        held.close()
-        for venv, held in doomed.items():
-            TEMPLATES.discard(_venv_python(os.path.join(cache, venv)))
-            remove_tree(os.path.join(cache, venv))
-            held.close()
-        # A directory no entry names, not being built, is a failed or abandoned build. The
-        # builder publishes its entry before it drops .building: look in the same order.
-        for name in os.listdir(cache):
-            path = os.path.join(cache, name)
-            if not os.path.isdir(path) or name in doomed or os.path.exists(path + ".building"):
-                continue
-            with self.lock:
-                live = {_read_text(os.path.join(cache, n)) for n in os.listdir(cache) if n.endswith(".ready")}
-            held = name not in live and _Lease.exclusive(path)
+                    held.close()
+        # The builder publishes its entry before it drops .building: look in the same order.
+        built = {name for name in os.listdir(cache) if os.path.isdir(os.path.join(cache, name))
+                 and not os.path.exists(os.path.join(cache, name + ".building"))}
+        named = {_read_text(os.path.join(cache, name)) for name in os.listdir(cache)
+                 if name.endswith(".ready")}
+        for name in built - named:
+            held = _exclusive_lease(os.path.join(cache, name))
             if held:
-                remove_tree(path)
+                TEMPLATES.discard(_venv_python(os.path.join(cache, name)))
+                remove_tree(os.path.join(cache, name))
                 held.close()
 
 
@@ -2979,7 +2892,7 @@ class Environment:
 
     def __exit__(self, *exc):
         if self.lease:
-            self.lease.release()
+            self.lease.close()
 
 
 ENVIRONMENTS = Environments(STATE_DIR)
@@ -2997,30 +2910,17 @@ def _read_text(path):
 LEASE_FILE = ".mcp-exec-lease"
 
 
-class _Lease:
-    """A call's claim on a cached venv: a shared flock on its lease file (POSIX). Such locks belong
-    to open files: our threads' and other servers' leases count, and end with their process."""
-
-    def __init__(self, venv):
-        self.venv = venv
-        self.file = open(os.path.join(venv, LEASE_FILE))
-        _flock(self.file, shared=True)
-
-    def release(self):
-        self.file.close()
-
-    @staticmethod
-    def exclusive(venv):
-        """-> the lease file locked exclusively (nobody runs there; close it when done), or
-        None while some call holds a lease."""
-        try:
-            f = open(os.path.join(venv, LEASE_FILE))
-        except OSError:
-            return open(os.devnull)   # no lease file: a failed build, nobody runs there
-        if _flock(f, shared=False, wait=False):
-            return f
-        f.close()
-        return None
+def _exclusive_lease(venv):
+    """-> venv's lease file locked exclusively (no call runs there: close it when done), or None
+    while a call holds a lease there."""
+    try:
+        f = open(os.path.join(venv, LEASE_FILE))
+    except OSError:
+        return open(os.devnull)   # no lease file: a failed build, nobody runs there
+    if _flock(f, shared=False, wait=False):
+        return f
+    f.close()
+    return None
 
 
 def _flock(file, shared, wait=True):
@@ -3063,8 +2963,7 @@ RESULTS_LIMIT = 2 * OUTPUT_LIMIT + IMAGE_LIMIT * (IMAGE_MAX_BYTES * 4 // 3 + 102
 FILE_KEEP_MAX = 16 * 1024 * 1024        # larger files are listed, not kept: one message must hold one
 OUTPUT_MIN_AGE = 300                    # seconds a client's files are safe from another's call
 FILES_INLINE_TOTAL = 1024 * 1024        # embedded files together, per call
-FILES_LISTED_MAX = 50
-FILES_IN_MAX = 100
+FILES_LISTED_MAX, FILES_IN_MAX = 50, 100      # files listed out of a call, files given into one
 RESOURCE_NOT_FOUND = -32002             # 2025-11-25 server/resources.mdx, Error Handling
 
 
@@ -3161,8 +3060,7 @@ def apply_record(result, record):
 
 def check_files(arguments, clean):
     """The "files" argument -> clean["files"] = [(relative path, bytes)], or the problem."""
-    files = arguments.get("files")
-    files = [] if files is None else files
+    files = [] if arguments.get("files") is None else arguments["files"]
     if not isinstance(files, list) or len(files) > FILES_IN_MAX:
         return '"files" must be a list of at most %d {"path": ..., "content": ...} objects' % FILES_IN_MAX
     seen, clean["files"] = set(), []
@@ -3307,11 +3205,10 @@ def resource_contents(uri, mime_type, data):
 
 
 class OutputStore:
-    """Files the code wrote, kept for resources/read in STATE_DIR/outputs/<token>/<path>, under an
-    unguessable URI (mcp-exec://output/<token>/<path>). Files live OUTPUT_TTL seconds, at most
-    OUTPUT_STORE_MB together: the oldest calls' files make room, never another client's younger than
-    OUTPUT_MIN_AGE; a file finding no room is listed, not kept, so no call, however huge, evicts
-    what another client was just given."""
+    """Files the code wrote, kept for resources/read in STATE_DIR/outputs/<token>/<path> under an
+    unguessable URI, mcp-exec://output/<token>/<path>, for OUTPUT_TTL seconds, OUTPUT_STORE_MB at
+    most: the oldest calls' files make room, never another client's younger than OUTPUT_MIN_AGE.
+    A file finding no room is listed, not kept: no huge call evicts what another client just got."""
 
     PREFIX = "mcp-exec://output/"
 
@@ -3365,8 +3262,7 @@ class OutputStore:
         self.expire()
         token, _, rel = uri[len(self.PREFIX):].partition("/")
         rel = _relative_path(urllib.parse.unquote(rel))
-        # A token is one name the store made: it starts with a letter or digit, so it is
-        # never "." or "..", and the URI cannot climb into the rest of STATE_DIR.
+        # A token the store made starts with a letter or digit: never "." or "..", no climbing out.
         known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
         if not known or rel is None:
             return None
@@ -3457,9 +3353,9 @@ KERNEL_QUEUE = 8            # calls that may wait for their kernel; more are ref
 
 
 class Kernel(Child):
-    """One kernel: its interpreter (a child in "kernel" mode), directory and environment,
-    and the MCP session that started it (`owner`). To supervise() it is the Child of the
-    call it runs, over when the results arrive; an interpreter that exits ends the kernel."""
+    """One kernel: its interpreter (a child in "kernel" mode), directory and environment, and the
+    MCP session that started it (`owner`). To supervise() it is the Child of the call it runs, over
+    when the results arrive (so no exit_code() or wait()); an interpreter that exits ends it."""
     def __init__(self, handle, env, call, child, control, owner):
         self.handle, self.env, self.call, self.child = handle, env, call, child
         self.control, self.owner, self.pid = control, owner, child.pid
@@ -3518,12 +3414,6 @@ class Kernel(Child):
         if not self.ended:
             collect_files(result, self.call.work, before, self.owner, move=False)
         return result
-
-    def exit_code(self):
-        return self.child.exit_code()
-
-    def wait(self, seconds):
-        time.sleep(seconds)        # its pipes are closed, so it has sent its results
 
     def call_over(self, reading):
         return "results" not in reading
@@ -3642,18 +3532,18 @@ KERNELS = Kernels()
 
 def run_in_kernel(args, session, cancel, on_output):
     """A call with "session": start a kernel ("new") or use one -> Result naming it."""
-    new = args["session"] == "new"
-    kernel = None if new else KERNELS.get(args["session"])
-    if not new and kernel is None and args["session"] in KERNELS.reasons:
+    handle = args["session"]
+    new = handle == "new"
+    kernel = None if new else KERNELS.get(handle)
+    if not new and kernel is None and handle in KERNELS.reasons:
         return Result.refusal("The session %s was ended: %s Its state is lost; start a new one "
-                              "with \"session\": \"new\"." % (args["session"],
-                                                              KERNELS.reasons[args["session"]]))
+                              "with \"session\": \"new\"." % (handle, KERNELS.reasons[handle]))
     if not new and kernel is None:
-        return Result.refusal(lives_elsewhere(args["session"]) or
-            "Unknown or expired session %s: sessions end after %g s idle (SESSION_IDLE), when their code "
-            "cannot be interrupted, with end_session, or when the server restarts, and a handle is valid only "
-            "on the server process that made it. Start a new one with \"session\": \"new\" and redo its setup."
-            % (json.dumps(args["session"]), SESSION_IDLE))
+        return Result.refusal(lives_elsewhere(handle) or (
+            "Unknown or expired session %s: sessions end after %g s idle (SESSION_IDLE), when "
+            "their code cannot be interrupted, with end_session, or when the server restarts, and "
+            "a handle is valid only on the server process that made it. Start a new one with "
+            "\"session\": \"new\" and redo its setup." % (json.dumps(handle), SESSION_IDLE)))
     refusal = None if new else kernel.enter(cancel, args["turn"], args["packages"])
     if refusal:
         return refusal
@@ -3676,9 +3566,9 @@ def run_in_kernel(args, session, cancel, on_output):
     if args.get("end_session") and not kernel.ended:
         KERNELS.end(kernel)
     elif kernel.ended:
-        result.note("The session %s ended (its code did not stop within %g s of the interrupt, crossed a "
-                    "limit, or its interpreter exited); its state is lost. Start a new one with \"session\": \"new\"."
-                    % (kernel.handle, KERNEL_INTERRUPT_GRACE))
+        result.note("The session %s ended (its code did not stop within %g s of the interrupt, "
+                    "crossed a limit, or its interpreter exited); its state is lost. Start a new "
+                    "one with \"session\": \"new\"." % (kernel.handle, KERNEL_INTERRUPT_GRACE))
     result.session_ended = kernel.ended
     return result
 
@@ -3935,10 +3825,9 @@ class Job:
 
     def answer(self):
         """What a poll is answered now: the new output, and once the run ended, its Result."""
-        fresh = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
         with self.lock:
             out, err = self.unread["stdout"], self.unread["stderr"]
-            self.unread = fresh
+            self.unread = {stream: OutputBuffer(OUTPUT_LIMIT) for stream in self.unread}
         ended = self.done.is_set()
         final = self.result if ended else Result()        # a run still going adds nothing yet
         answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
