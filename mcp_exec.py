@@ -2,7 +2,7 @@
 """mcp_exec.py: let any MCP client run Python code. One file, one tool.
 
     python mcp_exec.py               stdio server: what Claude Desktop, Cursor and agents launch
-    python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp, HTTP+SSE at /sse
+    python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp
     python mcp_exec.py client ...    a command-line MCP client (also: demo, --help, --version)
 
 Reading guide. Sections 1-3 are the core: a complete handshake-era stdio MCP server, in the order
@@ -22,7 +22,7 @@ runs on its own (the test suite does so). The rest adds to it only through secti
     10. Kernels           state across calls (the tool's "session" argument)
     11. The 2026-07-28 era  stateless requests and server/discover
     12. Jobs and tasks    progress, and runs that outlive their request: jobs, MCP Tasks
-    13. HTTP              Streamable HTTP and HTTP+SSE, on Flask and waitress
+    13. HTTP              Streamable HTTP, on Flask and waitress
     14. Client            the other side of the wire
     15. Command line
 
@@ -145,8 +145,8 @@ SETTINGS = [
     Setting(HTTP, "HOST", str, lambda v: "0.0.0.0" if os.environ.get("DYNO") else "127.0.0.1",
             "the interface to listen on", "127.0.0.1; 0.0.0.0 when DYNO is set"),
     Setting(HTTP, "PORT", int, 8000, "the port to listen on"),
-    Setting(HTTP, "WEB_CONCURRENCY", int, 32, "waitress threads (waitress-serve's --threads wins); open SSE "
-            "streams and running tools/call may hold all but 2 + 1/8 of them", minimum=1),
+    Setting(HTTP, "WEB_CONCURRENCY", int, 32, "waitress threads (waitress-serve's --threads wins); "
+            "running tools/call may hold all but 2 + 1/8 of them", minimum=1),
     Setting(HTTP, "SSE_KEEPALIVE", float, 4.0, "seconds between keep-alive comments on event "
             "streams (under the 5 s read timeout of httpx, which the Python SDK uses)"),
     Setting(HTTP, "MCP_STATELESS", bool, False, "true = Streamable HTTP without sessions (several instances)", "false"),
@@ -322,13 +322,12 @@ def run_lifecycle(stage):
 
 
 class Session:
-    """One conversation (a stdio process, an HTTP+SSE stream, a Streamable HTTP session): its
+    """One conversation (a stdio process or a Streamable HTTP session): its
     protocol version (None until initialize) and running calls. `local` is true over stdio, where
     the client is the machine's own user; `owner` says whose files and tasks."""
 
-    def __init__(self, allow_exec=True, modern=True, local=True):
+    def __init__(self, allow_exec=True, local=True):
         self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
-        self.modern = modern           # may it serve 2026-07-28 requests? (not HTTP+SSE)
         self.local = local
         self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
         self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
@@ -738,14 +737,11 @@ def tool_result(result, version):
 
 
 def handle_payload(payload, session, notify=None):
-    """A parsed frame -> its response, a list of responses (a batch), or None."""
-    if isinstance(payload, list):
-        return handle_batch(payload, session, notify)
-    return handle_message(payload, session, notify)
-
-
-def handle_batch(batch, session, notify=None):
-    """A JSON array -> its requests' answers, in order (notifications get none), or one error."""
+    """A parsed frame -> its response, or None; a JSON array (a batch) -> its requests' answers in
+    order (notifications get none), or one error."""
+    if not isinstance(payload, list):
+        return handle_message(payload, session, notify)
+    batch = payload
     if not batch:
         return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
     metas = [m["params"].get("_meta") for m in batch
@@ -944,9 +940,8 @@ import socket
 import stat
 import struct
 import subprocess
-import urllib.parse
 import weakref
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 
 # =============================================================================
@@ -3237,7 +3232,7 @@ class OutputStore:
             return None
         with self.lock:
             self.calls.setdefault(token, [time.time(), 0, owner])[1] += size
-        return self.PREFIX + token + "/" + urllib.parse.quote(rel)
+        return self.PREFIX + token + "/" + quote(rel)
 
     def make_room(self, size, owner, token):
         """Evict what must go so that `size` more bytes fit -> False if they cannot. Never
@@ -3261,7 +3256,7 @@ class OutputStore:
         """The bytes behind a URI (a string), or None if it expired or never existed."""
         self.expire()
         token, _, rel = uri[len(self.PREFIX):].partition("/")
-        rel = _relative_path(urllib.parse.unquote(rel))
+        rel = _relative_path(unquote(rel))
         # A token the store made starts with a letter or digit: never "." or "..", no climbing out.
         known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
         if not known or rel is None:
@@ -3279,7 +3274,7 @@ class OutputStore:
             tokens = [token for token, entry in self.calls.items() if entry[2] == owner]
         for token in reversed(tokens):
             for rel, info in sorted(snapshot_files(os.path.join(self.root, token)).items()):
-                yield self.PREFIX + token + "/" + urllib.parse.quote(rel), rel, info[1]
+                yield self.PREFIX + token + "/" + quote(rel), rel, info[1]
 
     def expire(self):
         """Forget what is older than OUTPUT_TTL."""
@@ -3654,7 +3649,7 @@ class ModernRequest(Request):
 
 def modern_request(request_id, method, params, session, notify):
     """-> a ModernRequest, or None for a request of the handshake era."""
-    if not (session.modern and is_modern_request(method, params)):
+    if not is_modern_request(method, params):
         return None
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
     missing = [name for name, kind in ((META_VERSION, str), (META_CAPABILITIES, dict))
@@ -3943,7 +3938,7 @@ def job_call_mode(request, clean):
             return CANCELLED
         return tool_result(job.answer(), request.version)
     if request.version == "2025-11-25" and isinstance(request.params.get("task"), dict):
-        lasting = request.session.lasting_channel          # stdio and HTTP+SSE, not a POST
+        lasting = request.session.lasting_channel          # stdio, not a POST
         job = JOBS.start(clean, request.session, request.notify if lasting else None)
         return {"task": job.task(False)}                        # at once (tasks.mdx)
     as_task = declares_extension(request, TASKS_EXTENSION)
@@ -4067,8 +4062,6 @@ register_lifecycle(shutdown=JOBS.close)
 # stdio server never pays for them; the module __getattr__ builds `mcp_exec:app` (for
 # waitress-serve) on first access. Settings are section 1's constants, read where used.
 #
-#   GET    /sse                          HTTP+SSE (2024-11-05): the event stream of one session
-#   POST   /messages/?session_id=...     its client-to-server messages -> 202
 #   POST   /mcp                          Streamable HTTP (2025-03-26 and later)
 #   DELETE /mcp                          end a Streamable HTTP session
 #   GET    /health                       liveness, without auth; reveals nothing
@@ -4123,14 +4116,14 @@ def accepts_json(accept):
     return not accept or "application/json" in accept or "*/*" in accept
 
 
-def drain(outbox, client_disconnected, done=None, poll=0.25):
+def drain(outbox, client_disconnected, done):
     """Yield `outbox`'s messages until `done` or the client leaves, and None per SSE_KEEPALIVE s of
-    silence (a keep-alive). A client that left is seen within `poll` seconds (waitress's
+    silence (a keep-alive). A client that left is seen within 0.25 s (waitress's
     client_disconnected, needing channel_request_lookahead) or when a keep-alive fails."""
     last_write = time.monotonic()
     while True:
         try:
-            message = outbox.get(timeout=poll)
+            message = outbox.get(timeout=0.25)
             if message is done:
                 return
         except queue.Empty:
@@ -4141,30 +4134,6 @@ def drain(outbox, client_disconnected, done=None, poll=0.25):
             message = None                  # a keep-alive
         last_write = time.monotonic()
         yield message
-
-
-class SseSession(Session):
-    """An HTTP+SSE conversation: messages for the client wait in `outbox` for the stream."""
-    def __init__(self, allow_exec):
-        # HTTP+SSE is a handshake-era transport: a modern probe gets a legacy answer, and
-        # a dual-era client falls back to initialize (2026-07-28 basic/versioning.mdx).
-        super().__init__(allow_exec, modern=False, local=False)
-        self.session_id = os.urandom(16).hex()   # unguessable (transports.mdx, Security)
-        self.outbox = queue.Queue(maxsize=1000)
-
-    def deliver(self, message):
-        """Queue a message for the stream; a client that stopped reading loses its session."""
-        try:
-            self.outbox.put_nowait(message)
-        except queue.Full:
-            self.close()
-
-    def close(self):
-        """End the session and its stream (drain() stops at None): at shutdown waitress then
-        has no stream thread left to wait for, and the client reads the stream's end."""
-        super().close()
-        with contextlib.suppress(queue.Full):
-            self.outbox.put_nowait(None)
 
 
 class HttpSession(Session):
@@ -4185,9 +4154,9 @@ def _host_name(value):
 
 
 class ThreadBudget:
-    """The waitress threads requests may hold long (open SSE streams, running tools/call), a reserve
-    below the thread count so /health, initialize, ping, the POSTs feeding SSE streams and DELETE
-    always find one: no load can deadlock the server. Beyond it, refused at once, not queued."""
+    """The waitress threads running tools/call may hold (as JSON or as an event stream), a reserve
+    below the thread count so /health, initialize, ping and DELETE always find one: no load can
+    deadlock the server. Beyond it, refused at once, not queued."""
 
     def __init__(self, threads):
         self.lock = threading.Lock()
@@ -4214,12 +4183,13 @@ class ThreadBudget:
             self.held.pop(token, None)
 
     def refusal(self):
-        return ("Server busy: all %d of the threads that open SSE streams and running calls may hold are in use "
-                "(WEB_CONCURRENCY=%d). Retry shortly; an operator can raise WEB_CONCURRENCY." % (self.size, self.threads))
+        return ("Server busy: all %d of the threads that running calls may hold are in use "
+                "(WEB_CONCURRENCY=%d). Retry shortly; an operator can raise WEB_CONCURRENCY."
+                % (self.size, self.threads))
 
 
 class HttpServer:
-    """The state behind the routes (sessions of both transports, the thread budget) and their
+    """The state behind the routes (Streamable HTTP sessions, the thread budget) and their
     answers. `host` and `threads` are serve_http()'s flags; by default HOST, WEB_CONCURRENCY."""
 
     def __init__(self, host=None, threads=None):
@@ -4227,7 +4197,6 @@ class HttpServer:
         self.budget = ThreadBudget(threads or WEB_CONCURRENCY)
         self.allow_exec = not STDIO_MODE_ONLY
         self.lock = threading.Lock()
-        self.sse_sessions = {}      # session_id -> SseSession
         self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
         self.waitress_checked = False
         self.workers = Workers()
@@ -4297,42 +4266,6 @@ class HttpServer:
                                headers={"WWW-Authenticate": 'Bearer realm="mcp-exec"'})
         return None
 
-    # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE) ----------------------------
-    def open_stream(self, script_root, client_disconnected):
-        """GET /sse: the endpoint event, then the session's messages, until the client leaves."""
-        token = self.budget.take(client_disconnected)
-        if token is None:
-            return error_reply(503, self.budget.refusal() + " Streamable HTTP at /mcp holds no thread between calls.",
-                               headers={"Retry-After": "2"})
-        session = SseSession(self.allow_exec)
-        with self.lock:
-            self.sse_sessions[session.session_id] = session
-
-        def on_close():   # when waitress closes the response, however it ended (idempotent)
-            with self.lock:
-                self.sse_sessions.pop(session.session_id, None)
-            session.close()          # its running executions are killed
-            self.budget.release(token)
-        # The first event tells the client where to POST (a relative URI; clients
-        # resolve it against the stream's URL and refuse other origins).
-        endpoint = "%s/messages/?session_id=%s" % (script_root, session.session_id)
-        messages = drain(session.outbox, client_disconnected, poll=0.05)
-        return sse_reply("event: endpoint\ndata: %s\n\n" % endpoint, messages, on_close)
-
-    def post_message(self, session_id, body):
-        """POST /messages/: 202 at once; the answer travels on the session's stream."""
-        if not session_id:
-            return error_reply(400, "Missing session_id query parameter")
-        with self.lock:
-            session = self.sse_sessions.get(session_id)
-        if session is None:
-            return error_reply(404, "Unknown or closed session: open a new stream with GET /sse")
-        payload, error = parse_frame(body)
-        if error:
-            return error_reply(400, error["error"]["message"], PARSE_ERROR)
-        dispatch(payload, session, session.deliver, self.workers)
-        return text_reply(202, b"Accepted")
-
     # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP) -------------------
     def mcp_post(self, headers, body, client_disconnected):
         """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) -> JSON, SSE or 202."""
@@ -4366,7 +4299,7 @@ class HttpServer:
         if needs_worker(payload) and token is None:
             return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
         try:
-            reply = handle_batch(payload, session)
+            reply = handle_payload(payload, session)
         finally:
             self.budget.release(token)
         if reply is None:
@@ -4516,9 +4449,9 @@ class HttpServer:
         return session
 
     def close(self):
-        """End every session of both transports: their running executions are killed."""
+        """End every session: their running executions are killed."""
         with self.lock:
-            sessions = list(self.sse_sessions.values()) + list(self.http_sessions.values())
+            sessions = list(self.http_sessions.values())
         for session in sessions:
             session.close()
         self.workers.wait(KILL_GRACE + 1)
@@ -4592,7 +4525,8 @@ def create_app(host=None, threads=None):
         return respond(refusal) if refusal else None
 
     app.register_error_handler(404, lambda exc: respond(
-        error_reply(404, "Not found: the endpoints are /mcp, /sse and /messages/")))
+        error_reply(404, "Not found: the endpoint is /mcp (Streamable HTTP; this server does not "
+                    "serve the deprecated HTTP+SSE transport)")))
     app.register_error_handler(405, lambda exc: respond(
         error_reply(405, "Method not allowed", headers={"Allow": ", ".join(exc.valid_methods or [])})))
     app.register_error_handler(413, lambda exc: respond(
@@ -4602,10 +4536,6 @@ def create_app(host=None, threads=None):
     disconnected = lambda: request.environ.get("waitress.client_disconnected")   # noqa: E731
     health = {"status": "ok", "sandbox": SANDBOX.name()}     # nothing secret
     app.add_url_rule("/health", "health", lambda: respond(json_reply(health)))
-    app.add_url_rule("/sse", "sse", lambda: respond(server.open_stream(request.script_root, disconnected())))
-    app.add_url_rule("/messages/", "messages", methods=["POST"], view_func=lambda: respond(
-        server.post_message(request.args.get("session_id"), request.get_data())))
-
     app.add_url_rule("/mcp", "mcp_post", methods=["POST"], view_func=lambda: respond(
         server.mcp_post(request.headers, request.get_data(), disconnected())))
     app.add_url_rule("/mcp", "mcp_delete", methods=["DELETE"], view_func=lambda: respond(
@@ -4642,8 +4572,8 @@ def serve_http(args):
         return 2
     app = create_app(options.host, threads)
     import waitress
-    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
-        "of which open SSE streams and running calls may hold %d%s%s" % (
+    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp), %d threads, of which running "
+        "calls may hold %d%s%s" % (
             options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
             ", stateless" if MCP_STATELESS else "",
             ", STDIO_MODE_ONLY: no code execution over HTTP" if STDIO_MODE_ONLY else ""))
@@ -4808,10 +4738,11 @@ class StdioClient(McpClient):
 def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
     """One HTTP request -> the response, its body unread. No answer, or a status of 400 or
     more, is a ClientError. Proxies come from the environment (http_proxy), as for curl."""
-    from urllib.request import Request, urlopen   # the client's alone: slows the server's start
+    from urllib.error import HTTPError       # the client's alone: they slow the server's start
+    from urllib.request import Request, urlopen
     try:
         return urlopen(Request(url, body, headers, method=method), timeout=timeout)
-    except urllib.error.HTTPError as exc:
+    except HTTPError as exc:
         detail = exc.read()[:300].decode("utf-8", "replace").strip()
         hint = " (check the API key: --api-key or API_KEY)" if exc.code == 401 else ""
         raise ClientError("HTTP %d from %s: %s%s" % (exc.code, url, detail, hint))
@@ -4836,23 +4767,15 @@ def _sse_messages(resp):
 
 class HttpClient(McpClient):
     """Streamable HTTP: each message is a POST to the URL, its reply the response's body (JSON, or
-    an event stream ending with it). HTTP+SSE (2024-11-05; a URL ending in /sse): a GET stream names
-    the endpoint to POST to and carries every reply, waiting in its socket for send(): no thread."""
+    an event stream ending with it)."""
 
     def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
         super().__init__(version, trace)
-        self.url, self.stream = url, None
+        self.url = url
         self.headers = {"Content-Type": "application/json",
                         "Accept": "application/json, text/event-stream"}
         if api_key:                   # on every request: each one is checked (authorization.mdx)
             self.headers["Authorization"] = "Bearer " + api_key
-        if urlsplit(url).path.rstrip("/").endswith("/sse"):
-            self.stream = _http_open(url, "GET", None, self.headers)
-            self.events = _sse_messages(self.stream)
-            event, data = next(self.events, (None, None))
-            self.url = urljoin(url, data or "")
-            if event != "endpoint" or urlsplit(self.url)[:2] != urlsplit(url)[:2]:
-                raise ClientError("%s announced no endpoint on its origin (got %r)" % (url, data))
 
     def send(self, message):
         headers = dict(self.headers)
@@ -4864,17 +4787,13 @@ class HttpClient(McpClient):
         resp = _http_open(self.url, "POST", encode_message(message), headers)
         if resp.headers.get("Mcp-Session-Id"):
             self.headers["Mcp-Session-Id"] = resp.headers["Mcp-Session-Id"]
-        if self.stream:               # HTTP+SSE: the POST says only 202
-            return (json.loads(data) for event, data in self.events if event == "message")
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
             return (json.loads(data) for event, data in _sse_messages(resp))
         body = resp.read()            # empty (202) for a notification
         return [json.loads(body)] if body else []
 
     def close(self):
-        if self.stream:
-            self.stream.close()
-        elif "Mcp-Session-Id" in self.headers:   # end the session politely (transports.mdx)
+        if "Mcp-Session-Id" in self.headers:     # end the session politely (transports.mdx)
             with contextlib.suppress(ClientError):
                 _http_open(self.url, "DELETE", None, self.headers, timeout=10).read()
 
@@ -4886,8 +4805,8 @@ options: --url URL, --api-key KEY, --protocol VERSION [%s], --format text|json,
          --use-temp-dir, --timeout S, --session new|HANDLE, --end-session, --put FILE,
          --save DIR, --no-follow; job: --cancel, --no-follow, --save DIR; read: --save DIR
 
-The server: --url (HTTP+SSE if it ends in /sse, else Streamable HTTP), else the stdio
-COMMAND after "--", else `python mcp_exec.py`. The API key: --api-key, or API_KEY.
+The server: --url (Streamable HTTP), else the stdio COMMAND after "--", else
+`python mcp_exec.py`. The API key: --api-key, or API_KEY.
 CODE is one argument (quote it), or "-" for stdin. --packages takes one argument: the
 requirements, separated by spaces ("numpy pandas>=2,<3"); it may be repeated.
 --format text (a terminal's default) prints the output and a [status] on stderr; json,
@@ -4959,7 +4878,7 @@ def client_main(args):
                 tools = client.request("tools/list")["tools"]
                 print(json.dumps(tools, indent=2, ensure_ascii=False))
             elif options.action == "read" and options.save:
-                name = urllib.parse.unquote(options.target.rsplit("/", 1)[-1])
+                name = unquote(options.target.rsplit("/", 1)[-1])
                 sys.stderr.write("%s\n" % _save(options.save, name, client.read(options.target)))
             elif options.action == "read":
                 sys.stdout.buffer.write(client.read(options.target))
@@ -5072,10 +4991,10 @@ usage: python mcp_exec.py [--http [--host H] [--port P] [--threads N] | client .
 Modes
   (no arguments)   stdio MCP server: JSON-RPC lines on stdin/stdout, logs on stderr.
                    This is what Claude Desktop, Cursor and other MCP clients launch.
-  --http           HTTP server (waitress): Streamable HTTP at /mcp, HTTP+SSE at /sse (POSTs
-                   to /messages/), GET /health. Needs API_KEY. Also: waitress-serve ... mcp_exec:app
-  client           talk to any MCP server from the command line (stdio, SSE or
-                   Streamable HTTP); `python mcp_exec.py client --help`.
+  --http           HTTP server (waitress): Streamable HTTP at /mcp, GET /health. Needs
+                   API_KEY. Also: waitress-serve ... mcp_exec:app
+  client           talk to any MCP server from the command line (stdio or Streamable
+                   HTTP); `python mcp_exec.py client --help`.
   demo             start a stdio server and play initialize, tools/list and two
                    tools/call requests against it, printing every frame on the wire.
   --help, --version

@@ -4210,32 +4210,26 @@ def read_events(resp, until_id=None, limit=50):
     return events
 
 
-class SseClient:
-    """A legacy HTTP+SSE client: GET /sse, then POST to the announced endpoint."""
+class StreamingCall:
+    """A Streamable HTTP tools/call answered as an event stream and held open while its code
+    runs: what holds a waitress thread, the thread budget's unit. A refused one is JSON."""
 
-    def __init__(self, server, timeout=20):
-        self.server = server
+    def __init__(self, server, code, timeout=20):
+        sid, _ = server.initialize("2025-11-25")
         self.conn = server.connect(timeout)
-        self.conn.request("GET", "/sse", headers=dict(AUTH, Accept="text/event-stream"))
+        self.conn.request("POST", "/mcp", json.dumps(call_message(code)), dict(
+            AUTH, Accept=ACCEPT_BOTH, **{"Content-Type": "application/json", "Mcp-Session-Id": sid}))
         self.sock = self.conn.sock        # the response takes it over; keep it for kill()
         self.resp = self.conn.getresponse()
-        self.endpoint = None
-        if self.resp.status == 200:
-            kind, data = read_events(self.resp, limit=1)[0]
-            assert kind == "endpoint"
-            self.endpoint = data
+        self.streaming = self.resp.getheader("Content-Type").startswith("text/event-stream")
+        if self.streaming:
+            assert read_events(self.resp, limit=1) == [("comment", "stream open")]
 
-    def post(self, message, path=None):
-        return self.server.request("POST", path or self.endpoint, message,
-                                   dict(AUTH, **{"Content-Type": "application/json"}))
-
-    def next_message(self):
-        """The next `message` event's JSON, skipping keep-alive comments."""
-        while True:
-            events = read_events(self.resp, limit=1)
-            assert events, "stream ended"
-            if events[0][0] == "message":
-                return json.loads(events[0][1])
+    def result(self):
+        """The call's result: the stream's last message, or the JSON body of a refusal."""
+        if not self.streaming:
+            return json.loads(self.resp.read())["result"]
+        return json.loads(read_events(self.resp, until_id=2, limit=1000)[-1][1])["result"]
 
     def kill(self):
         """Vanish like a crashed client: no goodbye, the socket just closes."""
@@ -4245,13 +4239,6 @@ class SseClient:
             pass
         self.sock.close()
         self.resp.close()
-
-    def leave(self):
-        """kill(), then wait until the server has dropped the session (a POST to it is 404):
-        once the server stops, waitress would wait 5 s for a stream thread it never saw end."""
-        self.kill()
-        ping = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        assert wait_until(lambda: self.post(ping)[0] == 404), "the server kept the session"
 
 
 @pytest.fixture
@@ -4451,9 +4438,11 @@ def test_health_needs_no_key_and_reveals_nothing(web):
     assert json.loads(body) == {"status": "ok", "sandbox": "+".join(layers) or "off"}
 
 
-def test_auth_is_required_on_sse_and_messages(web):
-    assert web.request("GET", "/sse", headers={})[0] == 401
-    assert web.request("POST", "/messages/?session_id=x", {"jsonrpc": "2.0"}, headers={})[0] == 401
+def test_http_sse_is_not_served_and_its_404_says_where_to_go(web):
+    for method, path in (("GET", "/sse"), ("POST", "/messages/?session_id=x")):
+        assert web.request(method, path, {"jsonrpc": "2.0"}, headers={})[0] == 401   # the key first
+        status, _, body = web.request(method, path, {"jsonrpc": "2.0"})
+        assert status == 404 and "/mcp" in json.loads(body)["error"]["message"], body
 
 
 def test_well_known_probes_get_404_without_auth(web):
@@ -4514,126 +4503,55 @@ def test_sigterm_kills_running_code_and_leaves_no_directory(tmp_path):
 
 
 @pytest.mark.skipif(not POSIX, reason="SIGTERM")
-def test_sigterm_ends_an_open_sse_stream_with_its_last_chunk(tmp_path):
-    """Shutting down ends each HTTP+SSE stream properly: the client reads the stream's end,
+def test_sigterm_ends_an_open_response_stream_with_its_last_chunk(tmp_path):
+    """Shutting down ends each open event stream properly: the client reads the stream's end,
     not a cut connection (http.client raises IncompleteRead for that), and waitress has no
     stream thread left running to wait for."""
     server = HttpProcess(tmp_path)
+    pid_file = server.out / (tmp_path.name + ".pid")
     try:
-        client = SseClient(server)
+        call = StreamingCall(server, SLEEPER % str(pid_file))
+        assert wait_until(pid_file.exists, seconds=15)     # the code runs
         server.proc.send_signal(signal.SIGTERM)
-        rest = client.resp.read()          # to the end of the chunked body
-        assert b"event: message" not in rest
+        rest = call.resp.read()            # to the end of the chunked body
+        assert b"event: message" not in rest         # killed: a cancelled call gets no answer
         assert server.proc.wait(HANG) == 0
     finally:
         server.stop()
 
 
-# --- HTTP+SSE (2024-11-05) --------------------------------------------------------
-
-def test_sse_endpoint_event_comes_first_with_a_relative_uri(web):
-    client = SseClient(web)
-    assert client.resp.status == 200
-    assert client.resp.getheader("Content-Type").startswith("text/event-stream")
-    assert client.endpoint.startswith("/messages/?session_id=")
-    assert len(client.endpoint.split("=", 1)[1]) == 32
-    client.kill()
-
-
-def test_sse_post_is_202_and_the_answer_arrives_on_the_stream(web):
-    client = SseClient(web)
-    status, _, body = client.post(init_message("2024-11-05"))
-    assert status == 202 and body == b"Accepted"
-    reply = client.next_message()
-    assert reply["id"] == 1 and reply["result"]["protocolVersion"] == "2024-11-05"
-    assert client.post({"jsonrpc": "2.0", "method": "notifications/initialized"})[0] == 202
-    assert client.post(call_message("print(6*7)"))[0] == 202
-    reply = client.next_message()
-    assert reply["id"] == 2
-    assert json.loads(reply["result"]["content"][0]["text"])["stdout"] == "42\n"
-    assert "structuredContent" not in reply["result"]          # 2024-11-05 has none
-    client.kill()
-
-
-def test_sse_post_errors(web):
-    client = SseClient(web)
-    status, _, body = web.request("POST", "/messages/", {"jsonrpc": "2.0", "id": 1, "method": "ping"})
-    assert status == 400 and b"session_id" in body
-    status, _, _ = web.request("POST", "/messages/?session_id=" + "0" * 32, {"jsonrpc": "2.0", "id": 1, "method": "ping"})
-    assert status == 404
-    status, _, body = client.post(b"{not json")
-    assert status == 400 and json.loads(body)["error"]["code"] == -32700
-    client.kill()
-
-
-def test_sse_stream_sends_keep_alive_comments(web):
-    client = SseClient(web)   # SSE_KEEPALIVE=0.5 on this server
-    events = read_events(client.resp, limit=1)
-    assert events == [("comment", "keep-alive")]
-    client.kill()
-
-
-def test_sse_tool_call_does_not_block_the_post(web, tmp_path):
-    release = web.out / (tmp_path.name + ".release")       # the call runs until the ping's answer
-    client = SseClient(web)
-    client.post(init_message())
-    client.next_message()
-    assert client.post(call_message(until_released(release) + "print('late')"))[0] == 202
-    assert client.post({"jsonrpc": "2.0", "id": 3, "method": "ping"})[0] == 202
-    assert client.next_message()["id"] == 3                # ping overtook the running call
-    release.touch()
-    assert client.next_message()["id"] == 2
-    client.kill()
-
-
 def test_waitress_threads_not_web_concurrency_size_the_budget(tmp_path):
     # waitress-serve --threads=4, WEB_CONCURRENCY unset (the app would think 32): it must
-    # still refuse the streams that would take the last threads.
+    # still refuse the calls that would take the last threads.
     server = HttpProcess(tmp_path, waitress=["--threads=4", "--channel-request-lookahead=1"])
+    release = server.out / (tmp_path.name + ".release")
     try:
-        clients = [SseClient(server, timeout=10) for _ in range(6)]
-        assert [c.resp.status for c in clients] == [200, 200, 503, 503, 503, 503]
-        assert all(c.resp.getheader("Retry-After") for c in clients[2:])
-        assert "WEB_CONCURRENCY" in json.loads(clients[2].resp.read())["error"]["message"]
-        for n, client in enumerate(clients[:2]):           # a tools/call on an open stream is answered
-            assert client.post(init_message())[0] == 202
-            assert client.next_message()["id"] == 1
-            assert client.post(call_message("print(%d)" % n))[0] == 202
-            assert json.loads(client.next_message()["result"]["content"][0]["text"])["stdout"] == "%d\n" % n
+        calls = [StreamingCall(server, until_released(release) + "print(%d)" % n, timeout=10)
+                 for n in range(4)]
+        assert [call.streaming for call in calls] == [True, True, False, False]
+        refusal = calls[2].result()
+        assert refusal["isError"] and "WEB_CONCURRENCY" in refusal["content"][0]["text"]
         assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
-        for client in clients[2:]:
-            client.kill()                                   # refused: no stream to end
-        for client in clients[:2]:
-            client.leave()
+        release.touch()
+        assert [call.result()["structuredContent"]["stdout"] for call in calls[:2]] == ["0\n", "1\n"]
         server.log.seek(0)
         assert b"waitress runs 4 threads, WEB_CONCURRENCY says 32" in server.log.read()
     finally:
         server.stop()
 
 
-def test_a_stream_slot_is_free_as_soon_as_its_client_is_gone(start_http):
+def test_a_stream_slot_is_free_as_soon_as_its_client_is_gone(start_http, tmp_path):
     server = start_http(WEB_CONCURRENCY="4")            # 4 threads: 2 may be held
-    keeper = SseClient(server)
+    release = server.out / (tmp_path.name + ".release")
+    keeper = StreamingCall(server, until_released(release))
     refused = 0
-    for _ in range(60):
-        client = SseClient(server, timeout=10)
-        refused += client.resp.status != 200
-        client.kill()                                   # and reconnect at once
-    assert refused == 0, "%d of 60 reconnects were refused" % refused
-    keeper.leave()
-
-
-def test_disconnect_kills_the_sessions_running_execution(web, tmp_path):
-    client = SseClient(web)
-    client.post(init_message())
-    client.next_message()
-    pid_file = web.out / (tmp_path.name + ".pid")
-    client.post(call_message(SLEEPER % str(pid_file)))
-    assert wait_until(pid_file.exists, seconds=15)
-    pid = int(pid_file.read_text())
-    assert alive(pid)
-    client.kill()
-    assert wait_until(lambda: not alive(pid), seconds=10), "execution survived its session"
+    for _ in range(20):       # each call runs on (2025: leaving is no cancel), its thread is free
+        call = StreamingCall(server, "import time\ntime.sleep(3)", timeout=10)
+        refused += not call.streaming
+        call.kill()                                     # and call again at once
+    assert refused == 0, "%d of 20 calls were refused" % refused
+    release.touch()
+    assert not keeper.result()["isError"]
 
 
 # --- Streamable HTTP (2025-03-26 .. 2025-11-25) -------------------------------------
@@ -4720,12 +4638,6 @@ def test_stdio_mode_only_keeps_code_off_the_web(start_http):
     status, _, body = server.mcp(call_message("print(1)", 3), sid)
     error = json.loads(body)["error"]
     assert error["code"] == -32602 and "stdio" in error["message"]
-    client = SseClient(server)
-    client.post(init_message())
-    client.next_message()
-    client.post(call_message("print(1)", 5))
-    assert "stdio" in client.next_message()["error"]["message"]
-    client.leave()
 
 
 def test_waitress_serve_runs_the_procfile_app(tmp_path):
@@ -4831,14 +4743,6 @@ def test_old_and_new_clients_share_one_running_server(web):
     result = json.loads(body)["result"]
     assert "structuredContent" not in result and "resultType" not in result      # still 2025-03-26
     assert json.loads(result["content"][0]["text"])["stdout"] == "old\n"
-
-
-def test_legacy_sse_stays_handshake_only(web):
-    client = SseClient(web)
-    client.post(modern_message("server/discover", 1))
-    reply = client.next_message()
-    assert reply["error"]["code"] == -32601
-    client.kill()
 
 
 def test_closing_a_modern_response_stream_cancels_the_call(web, tmp_path):
@@ -4964,14 +4868,16 @@ def test_slow_connections_do_not_starve_health(start_http):
 
 def test_a_batch_with_a_call_stays_within_the_thread_budget(start_http, tmp_path):
     server = start_http(WEB_CONCURRENCY="4")             # 2 threads may be held
-    streams = [SseClient(server) for _ in range(2)]       # ... and are
+    release = server.out / (tmp_path.name + ".release")
+    streams = [StreamingCall(server, until_released(release)) for _ in range(2)]   # ... and are
     sid, _ = server.initialize("2025-03-26")
     status, headers, body = server.mcp([call_message("print(1)", 5)], sid, extra={"MCP-Protocol-Version": "2025-03-26"})
     assert status == 503 and headers.get("retry-after") and "WEB_CONCURRENCY" in json.loads(body)["error"]["message"]
     streams[0].kill()
     assert wait_until(lambda: server.mcp([call_message("print(2)", 6)], sid, extra={
         "MCP-Protocol-Version": "2025-03-26"})[0] == 200)
-    streams[1].leave()
+    release.touch()
+    assert not streams[1].result()["isError"]
 
 
 def test_a_20_mb_body_gets_413_before_it_is_read(web):
@@ -5017,27 +4923,6 @@ def test_progress_flows_on_a_streamable_sse_response(web):
     resp = conn.getresponse()
     events = read_events(resp)          # to the end of the stream
     check_progress(events, 7, "p7")
-
-
-def test_progress_flows_on_the_legacy_sse_stream(web):
-    server = web                                     # PROGRESS_INTERVAL=0.2
-    client = SseClient(server)
-    client.post(init_message("2025-03-26"))
-    client.next_message()
-    message = call_message(HTTP_PROGRESS_CODE, 8)
-    message["params"]["_meta"] = {"progressToken": 8}
-    client.post(message)
-    events = []
-    while True:
-        event = read_events(client.resp, limit=1)[0]
-        events.append(event)
-        if event[0] == "message" and json.loads(event[1]).get("id") == 8:
-            break
-    client.post({"jsonrpc": "2.0", "id": 9, "method": "ping"})   # the next thing on the stream
-    events.append(("message", json.dumps(client.next_message())))
-    events = [e for e in events if not (e[0] == "message" and json.loads(e[1]).get("id") == 9)]
-    check_progress(events, 8, 8)
-    client.kill()
 
 
 def test_modern_call_with_progress_token(web):
@@ -5206,15 +5091,8 @@ def test_client_speaks_2026_07_28_over_streamable_http(web, tmp_path):
     assert reply["result"]["resultType"] == "complete"
 
 
-def test_client_over_http_sse(web, tmp_path):
-    url = "http://127.0.0.1:%d/sse" % web.port
-    out = client_result(run_client(tmp_path, "--url", url, "call", "print('over sse')", API_KEY=KEY))
-    assert out["stdout"] == "over sse\n"
-
-
-@pytest.mark.parametrize("path", ["/mcp", "/sse"])
-def test_client_with_a_wrong_key_exits_two_and_says_why(web, tmp_path, path):
-    url = "http://127.0.0.1:%d%s" % (web.port, path)
+def test_client_with_a_wrong_key_exits_two_and_says_why(web, tmp_path):
+    url = "http://127.0.0.1:%d/mcp" % web.port
     done = run_client(tmp_path, "--url", url, "--api-key", "wrong-key", "call", "print(1)")
     assert done.returncode == 2 and done.stdout == ""
     assert "401" in done.stderr and "API key" in done.stderr, done.stderr
@@ -5236,15 +5114,6 @@ def test_client_progress_goes_to_stderr(tmp_path):
     progress = [line for line in done.stderr.splitlines() if line.startswith("progress: ")]
     assert progress, done.stderr
     assert any("step" in line for line in progress), progress
-
-
-def test_client_sse_close_does_not_wait_for_the_next_keep_alive(start_http, tmp_path):
-    # Before the fix the client sat in close() until the next keep-alive: 10 minutes away
-    # here, so such a client would hit run_client's hang guard instead of exiting.
-    web = start_http(SSE_KEEPALIVE="600")
-    done = run_client(tmp_path, "--url", "http://127.0.0.1:%d/sse" % web.port, "call", "print(3)",
-                      API_KEY=KEY, guard=60)
-    assert client_result(done)["stdout"] == "3\n"
 
 
 def test_client_adds_http_to_a_url_without_a_scheme(web, tmp_path):
