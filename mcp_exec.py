@@ -217,9 +217,8 @@ def log(message):
 # parses frames with parse_frame(), hands each message to it, and delivers what it returns. It
 # decides from the message and the session's state alone; only tools/call reaches into run_code().
 
-# Protocol versions, newest first (see the changelog.mdx of each). Two eras
-# (2026-07-28 basic/versioning.mdx): "handshake" versions open with initialize; the
-# "modern" one carries its version and capabilities in every request's _meta (section 11).
+# Protocol versions, newest first (see changelog.mdx). Two eras (2026-07-28 basic/versioning.mdx):
+# "handshake" ones open with initialize; "modern" requests carry the version in _meta (section 11).
 MODERN_VERSIONS = ("2026-07-28",)
 META_VERSION = "io.modelcontextprotocol/protocolVersion"      # where a modern request says so
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
@@ -322,13 +321,12 @@ def run_lifecycle(stage):
 
 
 class Session:
-    """One conversation (a stdio process or a Streamable HTTP session): its
-    protocol version (None until initialize) and running calls. `local` is true over stdio, where
-    the client is the machine's own user; `owner` says whose files and tasks."""
+    """One conversation (a stdio process or a Streamable HTTP session): its protocol version (None
+    until initialize) and running calls; `owner` says whose files and tasks are its own."""
 
     def __init__(self, allow_exec=True, local=True):
         self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
-        self.local = local
+        self.local = local             # true over stdio: the client is the machine's own user
         self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
         self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
         self.protocol_version = None
@@ -415,16 +413,14 @@ def envelope_error(message):
 
 
 def parse_request(message, session, notify=None):
-    """Check the JSON-RPC envelope -> a Request for a method handler, an error response, or
-    None. Notifications are handled here, since they are never answered."""
+    """Check the JSON-RPC envelope -> a Request for a method handler, an error response, or None."""
     error = envelope_error(message)
     if error or "method" not in message:
         return error   # a response returns None: this server sends no requests to match it with
     request_id, method, params = message.get("id"), message["method"], message.get("params", {})
     if "id" not in message:
-        # Notifications never get a response, not even an error (basic/index.mdx). Only a cancel
-        # acts (basic/utilities/cancellation.mdx): it sets its call's Event, which kills the code,
-        # and handle_tools_call answers CANCELLED. Others (notifications/initialized) are ignored.
+        # Never answered, not even with an error (basic/index.mdx). Only a cancel acts: it sets its
+        # call's Event, which kills the code (cancellation.mdx); others (initialized) are ignored.
         if method == "notifications/cancelled" and isinstance(params, dict):
             cancelled = params.get("requestId")
             if valid_id(cancelled):
@@ -448,8 +444,7 @@ def handshake_request(request_id, method, params, session, notify):
     """Handshake era: the version is the one initialize negotiated for this session."""
     if "handshake" not in METHODS.get(method, (None, (), False))[1]:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
-    if session.protocol_version is None and method not in ("initialize", "ping"):
-        # Only ping may come before initialize (lifecycle.mdx); ping is always answered.
+    if session.protocol_version is None and method not in ("initialize", "ping"):   # lifecycle.mdx
         raise ProtocolError(INVALID_REQUEST, "Not initialized: send an initialize request first "
                             "(only ping may come before it)")
     return Request(request_id, method, params, session, session.protocol_version, notify)
@@ -487,8 +482,7 @@ def handle_initialize(request):
     requested = params.get("protocolVersion")
     if not isinstance(requested, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "protocolVersion" (a string) is required')
-    # Echo the client's version if we speak it, else offer our latest handshake version
-    # (lifecycle.mdx, Version Negotiation); never 2026-07-28, which has no handshake.
+    # Echo a version we speak, else offer our latest (lifecycle.mdx); 2026-07-28 has no handshake.
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
     return {"protocolVersion": version, "capabilities": server_capabilities(version),
@@ -563,9 +557,8 @@ INPUT_SCHEMA = {
                      "description": "pip requirements to install first, e.g. [\"numpy\", \"pandas==2.2.3\"]."},
         "use_temp_dir": {"type": "boolean", "default": False,
                          "description": "Run in an isolated virtual environment holding only `packages`."},
-        "timeout": {"type": "number", "exclusiveMinimum": 0,
-                    "description": "Seconds before the run is killed (default %g, at most %g)."
-                                   % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
+        "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the "
+                    "run is killed (default %g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
         "files": {"type": "array", "maxItems": 100,
                   "description": "Files to put in the working directory first: [{\"path\": "
                                  "\"data.csv\", \"content\": \"...\"}], with \"encoding\": "
@@ -574,9 +567,8 @@ INPUT_SCHEMA = {
                             "additionalProperties": False, "properties": {
                                 "path": {"type": "string"}, "content": {"type": "string"},
                                 "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}},
-        "session": {"type": "string",
-                    "description": '"new" starts a session that keeps variables, imports and files '
-                                   "across calls; then pass the handle the result gives you."},
+        "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
+                    "imports and files across calls; then pass the handle the result gives you."},
         "end_session": {"type": "boolean", "default": False,
                         "description": "true ends the session after this call's code."},
         "job": {"type": "string",
@@ -591,8 +583,7 @@ OUTPUT_SCHEMA = {
     "type": "object",
     "properties": {
         "returncode": {"type": "integer", "description": "Exit status; negative = killed by that signal."},
-        "stdout": {"type": "string"},
-        "stderr": {"type": "string"},
+        "stdout": {"type": "string"}, "stderr": {"type": "string"},
         "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
         "truncated": {"type": "boolean", "description": "Something longer than its limit was cut."},
         "value": {"type": "string", "description": "repr() of the last expression, when the code ends with one."},
@@ -737,14 +728,12 @@ def tool_result(result, version):
 
 
 def handle_payload(payload, session, notify=None):
-    """A parsed frame -> its response, or None; a JSON array (a batch) -> its requests' answers in
-    order (notifications get none), or one error."""
+    """A parsed frame -> its response or None; a batch -> its answers in order, or one error."""
     if not isinstance(payload, list):
         return handle_message(payload, session, notify)
-    batch = payload
-    if not batch:
+    if not payload:
         return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
-    metas = [m["params"].get("_meta") for m in batch
+    metas = [m["params"].get("_meta") for m in payload
              if isinstance(m, dict) and isinstance(m.get("params"), dict)]
     modern = any(isinstance(meta, dict) and META_VERSION in meta for meta in metas)
     if modern or at_least(session.protocol_version, "2025-06-18"):
@@ -752,7 +741,7 @@ def handle_payload(payload, session, notify=None):
                               "batches (they exist only in 2025-03-26); send one message at a time"
                               % (MODERN_VERSIONS[0] if modern else session.protocol_version))
     replies = []
-    for message in batch:
+    for message in payload:
         if isinstance(message, dict) and message.get("method") == "initialize" and "id" in message:
             # initialize MUST NOT be part of a batch (2025-03-26 lifecycle.mdx).
             reply = error_response(message["id"] if valid_id(message["id"]) else None, INVALID_REQUEST,
@@ -947,18 +936,16 @@ from urllib.parse import quote, unquote, urlsplit
 # =============================================================================
 # 4. Executor: one call's life on the server
 # =============================================================================
-# run_code() is the whole tool. It waits for a slot and an environment; run_once() makes a fresh
-# directory, start_child() a fresh interpreter (forked from the environment's template, section 6,
-# or spawned); supervise() feeds it the code through a pipe, reads its output and results through
-# three more, and when it ends, fails or times out, kills all it started; finish() turns what it
-# left into a Result, and run_once() removes every trace.
+# run_code() is the whole tool: it waits for a slot and an environment; run_once() makes a fresh
+# directory, start_child() a fresh interpreter (forked from a template, section 6, or spawned);
+# supervise() writes the code to a pipe, reads output and results from three more, and kills all
+# it started when it ends, fails or times out; finish() makes a Result; run_once() leaves no trace.
 
 import select         # poll(): the supervisor's, and the template's (section 5)
 
 EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
 LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
-# Handles (jobs, kernels, returned files) name the instance that made them: behind a router,
-# one that reaches another dyno is told where it lives instead of being called unknown.
+# Handles (jobs, kernels, files) name their instance, so that another dyno can say where one lives.
 _HOST = os.environ.get("DYNO") or socket.gethostname()
 INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST).strip(".")[:24] or "local"
 
@@ -1126,11 +1113,9 @@ def child_environment(extra=None, installer=False):
 
 
 _CHILD_ENV = {}      # the code's environment, filled on first use
-# The child sees only these variables of the server's environment (plus LC_* and
-# EXEC_ENV_PASSTHROUGH). API_KEY and every other secret stay in the server.
-CHILD_ENV_ALLOW = """PATH HOME USER LOGNAME SHELL LANG LANGUAGE TZ TERM TMPDIR SYSTEMROOT
-    SYSTEMDRIVE WINDIR COMSPEC PATHEXT USERPROFILE APPDATA LOCALAPPDATA PROGRAMDATA
-    TEMP TMP""".split()
+# The child sees only these server variables, LC_* and EXEC_ENV_PASSTHROUGH: no secret (API_KEY).
+CHILD_ENV_ALLOW = """PATH HOME USER LOGNAME SHELL LANG LANGUAGE TZ TERM TMPDIR TEMP TMP SYSTEMROOT
+    SYSTEMDRIVE WINDIR COMSPEC PATHEXT USERPROFILE APPDATA LOCALAPPDATA PROGRAMDATA""".split()
 # The installer also sees pip/uv settings, proxies and CA bundles, so mirrors and local wheels work.
 INSTALLER_ENV_PREFIXES = ("PIP_", "UV_")
 INSTALLER_ENV_ALLOW = """HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy
@@ -1325,8 +1310,7 @@ def _read_fd(fd):
 
 
 def _write_fd(fd, data):
-    """Write what the pipe has room for -> how many bytes went; all of them once the child
-    is gone (it died before reading all the code: its stderr says why)."""
+    """Write what the pipe takes -> bytes sent; all if the child is gone (its stderr says why)."""
     try:
         return os.write(fd, data)
     except BlockingIOError:
@@ -1374,8 +1358,7 @@ class OutputBuffer:
 
 
 # --- Starting, finding and killing processes ---------------------------------------------
-# Every process the server starts goes through spawn(), which remembers it; any other child is an
-# orphan a call left (section 7 makes the server their reaper): reap_orphans() kills and reaps it.
+# spawn() records what the server starts; its other children are calls' orphans, for reap_orphans().
 
 _SPAWNED = weakref.WeakSet()        # Popen objects of the server's own children
 _SPAWN_LOCK = threading.Lock()
@@ -1414,8 +1397,7 @@ def descendants(pid):
 
 
 def stop_all(find, rounds=100):
-    """SIGSTOP every pid find() lists, round after round until a round finds none new (a stopped
-    process cannot fork: then none is missing) -> the pids stopped."""
+    """SIGSTOP what find() lists till a round finds none new (a stopped one cannot fork) -> them."""
     stopped = set()
     for _ in range(rounds):
         found = set(find()) - stopped
@@ -1428,8 +1410,7 @@ def stop_all(find, rounds=100):
 
 
 def kill_tree(pid):
-    """SIGKILL a process, its process group, and every descendant, wherever it went. All are stopped
-    first (stop_all), so none can fork while the tree is collected; then all die."""
+    """SIGKILL a process, its group and every descendant wherever it went, all stopped first."""
     if not POSIX:
         subprocess.run(["taskkill", "/F", "/T", "/PID", str(pid)], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
@@ -1472,10 +1453,9 @@ def kill_orphans(ours):
 # =============================================================================
 # 5. The child: one call's life in the child process
 # =============================================================================
-# Every child interpreter starts with CHILD_COMMAND: it imports this very file as a module (from its
-# own path, which leaves sys.path as it was) and calls child_main(). The server's settings mean
-# nothing there: all the child needs comes in its config. Before the code runs, every pure-Python
-# module this file imported is forgotten: the code finds the interpreter as `python -c` leaves it.
+# Every child starts with CHILD_COMMAND: it imports this file by path (sys.path stays as it was) and
+# calls child_main(). The server's settings mean nothing there: all the child needs is its config.
+# The code finds the interpreter as `python -c` leaves it: this file's imports are forgotten first.
 
 try:
     import ctypes     # prctl, capabilities, Landlock, seccomp: imported before the forgetting
@@ -1642,10 +1622,9 @@ def _libc():
 
 
 def serve_template(config, fresh_modules):
-    """Template mode (in the child): fork a child per request -> its config, in the child.
-    Single-threaded: fork() copies only the calling thread. A pidfd (Linux 5.3+) says when a call's
-    child ends; it reaps it, kills its orphans (ours: we are a subreaper), then reports the exit:
-    when the server hears a call is over, nothing of it still runs."""
+    """Template mode: fork a child per request -> its config, in the child. Single-threaded: fork()
+    copies only the calling thread. A pidfd (Linux 5.3+) says when a call's child ends; it is reaped
+    and its orphans (ours: we are a subreaper) killed, and only then is the exit reported."""
     sock = socket.socket(fileno=config["socket_fd"])
     _prepare_template(config.get("sandbox"))
     poller, roots, limits = select.poll(), {}, _rlimits()      # roots: pidfd -> call's child
@@ -1666,8 +1645,7 @@ def serve_template(config, fresh_modules):
                 continue
             data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
             if not data or _rlimits() != limits:
-                # The server is gone, or someone changed our limits: we end, and all we started
-                # with us. The server spawns this call, and starts a fresh template after.
+                # The server is gone, or our limits were changed: we end, with all we started.
                 kill_orphans(set)
                 os._exit(0)
             request = json.loads(data)
@@ -1705,20 +1683,18 @@ def _prepare_template(sandbox):
 
 def _rlimits():
     import resource
-    return [resource.getrlimit(getattr(resource, name)) for name in
-            ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE",
-             "RLIMIT_CORE")]
+    return [resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_NOFILE",
+            "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")]
 
 
 # =============================================================================
 # 6. Fork server: one template interpreter per environment
 # =============================================================================
 # Starting Python costs tens of milliseconds of CPU; forking a running one, about one. A template is
-# a clean, single-threaded interpreter of one environment, started at first use, that forks one
-# child per call (as multiprocessing's forkserver). The request and the call's pipes travel over a
-# unix socket (SCM_RIGHTS); the forked child then does all a spawned one does (child_main): the code
-# cannot tell them apart. Its loop, serve_template(), is in section 5; this is the server's side.
-# Linux only: with FORK_SERVER=0, elsewhere, or while no template can start, calls are spawned.
+# a clean, single-threaded interpreter of one environment that, like multiprocessing's forkserver,
+# forks a child per call; the request and its pipes come over a unix socket (SCM_RIGHTS). The child
+# runs child_main() like a spawned one: the code cannot tell them apart. Its loop: serve_template()
+# (section 5). Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
 
 
 class Template:
@@ -1915,8 +1891,7 @@ TEMPLATES = Templates(FORK_SERVER)
 # Four layers; the first two are Linux only (elsewhere they are off, as the README says):
 #   7.1 Landlock, set by each child before the code: writes only in its own directory, reads (over
 #       HTTP) only what Python needs, signals only in its domain, optionally no TCP;
-#   7.2 then it drops every capability and installs a seccomp filter: no other process reachable, no
-#       raw socket, no administration, optionally no IP;
+#   7.2 no capabilities; seccomp: no other process, raw socket, administration, or (optionally) IP;
 #   7.3 per-call totals: memory, processes, threads and disk of the call's processes;
 #   7.4 nothing escapes or stays: the server is subreaper of all it starts, keeps each call's
 #       directory in its run directory; after a crash the next server kills and removes the rest.
@@ -1928,8 +1903,7 @@ def server_setup():
     libc = _libc()
     if libc is not None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        # Not dumpable: our /proc files (environ: API_KEY) are root's, unreadable to any user's code
-        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)   # our /proc files (environ: API_KEY): root's only
     RUN_DIR.recover()
     ENVIRONMENTS.recover()
     SANDBOX.nproc_limit = _nproc_limit()
@@ -1945,20 +1919,17 @@ def _cache_bytecode():
 
 
 # --- 7.1 The sandbox (Landlock) --------------------------------------------------------
-# Landlock (Linux 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst):
-# a process restricts itself and all it later starts, for good. Three syscalls (the same
-# numbers on every architecture but alpha); each ABI version adds rights.
+# Landlock (Linux 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst): a process
+# restricts itself and all it starts for good; each ABI adds rights; alpha's syscall numbers differ.
 
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
 FS_READ = 1 | 4 | 8                        # execute, read_file, read_dir
 FS_FILE_RIGHTS = 1 | 2 | 4 | 1 << 14 | 1 << 15   # the only rights a rule on a file may carry
-# Over HTTP, reads are limited to these, the interpreter's own directories (added by the
-# child from its sys.path and prefixes), the call's directory, and EXEC_READ_PATHS.
-SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ssl/certs",
-                     "/etc/ssl/openssl.cnf", "/etc/ca-certificates", "/etc/pki", "/etc/resolv.conf",
-                     "/etc/hosts", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf",
-                     "/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group",
-                     "/etc/mime.types", "/etc/fonts", "/dev/urandom", "/dev/zero")
+# Over HTTP, code reads only these, its interpreter's directories, the call's and EXEC_READ_PATHS.
+SYSTEM_READ_PATHS = tuple("""/usr /lib /lib64 /lib32 /bin /sbin /etc/ssl/certs /etc/ssl/openssl.cnf
+    /etc/ca-certificates /etc/pki /etc/resolv.conf /etc/hosts /etc/nsswitch.conf /etc/host.conf
+    /etc/gai.conf /etc/ld.so.cache /etc/localtime /etc/passwd /etc/group /etc/mime.types /etc/fonts
+    /dev/urandom /dev/zero""".split())
 
 
 class Sandbox:
@@ -2091,18 +2062,16 @@ def _landlock_rule(libc, ruleset, path, access):
 
 # --- 7.2 Capabilities and seccomp ----------------------------------------------------------
 # Landlock does not cover what a process does to others (prlimit, sched_*, ptrace ...), raw and
-# packet sockets, UDP, or what capabilities allow (a root server's children would keep them). So
-# each child empties every capability set, then installs a seccomp-BPF filter that checks arguments
-# where a call is fine on itself but harmful on another process. Tables: x86_64; aarch64 (generic).
+# packet sockets, UDP, or what capabilities allow (a root server's children would keep them): so no
+# capabilities, and a seccomp-BPF filter checking arguments where a call is harmless only on itself.
 
 def _prctl(libc, option, *args):
     _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)" % option)
 
 
 def drop_capabilities(libc):
-    """Empty every capability set. Root first empties its bounding set (so an execve cannot
-    refill the sets) and locks securebits; that needs CAP_SETPCAP, which a non-root process
-    lacks and does not need. Lowering its own E/P/I sets via capset is open to anyone."""
+    """Empty every capability set. Root (CAP_SETPCAP) first empties its bounding set, so no execve
+    can refill the sets, and locks securebits; anyone may lower their own E/P/I sets via capset."""
     if _CAPABILITIES_DROPPED:
         return                       # by the template this child was forked from
     header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0))  # v3, this process
@@ -2181,8 +2150,7 @@ def _program(arch, network_off):
 
 @functools.lru_cache(maxsize=None)      # built in the template once, before it forks
 def _filter(arch, network_off):
-    """The filter as the kernel takes it: (struct sock_fprog, the instructions it points to),
-    kept together so that the second lives as long as the first."""
+    """(struct sock_fprog, the instructions it points to), paired so the second lives as long."""
     program, at = _program(arch, network_off), {}
     for i, ins in enumerate(program):        # a label lands at its index, less the labels before
         if isinstance(ins, str):
@@ -2252,8 +2220,7 @@ def _thread_count(pid):
 
 
 def _memory_kb(pid):
-    """A process's proportional share of memory (PSS: pages shared with the template or
-    with siblings count once), or its resident size where PSS is not available."""
+    """A process's PSS (pages shared with the template or siblings count once), else RSS, in kB."""
     for line in (_read_text("/proc/%d/smaps_rollup" % pid) or "").splitlines():
         if line.startswith("Pss:"):
             return int(line.split()[1])
@@ -2422,7 +2389,6 @@ def _remove_at(remove, parent, name):
             if attempt == 2 or exc.errno not in (errno.EPERM, errno.EACCES):
                 return False
             _clear_flags(name, parent)
-    return False
 
 
 class CallDir:
@@ -2441,10 +2407,8 @@ class CallDir:
 
 
 class RunDir:
-    """This server's directory, STATE_DIR/run/<pid>-<random>/, holding the calls' directories.
-    `lock` is flocked while the server lives; `pids` lists every process it started (pid, start
-    time). A run directory with a free lock is a dead server's: recover() kills what it started (and
-    whatever is in its directories) and removes it all, never touching a live server's."""
+    """This server's directory, STATE_DIR/run/<pid>-<random>/, with the calls' directories. `lock`
+    is flocked while the server lives; `pids` lists all it started (pid, start time)."""
 
     def __init__(self, state_dir):
         self.base = os.path.join(state_dir, "run")
@@ -2482,8 +2446,8 @@ class RunDir:
             self.pids.close()
 
     def recover(self):
-        """Kill and remove what dead servers sharing STATE_DIR left behind. Whatever a call
-        left there, this never stops a server from starting: a failure is logged, no more."""
+        """Kill and remove what dead servers sharing STATE_DIR (their lock free) left, never a live
+        server's. A failure is logged, no more: whatever a call left there, the server starts."""
         for name in os.listdir(self.base) if os.path.isdir(self.base) else []:
             path = os.path.join(self.base, name)
             try:
@@ -2525,8 +2489,7 @@ def _start_time(pid):
 
 
 def shutdown():
-    """At exit: end every session, stop the templates (their children die with them), reap
-    what is left, and remove this server's run directory."""
+    """At exit: end sessions and templates (and their children), reap orphans, remove RUN_DIR."""
     KERNELS.close()
     TEMPLATES.close()
     reap_orphans()
@@ -2592,9 +2555,8 @@ def _venv_python(venv):
 
 
 def _installer():
-    """-> (uv's path, or None for pip; the installer's environment). uv is used when on PATH, unless
-    MCP_EXEC_INSTALLER=pip. The environment is the child's plus pip/uv settings, proxies and CA
-    bundles; uv does not read PIP_*: those are translated for it."""
+    """-> (uv's path, or None for pip: no uv on PATH, or MCP_EXEC_INSTALLER=pip; the env: the
+    child's plus pip/uv settings, proxies, CA bundles, and PIP_* index settings as UV_* for uv)."""
     uv = None if INSTALLER == "pip" else shutil.which("uv")
     env = child_environment(installer=True)
     if uv:
@@ -2605,9 +2567,8 @@ def _installer():
 
 
 def _create_venv(path, layered, deadline, cancel):
-    """Create a virtual environment without pip -> Result. A `layered` one (the workspace)
-    gets a .pth that adds the server's site-packages *after* its own: code sees what the
-    server has, and what it installs lands in the workspace, never in the server's."""
+    """Create a venv without pip -> Result. A `layered` one (the workspace) gets a .pth that adds
+    the server's site-packages *after* its own: code sees them, but installs into the workspace."""
     uv, env = _installer()
     argv = ([uv, "venv", "--quiet", "--python", sys.executable, path] if uv
             else [sys.executable, "-m", "venv", "--without-pip", path])
@@ -2628,8 +2589,7 @@ def _create_venv(path, layered, deadline, cancel):
 
 
 def _satisfied_here(requirement):
-    """True if the server's own environment (which the workspace sees) already satisfies a
-    bare name or an exact ==pin; other specifiers are left to the installer to judge."""
+    """True if the server's packages (which the workspace sees) meet a bare name or exact ==pin."""
     m = re.match(r"^([a-z0-9-]+)(?:==([A-Za-z0-9.+!_-]+))?$", requirement)
     if not m:
         return False
@@ -2642,17 +2602,15 @@ def _satisfied_here(requirement):
 
 
 def _install(python, requirements, deadline, cancel, report):
-    """pip (or uv, when on PATH) installs requirements into `python`'s environment -> Result; its
-    output is progress of the "install" stream. "--" ends the options: a requirement slipping past
-    validation cannot become one. Both compile bytecode (uv when asked, 0.1.32+): code cannot write
-    it into its environment, and without it each call would compile its imports again."""
+    """Install requirements into `python`'s environment -> Result, output as "install" progress.
+    "--" ends the options: no requirement slipping past validation can become one. Bytecode is
+    compiled: code cannot write it there, so each call would recompile its imports."""
     uv, env = _installer()
     if uv:
-        # uv has no variable for pip's PIP_NO_INDEX: say it on the command line.
         no_index = any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
                        for n in ("PIP_NO_INDEX", "UV_NO_INDEX"))
-        argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]
-        argv += ["--no-index"] if no_index else []
+        argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]   # uv 0.1.32+
+        argv += ["--no-index"] if no_index else []   # uv has no variable for pip's PIP_NO_INDEX
     else:
         # The server's pip, run by `python` (our environments have no pip of their own). pip's
         # --python (22.3+) starts pip here to run it there through its __pip-runner__.py; running
@@ -2696,12 +2654,11 @@ def _digest(text, length):
 
 
 class Environments:
-    """Where code runs, under STATE_DIR: several servers may share it, and each interpreter (path
-    and version) has its own, which servers on other Pythons never rebuild or delete. The shared
-    workspace venv, workspace-<tag>/: installs accumulate, <tag>.installed lists them, <tag>.lock
-    is flocked while it changes. Or a cached isolated venv per package set, venvs/<key>-<random>/
-    (built in place, then read-only), published once complete as venvs/<key>.ready. A call in an
-    isolated venv holds a shared flock on its lease file: none is evicted in use."""
+    """Where code runs, under STATE_DIR (servers may share it), one set per interpreter (path and
+    version), untouched by servers on other Pythons. The shared workspace, workspace-<tag>/:
+    installs accumulate, <tag>.installed lists them, <tag>.lock is flocked for changes. Or a cached
+    isolated venv per package set, venvs/<key>-<random>/ (built in place, then read-only), published
+    as venvs/<key>.ready once complete; calls lease it (a shared flock): none is evicted in use."""
 
     def __init__(self, root):
         self.root = root
@@ -2773,12 +2730,11 @@ class Environments:
 
     def _build(self, pointer, requirements, deadline, cancel, report):
         """Build an isolated venv in place and publish it, leased (nobody can evict it before its
-        call runs) -> (the lease, None), or (None, the failure Result). While it builds,
-        <dir>.building is locked: recover() (section 7) removes what a dead builder left."""
+        call runs) -> (the lease, None), or (None, the failure Result)."""
         os.makedirs(os.path.dirname(pointer), exist_ok=True)
         venv = "%s-%s" % (pointer[:-len(".ready")], os.urandom(4).hex())     # venvs/<key>-<random>
         with open(venv + ".building", "w") as building:
-            _flock(building, shared=False)
+            _flock(building, shared=False)   # while building; recover() clears a dead builder's
             try:
                 result = _create_venv(venv, False, deadline, cancel)
                 if not result.failed and requirements:
@@ -2804,8 +2760,7 @@ class Environments:
         return lease, None
 
     def recover(self):
-        """Remove the isolated environments that a dead server left half built (OSError: a server
-        starting beside us removed one first)."""
+        """Remove what dead servers left half built (OSError: another server removed it first)."""
         cache = os.path.join(self.root, "venvs")
         for name in os.listdir(cache) if os.path.isdir(cache) else []:
             if name.endswith(".building"):
@@ -2837,8 +2792,7 @@ class Environments:
 
     def _evict(self, cache):
         """Keep VENV_CACHE_SIZE entries, dropping the least recently used that nobody uses; then
-        remove every directory that no entry names, nobody builds and nobody uses: those dropped,
-        failed or abandoned builds, the loser of two servers building one set."""
+        remove every directory that no entry names, nobody builds and nobody uses."""
         with self.lock:
             pointers = []
             for name in os.listdir(cache):
@@ -2857,7 +2811,7 @@ class Environments:
                  and not os.path.exists(os.path.join(cache, name + ".building"))}
         named = {_read_text(os.path.join(cache, name)) for name in os.listdir(cache)
                  if name.endswith(".ready")}
-        for name in built - named:
+        for name in built - named:   # dropped, failed, abandoned, or the loser of a two-server race
             held = _exclusive_lease(os.path.join(cache, name))
             if held:
                 TEMPLATES.discard(_venv_python(os.path.join(cache, name)))
@@ -2867,13 +2821,12 @@ class Environments:
 
 class Environment:
     """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call runs
-    with (env.python), ready, leased for the block, or env.failure (a Result saying why not).
-    env.generation changes with the environment: no template of an older one is used (section 6)."""
+    with (env.python), ready, leased for the block, or env.failure (a Result saying why not)."""
 
     def __init__(self, packages, isolated, cancel, report=None):
         self.packages, self.isolated, self.cancel, self.report = list(packages), isolated, cancel, report
         self.python = self.lease = self.failure = None
-        self.generation = 0
+        self.generation = 0   # changes with it: no template of an older one is used (section 6)
 
     def __enter__(self):
         deadline = time.monotonic() + INSTALL_TIMEOUT
@@ -2891,6 +2844,7 @@ class Environment:
 
 
 ENVIRONMENTS = Environments(STATE_DIR)
+LEASE_FILE = ".mcp-exec-lease"
 register_tool_feature(check=check_packages)
 
 
@@ -2902,12 +2856,8 @@ def _read_text(path):
         return None
 
 
-LEASE_FILE = ".mcp-exec-lease"
-
-
 def _exclusive_lease(venv):
-    """-> venv's lease file locked exclusively (no call runs there: close it when done), or None
-    while a call holds a lease there."""
+    """-> venv's lease file locked exclusively (close it after), or None while a call runs there."""
     try:
         f = open(os.path.join(venv, LEASE_FILE))
     except OSError:
@@ -3117,8 +3067,7 @@ def _directory_inside(root, path, create=False):
 
 
 def _open_inside(root, path, flags):
-    """Open root/path, a regular file (never a link, a FIFO or a device: opening those could
-    block or reach outside), without following links on the way -> fd."""
+    """Open root/path, a regular file (a FIFO or device could block), following no link -> fd."""
     parent, name = _directory_inside(root, path, create=bool(flags & os.O_CREAT))
     try:
         fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=parent)
@@ -3154,8 +3103,7 @@ def snapshot_files(work):
 
 def collect_files(result, work, before, owner, move=True):
     """Files the code created or changed in `work` -> result.files and content blocks. All are
-    listed; each regular file up to FILE_KEEP_MAX is kept for resources/read (moved from a directory
-    about to go, copied from a kernel's), small ones also embedded. Links are listed, never read."""
+    listed; regular files up to FILE_KEEP_MAX are kept for resources/read, small ones embedded."""
     after = snapshot_files(work)
     changed = sorted(rel for rel, info in after.items() if before.get(rel) != info)
     inline = 0
@@ -3175,7 +3123,7 @@ def collect_files(result, work, before, owner, move=True):
         if not OUTPUTS.make_room(size, owner, token):
             entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
             continue
-        uri = OUTPUTS.keep(token, work, rel, move, owner)
+        uri = OUTPUTS.keep(token, work, rel, move, owner)   # moved if `work` is about to go
         if uri is None:
             entry["note"] = "could not be read (not a regular file any more)"
             continue
@@ -3202,8 +3150,7 @@ def resource_contents(uri, mime_type, data):
 class OutputStore:
     """Files the code wrote, kept for resources/read in STATE_DIR/outputs/<token>/<path> under an
     unguessable URI, mcp-exec://output/<token>/<path>, for OUTPUT_TTL seconds, OUTPUT_STORE_MB at
-    most: the oldest calls' files make room, never another client's younger than OUTPUT_MIN_AGE.
-    A file finding no room is listed, not kept: no huge call evicts what another client just got."""
+    most: the oldest calls' files make room, never another client's younger than OUTPUT_MIN_AGE."""
 
     PREFIX = "mcp-exec://output/"
 
@@ -3293,9 +3240,6 @@ class OutputStore:
             remove_tree(os.path.join(self.root, token))
 
 
-OUTPUTS = OutputStore(os.path.join(STATE_DIR, "outputs"))
-
-
 def handle_resources_read(request):
     uri = request.params.get("uri")
     if not isinstance(uri, str):
@@ -3321,6 +3265,7 @@ def handle_resources_list(request):
         for uri, name, size in list(OUTPUTS.live(request.session.owner))[:200]]}
 
 
+OUTPUTS = OutputStore(os.path.join(STATE_DIR, "outputs"))
 FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"value\", like a notebook's "
               "Out[]. Open matplotlib figures (plt.show() included) come back as PNG images, and so does a "
               "last value that can draw itself (a PIL image). \"files\" puts files in the working directory "
@@ -3336,21 +3281,19 @@ register_method("resources/list", handle_resources_list)
 # 10. Kernels: state that lives across calls, when the model asks for it
 # =============================================================================
 # The tool's "session": "new" starts a kernel (a long-lived interpreter with its own directory) and
-# the result names its handle; passing the handle runs code there, where globals, imports and files
-# persist. 2026-07-28 recommends this shape over protocol-level sessions (server/tools.mdx, Stateful
-# Tools): a server-minted handle in an ordinary argument, an unknown or expired one a tool error,
-# valid only in its server process. (The name is kept for compatibility; elsewhere here, "session"
-# means the MCP session.) A timeout or cancel first interrupts the code (KeyboardInterrupt, as
-# Jupyter does), keeping the state; code that outlasts KERNEL_INTERRUPT_GRACE dies with its kernel.
+# the result names its handle; passing it runs code there, where globals, imports and files persist.
+# 2026-07-28 recommends this shape over protocol-level sessions (server/tools.mdx, Stateful Tools):
+# a server-minted handle in an ordinary argument, an unknown or expired one a tool error, valid only
+# in its server process. (The name stays for compatibility; elsewhere "session" is the MCP session.)
+# A timeout or cancel interrupts the code (KeyboardInterrupt, as in Jupyter), keeping the state.
 
-KERNEL_INTERRUPT_GRACE = 2.0
-KERNEL_QUEUE = 8            # calls that may wait for their kernel; more are refused
+KERNEL_INTERRUPT_GRACE = 2.0  # seconds the interrupted code has to stop, or its kernel dies
+KERNEL_QUEUE = 8              # calls that may wait for their kernel; more are refused
 
 
 class Kernel(Child):
     """One kernel: its interpreter (a child in "kernel" mode), directory and environment, and the
-    MCP session that started it (`owner`). To supervise() it is the Child of the call it runs, over
-    when the results arrive (so no exit_code() or wait()); an interpreter that exits ends it."""
+    MCP session that started it (`owner`). To supervise() it is the Child of the call it runs."""
     def __init__(self, handle, env, call, child, control, owner):
         self.handle, self.env, self.call, self.child = handle, env, call, child
         self.control, self.owner, self.pid = control, owner, child.pid
@@ -3411,7 +3354,7 @@ class Kernel(Child):
         return result
 
     def call_over(self, reading):
-        return "results" not in reading
+        return "results" not in reading   # over when the results came: no exit_code() or wait()
 
     def interrupt(self):
         _signal(self.pid, signal.SIGINT)       # KeyboardInterrupt in the code; the state stays
@@ -3487,8 +3430,7 @@ class Kernels:
         clean["turn"] = kernel.turns.enqueue() if kernel else "none yet"
 
     def end(self, kernel, reason=None):
-        """End a kernel: its interpreter and everything it started die, its directory goes.
-        A reason (a limit it crossed) is kept for the next call that names it."""
+        """End a kernel: its processes die, its directory goes; its next call is told `reason`."""
         with self.lock:
             if kernel.ended:
                 return
@@ -3520,9 +3462,6 @@ class Kernels:
             kernels = [k for k in self.live.values() if k and which(k)]
         for kernel in kernels:
             self.end(kernel)
-
-
-KERNELS = Kernels()
 
 
 def run_in_kernel(args, session, cancel, on_output):
@@ -3602,6 +3541,7 @@ def check_kernel(arguments, clean):
     return None
 
 
+KERNELS = Kernels()
 KERNEL_NOTE = ("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, "
                "imports and files across calls, then pass the returned \"session\" handle in the "
                "next calls; end it with \"end_session\": true when done. Sessions end after %d "
@@ -3612,10 +3552,9 @@ register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE)
 # =============================================================================
 # 11. The 2026-07-28 era: stateless requests
 # =============================================================================
-# No initialize: every request carries its version and the client's capabilities in params._meta and
-# is answered on its own (2026-07-28 basic/versioning.mdx); a dual-era server keeps the handshake
-# for clients that open with initialize. The era's request parser registers with the core
-# (register_era); its methods are the core's, less initialize, plus server/discover.
+# No initialize: each request carries its version and the client's capabilities in params._meta and
+# is answered on its own (2026-07-28 basic/versioning.mdx); a client that opens with initialize
+# still gets the handshake. This era's methods: the core's, less initialize, plus server/discover.
 
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT = "io.modelcontextprotocol/clientInfo"
@@ -3903,14 +3842,10 @@ class Jobs:
             job.done.wait(KILL_GRACE + 1)
 
 
-JOBS = Jobs()
-
-
 def wait_for_job(job, request, cancel, seconds):
-    """Wait while the request lives -> True once the run ended, False after `seconds` (None: no
-    limit), None if the request was cancelled. Ends the request's call (`cancel`, registered before
-    the job); sends requested progress only until the response (progress.mdx)."""
-    progress = Progress(request)
+    """Wait for the run -> True once it ended, False after `seconds` (None: no limit), None if the
+    request was cancelled. Ends the request's call (`cancel`, started before the job)."""
+    progress = Progress(request)   # sent if requested, only until the response (progress.mdx)
     job.listener = progress.output if progress.token is not None else None
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
@@ -4038,6 +3973,7 @@ def handle_tasks_cancel(request):
     return {} if request.modern else job.task(False)
 
 
+JOBS = Jobs()
 JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", the "
             "output so far and a \"job\" handle: call again with {\"job\": handle} and no code to "
             "wait for new output and the result, or add \"cancel\": true to stop it; so a long run "
@@ -4059,8 +3995,7 @@ register_lifecycle(shutdown=JOBS.close)
 # =============================================================================
 # HttpServer holds the state and answers every route with an HttpReply; create_app() wires Flask
 # routes to its methods. Flask and waitress are imported in create_app() and serve_http(), so the
-# stdio server never pays for them; the module __getattr__ builds `mcp_exec:app` (for
-# waitress-serve) on first access. Settings are section 1's constants, read where used.
+# stdio server never pays for them. Settings are section 1's constants, read where used.
 #
 #   POST   /mcp                          Streamable HTTP (2025-03-26 and later)
 #   DELETE /mcp                          end a Streamable HTTP session
@@ -4093,8 +4028,8 @@ def error_reply(status, message, code=INVALID_REQUEST, headers=None):
     return json_reply(error_response(None, code, message), status, headers)
 
 
-def text_reply(status, body=b""):      # no JSON-RPC message: 202 Accepted, 204 No Content
-    return HttpReply(status, body, content_type="text/plain")
+def text_reply(status):      # no JSON-RPC message: 202 Accepted, 204 No Content
+    return HttpReply(status, content_type="text/plain")
 
 
 def sse_reply(first, messages=(), on_close=None):
@@ -4116,26 +4051,6 @@ def accepts_json(accept):
     return not accept or "application/json" in accept or "*/*" in accept
 
 
-def drain(outbox, client_disconnected, done):
-    """Yield `outbox`'s messages until `done` or the client leaves, and None per SSE_KEEPALIVE s of
-    silence (a keep-alive). A client that left is seen within 0.25 s (waitress's
-    client_disconnected, needing channel_request_lookahead) or when a keep-alive fails."""
-    last_write = time.monotonic()
-    while True:
-        try:
-            message = outbox.get(timeout=0.25)
-            if message is done:
-                return
-        except queue.Empty:
-            if client_disconnected is not None and client_disconnected():
-                return
-            if time.monotonic() - last_write < SSE_KEEPALIVE:
-                continue
-            message = None                  # a keep-alive
-        last_write = time.monotonic()
-        yield message
-
-
 class HttpSession(Session):
     """A Streamable HTTP session, identified by the Mcp-Session-Id header (None: stateless)."""
     def __init__(self, allow_exec, session_id=None):
@@ -4154,9 +4069,8 @@ def _host_name(value):
 
 
 class ThreadBudget:
-    """The waitress threads running tools/call may hold (as JSON or as an event stream), a reserve
-    below the thread count so /health, initialize, ping and DELETE always find one: no load can
-    deadlock the server. Beyond it, refused at once, not queued."""
+    """How many waitress threads running tools/call may hold: all but a reserve that keeps /health,
+    initialize, ping and DELETE answering under any load. Beyond it: refused at once, not queued."""
 
     def __init__(self, threads):
         self.lock = threading.Lock()
@@ -4222,7 +4136,6 @@ class HttpServer:
             log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed only when a "
                 "keep-alive fails; start it with --channel-request-lookahead=1 (python mcp_exec.py --http does)")
 
-    # -- guards ------------------------------------------------------------------------
     def guard(self, path, headers, environ):
         """Before every route: None to go on, or the refusal (an HttpReply)."""
         if not self.waitress_checked:
@@ -4355,12 +4268,11 @@ class HttpServer:
         return self.answer(request, headers.get("Accept", ""), client_disconnected)
 
     def answer(self, request, accept, client_disconnected):
-        """A request of either era: answered at once, or, if it may wait for code and the thread
-        budget allows (else a tool error that says so, at once), run on a worker while this thread
-        watches the client. With SSE (preferred) progress and keep-alives flow. A handshake-era JSON
-        reply needs no watching: nothing can be streamed and a disconnect is no cancellation
-        (2025-11-25 transports.mdx, Sending Messages to the Server). It runs on this thread (one
-        thread hop less per call), which holds its token until the call ends, client or not."""
+        """A request of either era, answered at once; or, if it may wait for code and the thread
+        budget allows (else a tool error says so, at once), run by watch(): with SSE (preferred)
+        progress and keep-alives flow. A handshake-era JSON reply needs no watching: nothing streams
+        and a disconnect is no cancellation (2025-11-25 transports.mdx, Sending Messages to the
+        Server). It runs here, a thread hop less, holding its token to the end, client or not."""
         if not METHODS[request.method][2]:
             return self.quick_reply(answer_request(request), accept)
         sse = "text/event-stream" in accept or not accepts_json(accept)
@@ -4392,9 +4304,10 @@ class HttpServer:
         return json_reply(reply) if reply is not None else text_reply(202)   # None: cancelled
 
     def watch(self, request, client_disconnected):
-        """Run the request on a worker -> its messages as they come (None: a keep-alive), until it
-        ends or the client leaves. 2026-07-28: a closed response stream cancels the request
-        (cancellation.mdx). 2025-x: a disconnect is not a cancellation; the answer is dropped."""
+        """Run the request on a worker -> its messages as they come, None per SSE_KEEPALIVE s of
+        silence (a keep-alive), until it ends or the client leaves: seen in 0.25 s by waitress's
+        client_disconnected (with channel_request_lookahead), else at a failed keep-alive. That
+        cancels a 2026-07-28 request (cancellation.mdx); a 2025-x one runs on, unanswered."""
         outbox, done = queue.Queue(), object()
         request.notify = outbox.put
 
@@ -4406,9 +4319,22 @@ class HttpServer:
             finally:
                 outbox.put(done)
         self.workers.start(run)
-        yield from drain(outbox, client_disconnected, done)
-        if request.modern and client_disconnected is not None and client_disconnected():
-            request.session.close()
+        last_write = time.monotonic()
+        while True:
+            try:
+                message = outbox.get(timeout=0.25)
+                if message is done:
+                    return
+            except queue.Empty:
+                if client_disconnected is not None and client_disconnected():
+                    if request.modern:
+                        request.session.close()
+                    return
+                if time.monotonic() - last_write < SSE_KEEPALIVE:
+                    continue
+                message = None                  # a keep-alive
+            last_write = time.monotonic()
+            yield message
 
     def quick_reply(self, reply, accept, status=200):
         """A request answered at once: JSON, or one SSE event for a client accepting only that."""
@@ -4429,7 +4355,6 @@ class HttpServer:
         session.close()              # its running executions are killed
         return text_reply(204)
 
-    # -- sessions ------------------------------------------------------------------------
     def new_http_session(self):
         """A new Streamable HTTP session, or None when every session is running code. Idle
         sessions expire; at MAX_SESSIONS the oldest idle one makes room."""
@@ -4485,18 +4410,6 @@ def header_mismatch(message, headers):
     return None
 
 
-def _stop_on_sigterm(cleanup):
-    """On SIGTERM (Heroku's restart, `kill`), kill running code, sessions and templates before
-    exiting; waitress has no shutdown hook of its own. Also on normal exit."""
-    atexit.register(cleanup)
-
-    def on_sigterm(signum, frame):
-        cleanup()
-        raise SystemExit(0)
-    if threading.current_thread() is threading.main_thread():   # signal() works only there
-        signal.signal(signal.SIGTERM, on_sigterm)
-
-
 def create_app(host=None, threads=None):
     """The Flask app: routes wired to an HttpServer(host, threads); SystemExit without API_KEY."""
     from flask import Flask, Response, request
@@ -4505,7 +4418,14 @@ def create_app(host=None, threads=None):
         raise SystemExit(HTTP_PROBLEMS[0] if HTTP_PROBLEMS else NO_API_KEY)
     run_lifecycle("setup")
     server = HttpServer(host, threads)
-    _stop_on_sigterm(server.close)
+    # Kill running code, sessions, templates at exit and on SIGTERM: waitress has no shutdown hook.
+    atexit.register(server.close)
+
+    def on_sigterm(signum, frame):
+        server.close()
+        raise SystemExit(0)
+    if threading.current_thread() is threading.main_thread():   # signal() works only there
+        signal.signal(signal.SIGTERM, on_sigterm)
     app = Flask("mcp_exec")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["mcp_exec"] = server
@@ -4577,16 +4497,15 @@ def serve_http(args):
             options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
             ", stateless" if MCP_STATELESS else "",
             ", STDIO_MODE_ONLY: no code execution over HTTP" if STDIO_MODE_ONLY else ""))
-    try:             # every connection is a file descriptor: lift the soft limit towards the hard
-        import resource   # POSIX only
+    # Every connection is a file descriptor: lift the soft limit towards the hard (POSIX only).
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         wanted = WAITRESS_OPTIONS["connection_limit"] + 256
         if hard != resource.RLIM_INFINITY:
             wanted = min(wanted, hard)
         if soft != resource.RLIM_INFINITY and soft < wanted:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    except (ImportError, ValueError, OSError):
-        pass
     gc.freeze()     # the app's objects live forever: the collector need not walk them per call
     # waitress answers 413 from Content-Length before it reads a byte of the body, key or no
     # key: what it buffers for unseen requests is at most connection_limit x MAX_BODY_BYTES.
@@ -4751,18 +4670,15 @@ def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
 
 
 def _sse_messages(resp):
-    """A text/event-stream body -> its (event, data) pairs as they arrive; comments skipped."""
-    event, data = "message", []
+    """A text/event-stream body -> each event's data as it arrives; comments and names skipped."""
+    data = []
     for line in iter(resp.readline, b""):
         line = line.decode("utf-8").rstrip("\r\n")
-        if line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
+        if line.startswith("data:"):
             data.append(line[5:].lstrip(" "))
-        elif not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
+        elif not line and data:
+            yield "\n".join(data)
+            data = []
 
 
 class HttpClient(McpClient):
@@ -4788,7 +4704,7 @@ class HttpClient(McpClient):
         if resp.headers.get("Mcp-Session-Id"):
             self.headers["Mcp-Session-Id"] = resp.headers["Mcp-Session-Id"]
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return (json.loads(data) for event, data in _sse_messages(resp))
+            return (json.loads(data) for data in _sse_messages(resp))
         body = resp.read()            # empty (202) for a notification
         return [json.loads(body)] if body else []
 
