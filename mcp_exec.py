@@ -319,7 +319,6 @@ def run_lifecycle(stage):
 
 # --- Sessions and requests ---------------------------------------------------------
 
-
 class Session:
     """One conversation (a stdio process or a Streamable HTTP session): its protocol version (None
     until initialize) and running calls; `owner` says whose files and tasks are its own."""
@@ -466,7 +465,6 @@ def answer_request(request):
 
 
 # --- The methods ------------------------------------------------------------------
-
 
 def server_info(version):
     info = {"name": SERVER_NAME, "version": SERVER_VERSION}
@@ -675,7 +673,6 @@ def validate_arguments(arguments):
 
 
 # --- The tool's result ------------------------------------------------------------------
-
 
 class Result:
     """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError;
@@ -913,7 +910,6 @@ def serve_stdio():
 import ast
 import atexit
 import base64
-import binascii
 import collections
 import errno
 import functools
@@ -924,6 +920,7 @@ import linecache
 import mimetypes
 import posixpath
 import queue
+import select
 import shutil
 import socket
 import stat
@@ -940,8 +937,6 @@ from urllib.parse import quote, unquote, urlsplit
 # directory, start_child() a fresh interpreter (forked from a template, section 6, or spawned);
 # supervise() writes the code to a pipe, reads output and results from three more, and kills all
 # it started when it ends, fails or times out; finish() makes a Result; run_once() leaves no trace.
-
-import select         # poll(): the supervisor's, and the template's (section 5)
 
 EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
 LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
@@ -1143,7 +1138,6 @@ class Pipes:
 
 
 # --- The child, as the server sees it ----------------------------------------------------
-
 
 class Child:
     """What supervise() needs of a running child: `pid`, `pipes`, `call` (its directory), and
@@ -1619,7 +1613,6 @@ def _libc():
 
 
 # --- The template's loop (its server side is section 6) ----------------------------------
-
 
 def serve_template(config, fresh_modules):
     """Template mode: fork a child per request -> its config, in the child. Single-threaded: fork()
@@ -2985,7 +2978,7 @@ def apply_record(result, record):
         try:
             png = base64.b64decode(data, validate=True)
             width, height = struct.unpack(">II", png[16:24])
-        except (TypeError, ValueError, binascii.Error, struct.error):
+        except (TypeError, ValueError, struct.error):      # binascii.Error is a ValueError
             continue
         if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
             continue
@@ -3001,7 +2994,6 @@ def apply_record(result, record):
 
 
 # --- Files in -----------------------------------------------------------------------------
-
 
 def check_files(arguments, clean):
     """The "files" argument -> clean["files"] = [(relative path, bytes)], or the problem."""
@@ -3028,7 +3020,7 @@ def check_files(arguments, clean):
         try:
             data = (base64.b64decode(entry["content"], validate=True) if encoding == "base64"
                     else entry["content"].encode("utf-8"))
-        except (binascii.Error, ValueError, UnicodeEncodeError):
+        except (ValueError, UnicodeEncodeError):
             return "files[%d].content is not valid %s" % (n, "base64" if encoding == "base64" else "UTF-8 text")
         clean["files"].append((path, data))
     return None
@@ -3093,7 +3085,6 @@ def write_input_files(work, files):
 
 
 # --- Files out ----------------------------------------------------------------------------
-
 
 def snapshot_files(work):
     """{relative path: (kind, size, mtime, inode)} of the files and links in a directory."""
@@ -3640,7 +3631,6 @@ register_method("server/discover", handle_discover, eras=("modern",))
 
 # --- Progress (basic/utilities/progress.mdx) --------------------------------------------
 
-
 class LatestLine:
     """A stream's latest full, non-blank line, for progress. Output comes in pieces, so a partial
     line counts until a full one came (`print("tick", 2)` is several writes under `python -u`)."""
@@ -3914,7 +3904,6 @@ def check_job(arguments, clean):
 
 
 # --- Task methods: one handler each, for both eras --------------------------------------
-
 
 def task_of(request):
     """The job a tasks/* request names -> Job, or a ProtocolError."""
@@ -4388,7 +4377,7 @@ def _header_value(value):
     if value is not None and value.startswith("=?base64?") and value.endswith("?="):
         try:
             return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:          # binascii.Error, UnicodeDecodeError
             return None
     return value
 
