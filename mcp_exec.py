@@ -1275,7 +1275,7 @@ def supervise(child, code, timeout, cancel, on_output):
 def finish(child, stop, interrupted, out, err, results, timeout):
     """The Result of a supervised child, after killing whatever of it may still run."""
     record = {}
-    with contextlib.suppress(ValueError):      # none (b""), cut at RESULTS_LIMIT, or not JSON
+    with contextlib.suppress(ValueError, RecursionError):   # none, cut, not JSON, too deep
         record = json.loads(bytes(results))
     record = record if isinstance(record, dict) else {}
     if stop or child.needs_kill(record):
@@ -1908,7 +1908,9 @@ def _cache_bytecode():
     """Children import this file (CHILD_COMMAND) but, sandboxed, cannot write its bytecode cache:
     write it here if stale: no child compiles 5,000 lines. -> False where it cannot be written."""
     import compileall
-    return compileall.compile_file(os.path.abspath(__file__), quiet=2)   # quiet: stdout is wire
+    from py_compile import PycInvalidationMode      # not hashes, even under SOURCE_DATE_EPOCH:
+    return compileall.compile_file(os.path.abspath(__file__), quiet=2,   # quiet: stdout is wire
+                                   invalidation_mode=PycInvalidationMode.TIMESTAMP)
 
 
 # --- 7.1 The sandbox (Landlock) --------------------------------------------------------
@@ -2083,7 +2085,6 @@ def drop_capabilities(libc):
 
 
 _CAPABILITIES_DROPPED = []       # [True] once dropped: a forked child inherits the empty sets
-
 
 # name x86_64 generic(aarch64); "-" = no such syscall. Checked against the 6.18 uapi headers.
 _ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 kcmp 312 272
@@ -2321,6 +2322,8 @@ def remove_tree(path):
     except OSError:
         _remove_at(os.unlink, None, path)     # a file or a link where a directory was
         return
+    with contextlib.suppress(OSError):        # read-only (a cached venv): its entries must go
+        os.fchmod(top, stat.S_IRWXU)
     pending, moved, left = [None], 0, 0       # None: the top itself; else a name under it
     try:
         while pending:
@@ -2974,7 +2977,8 @@ def apply_record(result, record):
         result.value = record["value"]
         result.value_truncated = record.get("value_truncated") is True
         result.truncated = result.truncated or result.value_truncated
-    for data in record.get("images", [])[:IMAGE_LIMIT]:
+    images, notes = record.get("images"), record.get("notes")      # forged: maybe no lists
+    for data in (images if isinstance(images, list) else [])[:IMAGE_LIMIT]:
         try:
             png = base64.b64decode(data, validate=True)
             width, height = struct.unpack(">II", png[16:24])
@@ -2989,7 +2993,7 @@ def apply_record(result, record):
         result.images.append({"mimeType": "image/png", "width": width, "height": height,
                               "bytes": len(png)})
         result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
-    for note in record.get("notes", [])[:10]:
+    for note in (notes if isinstance(notes, list) else [])[:10]:
         result.note(str(note)[:300])
 
 
@@ -3322,9 +3326,9 @@ class Kernel(Child):
         self.last_used = time.monotonic()
         self.turns.release()
 
-    def run(self, args, cancel, on_output, before=None):
-        """Run one call's code -> Result. The first call's files and pipes came with the
-        interpreter (`before`: its directory's snapshot); a later call brings its own."""
+    def run(self, args, cancel, on_output):
+        """Run a call's code -> Result (a first call's files and pipes came with the kernel)."""
+        before = args.get("before")                  # that first call's snapshot of its directory
         if before is None:
             problem = write_input_files(self.call.work, args["files"])
             if problem:
@@ -3372,7 +3376,7 @@ class Kernels:
         self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
 
     def start(self, args, session, cancel, on_output):
-        """A "session": "new" call -> (kernel, first Result)."""
+        """A "session": "new" call -> (kernel, None), or (None, the Result that refuses it)."""
         with self.lock:
             mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)
             over_half = not session.local and mine >= (SESSION_LIMIT + 1) // 2
@@ -3405,7 +3409,8 @@ class Kernels:
             self.live[handle] = kernel
             if not self.reaper.is_alive():       # the first kernel starts it
                 self.reaper.start()
-        return kernel, kernel.run(args, cancel, on_output, before)
+        args["before"] = before          # its first call: run_in_kernel runs it, holding its turn
+        return kernel, None
 
     def _unreserve(self, handle):
         with self.lock:
@@ -3477,11 +3482,10 @@ def run_in_kernel(args, session, cancel, on_output):
         if slot != "ok":
             return EXEC_SLOTS.refusal(slot)
         if new:
-            kernel, result = KERNELS.start(args, session, cancel, on_output)
+            kernel, refusal = KERNELS.start(args, session, cancel, on_output)
             if kernel is None:
-                return result
-        else:
-            result = kernel.run(args, cancel, on_output)
+                return refusal
+        result = kernel.run(args, cancel, on_output)
     finally:
         if slot == "ok":
             EXEC_SLOTS.release(session.owner)
@@ -4962,10 +4966,10 @@ def demo():
 
 
 def import_command(args, options=()):
-    """The argv that runs this file as `python -m` would, with sys.path as a script has it: this
-    file's folder first, and never the current directory (-c puts it there: a runpy.py in it must
-    not be imported). It reads cached bytecode, where a script compiles 5,000 lines first: it
-    starts in a third of the time. -> argv, or None where no bytecode cache can be written."""
+    """-> the argv that runs this file as `python -m` would, sys.path as a script has it (its folder
+    first, never the current directory: -c puts it there, and a runpy.py there must not be
+    imported), or None where no bytecode cache can be written. Cached bytecode starts it in a third
+    of the time a script takes, which compiles 5,000 lines first."""
     path = os.path.abspath(__file__)
     folder, module = os.path.split(path[:-3])
     if not (path.endswith(".py") and module.isidentifier() and _cache_bytecode()):

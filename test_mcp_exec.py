@@ -2523,6 +2523,33 @@ def test_a_tree_deeper_than_path_max_is_removed_even_after_a_crash(start_server,
     assert wait_until(lambda: call_dirs(tmp_path) == []), call_dirs(tmp_path)
 
 
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0
+                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
+                    reason="needs Linux, root (to switch to nobody), setpriv and a system Python")
+def test_a_server_that_is_not_root_removes_a_read_only_tree_like_a_cached_venv():
+    # A cached isolated venv is read-only, its top directory too. Root is not stopped by that;
+    # a server run as its user could not empty it, and eviction left every old venv on disk.
+    home = tempfile.mkdtemp(prefix="mcp-exec-nobody-")
+    try:
+        os.chmod(home, 0o777)
+        shutil.copy(SERVER, home)
+        os.chmod(os.path.join(home, "mcp_exec.py"), 0o644)
+        code = ("import os, sys\nsys.path.insert(0, %r)\nimport mcp_exec\ntop = %r\n"
+                "os.makedirs(os.path.join(top, 'lib', 'x'))\n"
+                "open(os.path.join(top, 'lib', 'x', 'f.py'), 'w').close()\n"
+                "for d in ('lib/x', 'lib', ''):\n    os.chmod(os.path.join(top, d), 0o555)\n"
+                "mcp_exec.remove_tree(top)\nprint(os.path.exists(top))\n"
+                % (home, os.path.join(home, "venv")))
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home,
+               "MCP_EXEC_DIR": os.path.join(home, "state")}
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                               SYSTEM_PYTHON, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=HANG)
+        assert done.stdout.strip() == "False", (done.stdout, done.stderr)
+    finally:
+        subprocess.run(["rm", "-rf", home])
+
+
 def test_a_files_path_of_2000_components_is_refused(server, tmp_path):
     marker = out_dir(tmp_path) / "ran"
     result = server.call("open(%r, 'w')" % str(marker), files=[{"path": "a/" * 1999 + "f", "content": "x"}])
@@ -3319,8 +3346,31 @@ def test_session_limit_and_idle_expiry(start_server, tmp_path):
     assert all(wait_gone(pid, guard=15) for pid in pids), "idle sessions did not end"
     assert s.call("1", session=handles[0])["isError"]
     assert wait_until(lambda: [d for d in leftovers(tmp_path)[0]] and not any(
-        n.startswith("session-") for d in leftovers(tmp_path)[0] for n in os.listdir(tmp_path / "state" / "run" / d)))
+        n.startswith("kernel-") for d in leftovers(tmp_path)[0] for n in os.listdir(tmp_path / "state" / "run" / d)))
     new_session(s)                                      # room again
+
+
+# The code can write its own record on the results pipe (fd `results` of serve_kernel's frame)
+# and put /dev/null in its place: the server then reads a record whose "images" is no list.
+FORGED_RECORD = (
+    "import os, sys\n"
+    "f = sys._getframe()\n"
+    "while f is not None and 'results' not in f.f_locals:\n"
+    "    f = f.f_back\n"
+    "fd = f.f_locals['results']\n"
+    "os.write(fd, b'{\"status\": 0, \"images\": 1, \"notes\": 2}')\n"
+    "os.dup2(os.open(os.devnull, os.O_WRONLY), fd)\n")
+
+
+def test_a_new_session_whose_first_call_forges_its_record_still_ends_when_idle(start_server):
+    # A new kernel's first call holds its turn; a first call that failed in the server once kept
+    # it for good: the kernel was never idle and held its SESSION_LIMIT place until a restart.
+    s = start_server(SESSION_LIMIT=1, SESSION_IDLE=1)
+    s.initialize()
+    result, out = s.run(FORGED_RECORD, session="new")
+    assert not result["isError"] and not out.get("images"), out       # the forged fields ignored
+    assert wait_until(lambda: not s.call("1", session="new")["isError"], seconds=15), \
+        "the session whose first call was forged never ended: its SESSION_LIMIT place stays taken"
 
 
 def test_calls_to_one_session_run_in_order_and_two_sessions_in_parallel(server):
