@@ -419,7 +419,7 @@ def parse_request(message, session, notify=None):
     request_id, method, params = message.get("id"), message["method"], message.get("params", {})
     if "id" not in message:
         # Never answered, not even with an error (basic/index.mdx). Only a cancel acts: it sets its
-        # call's Event, which kills the code (cancellation.mdx); others (initialized) are ignored.
+        # call's Event, which stops the code (cancellation.mdx); others (initialized) are ignored.
         if method == "notifications/cancelled" and isinstance(params, dict):
             cancelled = params.get("requestId")
             if valid_id(cancelled):
@@ -480,7 +480,7 @@ def handle_initialize(request):
     requested = params.get("protocolVersion")
     if not isinstance(requested, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "protocolVersion" (a string) is required')
-    # Echo a version we speak, else offer our latest (lifecycle.mdx); 2026-07-28 has no handshake.
+    # Echo a handshake version we speak, else our latest (lifecycle.mdx); never 2026-07-28.
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
     return {"protocolVersion": version, "capabilities": server_capabilities(version),
@@ -725,7 +725,7 @@ def tool_result(result, version):
 
 
 def handle_payload(payload, session, notify=None):
-    """A parsed frame -> its response or None; a batch -> its answers in order, or one error."""
+    """A parsed frame -> its response or None; a batch -> its answers (None: none), or one error."""
     if not isinstance(payload, list):
         return handle_message(payload, session, notify)
     if not payload:
@@ -1908,7 +1908,7 @@ def _cache_bytecode():
     """Children import this file (CHILD_COMMAND) but, sandboxed, cannot write its bytecode cache:
     write it here if stale: no child compiles 5,000 lines. -> False where it cannot be written."""
     import compileall
-    from py_compile import PycInvalidationMode      # not hashes, even under SOURCE_DATE_EPOCH:
+    from py_compile import PycInvalidationMode   # compile_file never finds a hash .pyc fresh
     return compileall.compile_file(os.path.abspath(__file__), quiet=2,   # quiet: stdout is wire
                                    invalidation_mode=PycInvalidationMode.TIMESTAMP)
 
@@ -3024,7 +3024,7 @@ def check_files(arguments, clean):
         try:
             data = (base64.b64decode(entry["content"], validate=True) if encoding == "base64"
                     else entry["content"].encode("utf-8"))
-        except (ValueError, UnicodeEncodeError):
+        except ValueError:          # bad base64, or a lone surrogate (UnicodeEncodeError)
             return "files[%d].content is not valid %s" % (n, "base64" if encoding == "base64" else "UTF-8 text")
         clean["files"].append((path, data))
     return None
@@ -3300,36 +3300,35 @@ class Kernel(Child):
         # Its totals hold for its whole life, between calls too (a thread it left running).
         self.watch = MONITOR.watch(child.pid, call.root, functools.partial(KERNELS.end, self))
 
-    def enter(self, cancel, turn, packages):
-        """Wait for the turn (`turn`: the place line_up took on arrival, or "none yet"), then add
-        the call's packages (fixed if isolated) -> None, or a refusal Result (turn given back)."""
+    def enter(self, cancel, turn):
+        """Wait for the turn (`turn`: the place line_up took on arrival, or "none yet") -> None,
+        or a refusal Result (no turn held)."""
         turn = self.turns.enqueue() if turn == "none yet" else turn
         if turn is None:
             return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
                                   % KERNEL_QUEUE, returncode=-1)
         if self.turns.wait(turn, cancel) != "ok":
             return self.turns.refusal("cancelled")
-        refusal = None
-        if packages and self.env.isolated and packages != self.env.packages:    # both sorted
-            refusal = Result.refusal(
-                "This session runs in an isolated environment with %s; its packages cannot "
-                "change. Start a new session with the packages you need."
-                % (", ".join(self.env.packages) or "no packages"))
-        elif packages and not self.env.isolated:
-            with Environment(packages, False, cancel) as env:
-                refusal = env.failure
-        if refusal:
-            self.leave()
-        return refusal
 
     def leave(self):
         self.last_used = time.monotonic()
         self.turns.release()
 
     def run(self, args, cancel, on_output):
-        """Run a call's code -> Result (a first call's files and pipes came with the kernel)."""
-        before = args.get("before")                  # that first call's snapshot of its directory
+        """Run a call's code -> Result (a first call's packages, files and pipes came with the
+        kernel; a later call's packages are fixed if isolated, else added to the workspace)."""
+        before = args.get("before")                  # a first call's snapshot of its directory
+        packages = args["packages"]
         if before is None:
+            if packages and self.env.isolated and packages != self.env.packages:    # both sorted
+                return Result.refusal(
+                    "This session runs in an isolated environment with %s; its packages cannot "
+                    "change. Start a new session with the packages you need."
+                    % (", ".join(self.env.packages) or "no packages"))
+            if packages and not self.env.isolated:
+                with Environment(packages, False, cancel) as env:
+                    if env.failure:
+                        return env.failure
             problem = write_input_files(self.call.work, args["files"])
             if problem:
                 return Result.refusal(problem)
@@ -3376,7 +3375,7 @@ class Kernels:
         self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
 
     def start(self, args, session, cancel, on_output):
-        """A "session": "new" call -> (kernel, None), or (None, the Result that refuses it)."""
+        """A "session": "new" call -> (kernel, None), or (None, the Result that ends the call)."""
         with self.lock:
             mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)
             over_half = not session.local and mine >= (SESSION_LIMIT + 1) // 2
@@ -3474,7 +3473,7 @@ def run_in_kernel(args, session, cancel, on_output):
             "their code cannot be interrupted, with end_session, or when the server restarts, and "
             "a handle is valid only on the server process that made it. Start a new one with "
             "\"session\": \"new\" and redo its setup." % (json.dumps(handle), SESSION_IDLE)))
-    refusal = None if new else kernel.enter(cancel, args["turn"], args["packages"])
+    refusal = None if new else kernel.enter(cancel, args["turn"])
     if refusal:
         return refusal
     slot = EXEC_SLOTS.acquire(cancel, session.owner)
@@ -3492,7 +3491,7 @@ def run_in_kernel(args, session, cancel, on_output):
         if kernel is not None:
             kernel.leave()
     result.session = kernel.handle
-    if args.get("end_session") and not kernel.ended:
+    if (args.get("end_session") or new and result.cancelled) and not kernel.ended:   # no handle
         KERNELS.end(kernel)
     elif kernel.ended:
         result.note("The session %s ended (its code did not stop within %g s of the interrupt, "
@@ -3800,6 +3799,7 @@ class Jobs:
         self.threads = Workers()         # each job's run_code() runs on one of these
 
     def start(self, args, session, notify=None):
+        KERNELS.line_up(args)            # in arrival order: the job's thread may start late
         job = Job(session.owner, notify)
         with self.lock:
             self._forget_old()
@@ -3872,7 +3872,6 @@ def job_call_mode(request, clean):
         return {"task": job.task(False)}                        # at once (tasks.mdx)
     as_task = declares_extension(request, TASKS_EXTENSION)
     cancel = request.session.start_call(request.id)             # before the code can start
-    KERNELS.line_up(clean)
     job = JOBS.start(clean, request.session)
     ended = wait_for_job(job, request, cancel, TASK_WAIT if as_task else CALL_WAIT or None)
     if ended is None:                      # cancellation.mdx: stop it, and answer nothing
@@ -4299,7 +4298,7 @@ class HttpServer:
     def watch(self, request, client_disconnected):
         """Run the request on a worker -> its messages as they come, None per SSE_KEEPALIVE s of
         silence (a keep-alive), until it ends or the client leaves: seen in 0.25 s by waitress's
-        client_disconnected (with channel_request_lookahead), else at a failed keep-alive. That
+        client_disconnected (channel_request_lookahead), else (SSE) at a failed keep-alive. That
         cancels a 2026-07-28 request (cancellation.mdx); a 2025-x one runs on, unanswered."""
         outbox, done = queue.Queue(), object()
         request.notify = outbox.put
@@ -4381,7 +4380,7 @@ def _header_value(value):
     if value is not None and value.startswith("=?base64?") and value.endswith("?="):
         try:
             return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
-        except ValueError:          # binascii.Error, UnicodeDecodeError
+        except ValueError:          # not base64 (binascii.Error, non-ASCII), or not UTF-8
             return None
     return value
 

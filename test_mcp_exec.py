@@ -3337,7 +3337,8 @@ def test_end_session_ends_it(server):
 def test_session_limit_and_idle_expiry(start_server, tmp_path):
     s = start_server(SESSION_LIMIT=2, SESSION_IDLE=1)
     s.initialize()
-    first, out = new_session(s, "import time\ntime.sleep(2.5)\nprint('done')")    # busy, not idle
+    # The reaper looks every 0.25 s: a first call taken for idle would die by 1.25 s.
+    first, out = new_session(s, "import time\ntime.sleep(1.6)\nprint('done')")    # busy, not idle
     assert out["stdout"] == "done\n" and not out.get("session_ended"), out
     handles = [first, new_session(s, "import os\nprint(os.getpid())")[0]]
     result = s.call("1", session="new")
@@ -3371,6 +3372,51 @@ def test_a_new_session_whose_first_call_forges_its_record_still_ends_when_idle(s
     assert not result["isError"] and not out.get("images"), out       # the forged fields ignored
     assert wait_until(lambda: not s.call("1", session="new")["isError"], seconds=15), \
         "the session whose first call was forged never ended: its SESSION_LIMIT place stays taken"
+
+
+def test_a_cancelled_first_call_ends_its_session_whose_handle_nobody_got(start_server, tmp_path):
+    # A cancelled call gets no response (cancellation.mdx): nobody learns the new session's
+    # handle, so it must not keep its SESSION_LIMIT place for SESSION_IDLE.
+    s = start_server(SESSION_LIMIT=1, SESSION_IDLE=600)
+    s.initialize()
+    started = out_dir(tmp_path) / "started"
+    s.send({"jsonrpc": "2.0", "id": 61, "method": "tools/call", "params": {"name": TOOL, "arguments": {
+        "code": "open(%r, 'w').close()\nimport time\ntime.sleep(30)" % str(started), "session": "new"}}})
+    assert wait_until(started.exists, seconds=15)
+    s.notify("notifications/cancelled", {"requestId": 61})
+    assert wait_until(lambda: not s.call("1", session="new")["isError"], seconds=10), \
+        "the session of a cancelled first call kept its SESSION_LIMIT place"
+
+
+def test_an_error_while_adding_packages_to_a_session_gives_its_turn_back(start_server, tmp_path):
+    # An OSError where the install takes its lock (ENOSPC, EMFILE ...): the session's turn
+    # was kept for good, and every later call to it waited forever.
+    s = start_server(SESSION_LIMIT=1, CALL_WAIT=4)
+    s.initialize()
+    handle = s.run("x = 1", session="new")[1]["session"]
+    for lock in (tmp_path / "state").rglob("workspace-*.lock"):
+        lock.unlink()
+        lock.mkdir()
+    assert s.call("x", session=handle, packages=["surely-not-installed-pkg"])["isError"]
+    out = tool_output(s.call("x + 1", session=handle, guard=30))
+    assert out.get("value") == "2", out                    # not a job still waiting for its turn
+
+
+def test_task_calls_to_one_session_run_in_the_order_they_came(start_server):
+    # A 2025-11-25 task took its place at its session when its job's thread started, not when
+    # its request came: six tasks sent in a row could run as 0, 1, 3, 2, 4, 5.
+    s = start_server()
+    s.initialize("2025-11-25")
+    handle = s.run("log = []", session="new")[1]["session"]
+    for attempt in range(10):
+        ids = [s.new_id() for _ in range(6)]
+        for n, request_id in enumerate(ids):
+            s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {
+                "name": TOOL, "task": {}, "arguments": {"code": "log.append(%d)" % n, "session": handle}}})
+        for request_id in ids:
+            assert "task" in s.wait_for(request_id)["result"]
+        # This call lines up behind the six: it sees them all, in the order they came.
+        assert s.run("log[-6:]", session=handle)[1]["value"] == repr(list(range(6))), attempt
 
 
 def test_calls_to_one_session_run_in_order_and_two_sessions_in_parallel(server):
