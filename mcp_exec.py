@@ -3491,7 +3491,7 @@ def run_in_kernel(args, session, cancel, on_output):
         if kernel is not None:
             kernel.leave()
     result.session = kernel.handle
-    if (args.get("end_session") or new and result.cancelled) and not kernel.ended:   # no handle
+    if (args.get("end_session") or (new and result.cancelled)) and not kernel.ended:  # no handle
         KERNELS.end(kernel)
     elif kernel.ended:
         result.note("The session %s ended (its code did not stop within %g s of the interrupt, "
