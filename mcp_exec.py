@@ -2,59 +2,95 @@
 """mcp_exec.py: let any MCP client run Python code. One file, one tool.
 
     python mcp_exec.py               stdio server: what Claude Desktop, Cursor and agents launch
-    python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp
+    python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp, HTTP+SSE at /sse
     python mcp_exec.py client ...    a command-line MCP client (also: demo, --help, --version)
 
-Reading guide. Sections 1-3 are the core: a complete handshake-era stdio MCP server, in the order
-one request travels. Cut the file at the line "# The core ends here", give it a run_code(), and it
-runs on its own (the test suite does so). The rest adds to it only through section 2's register_*():
+READING GUIDE
+
+The file has two parts. The first, down to the line "# The core ends here", is the core: the
+whole server of the design card, and it runs as that server when cut off there, with nothing
+added (`python core.py` serves stdio; `waitress-serve core:app` serves HTTP). It is, in the
+order one request travels:
 
      1. Settings          one table: every environment variable, its default and meaning
      2. The wire format   framing, sessions, initialize, ping, tools/list, tools/call, the tool
-     3. stdio             the transport MCP clients launch
+     3. The executor      one subprocess per call: slot, environment, directory, child, result
+     4. stdio             the transport MCP clients launch
+     5. HTTP              a Flask app on waitress: Streamable HTTP (/mcp) and HTTP+SSE (/sse)
         --- the core ends here ---
-     4. Executor          one call's life on the server: slot, child, supervision, result
-     5. The child         one call's life in the child: setup, run, report
-     6. Fork server       a template interpreter per environment forks each call
-     7. Containment       Landlock, capabilities, seccomp, per-call totals, recovery
-     8. Environments      packages: the shared workspace and isolated, cached venvs
+
+The second part makes that server faster, safer or richer, and only by registering with it
+(section 2's register_*()): it replaces a step, adds to a hook, a method, an era, a part.
+
+     6. Fork server       a template interpreter per environment forks each call (a faster child)
+     7. Containment       Landlock, capabilities, seccomp, per-call totals, crash recovery
+     8. Environments      cached, leased, isolated venvs for use_temp_dir
      9. What the model sees   the last value, images, files in and out (resources)
     10. Kernels           state across calls (the tool's "session" argument)
-    11. The 2026-07-28 era  stateless requests and server/discover
+    11. The 2026-07-28 era  stateless requests, server/discover, their HTTP headers
     12. Jobs and tasks    progress, and runs that outlive their request: jobs, MCP Tasks
-    13. HTTP              Streamable HTTP, on Flask and waitress
-    14. Client            the other side of the wire
-    15. Command line
+    13. Client            the other side of the wire
+    14. Command line      client, demo, --help, --version; serving as an import
 
-One tools/call over stdio, hop by hop:
+HOPS OF ONE CALL
 
-    StdioServer.serve()      reads a line; parse_frame(): bytes -> JSON, or -32700
-    dispatch()               a slow request runs on a worker thread; ping and cancel are answered
+One tools/call over stdio, in the full server, hop by hop (a test traces a real call and checks
+these appear in this order):
+
+    StdioServer.serve()      the reader thread: a line; parse_frame(): bytes -> JSON, or -32700
+    dispatch()               a request that may run code goes to a worker thread (Workers.start)
     handle_message()         parse_request() checks the envelope; answer_request() runs the handler
-    handle_tools_call()      validate_arguments(), then the call mode of section 12:
-    job_call_mode()          run_code() on a thread of its own, waited for CALL_WAIT at most
-    run_code()               a slot, an environment, then run_once(): a directory,
-                             start_child(), supervise() and finish() (section 4)
+    handle_tools_call()      validate_arguments() -> a Call, then the "call" step:
+    job_call_mode()          section 12: the run becomes a job, awaited CALL_WAIT at most
+    run_code()               the "run" step: run_call_or_kernel() (section 10), then
+    run_stateless()          a slot (CallSlots), an environment, then run_once():
+    run_once()               a directory, the "inputs" hooks, start_child(), supervise(), finish()
+    start_child()            the "start_child" step: fork_child() from a template (section 6)
+    supervise()              code in, output and results out, the "watch" step; all killed at the end
+    finish()                 the Result; the "read_record" hooks (section 9) read the results pipe
     tool_result()            the Result as content blocks and structuredContent
     StdioServer.send()       one JSON line on stdout
+
+Over Streamable HTTP, the first hops differ: create_app()'s route calls HttpServer.mcp_post(),
+which finds the session and calls HttpServer.session_post() and HttpServer.answer(); that runs
+answer_request() on the waitress thread (JSON) or through HttpServer.watch() (an event stream),
+and from handle_tools_call() on the hops are the same. Over HTTP+SSE, HttpServer.sse_post()
+hands the message to dispatch() as stdio does, and the answer goes out on the GET /sse stream.
 
 References such as "lifecycle.mdx" point into the MCP specification,
 docs/specification/<version>/ in github.com/modelcontextprotocol/modelcontextprotocol.
 The stdio path imports only the standard library; Flask and waitress load only for HTTP."""
 
+import ast
+import atexit
+import base64
+import collections
 import contextlib
+import errno
+import functools
+import gc
 import json
+import linecache
 import os
+import queue
 import re
+import select
+import shutil
 import signal
+import socket
+import stat
+import struct
+import subprocess
 import sys
 import threading
 import time
 import traceback
+import weakref
+from urllib.parse import urlsplit
 
 SERVER_NAME = "mcp-exec"
 SERVER_TITLE = "Python code execution"
-SERVER_VERSION = "0.3.0"
+SERVER_VERSION = "0.4.0"
 TOOL_NAME = "code_exec_python"
 POSIX = os.name == "posix"
 LINUX = sys.platform.startswith("linux")
@@ -169,32 +205,53 @@ def read_settings(group, env=os.environ):
 
 
 _EXEC = read_settings(EXECUTION)
-EXEC_TIMEOUT_MAX, INSTALL_TIMEOUT = _EXEC["EXEC_TIMEOUT_MAX"], _EXEC["INSTALL_TIMEOUT"]
+EXEC_TIMEOUT_MAX = _EXEC["EXEC_TIMEOUT_MAX"]
 EXEC_TIMEOUT = min(_EXEC["EXEC_TIMEOUT"], EXEC_TIMEOUT_MAX)   # the cap holds for the default too
-CALL_WAIT, JOB_TTL = _EXEC["CALL_WAIT"], _EXEC["JOB_TTL"]
-OUTPUT_LIMIT, EXEC_ENV_PASSTHROUGH = _EXEC["OUTPUT_LIMIT"], _EXEC["EXEC_ENV_PASSTHROUGH"]
-EXEC_MEMORY_MB, EXEC_FILE_MB, EXEC_MAX_FILES = _EXEC["EXEC_MEMORY_MB"], _EXEC["EXEC_FILE_MB"], _EXEC["EXEC_MAX_FILES"]
-EXEC_CONCURRENCY, EXEC_QUEUE = _EXEC["EXEC_CONCURRENCY"], _EXEC["EXEC_QUEUE"]
-EXEC_MAX_PROCS, EXEC_DISK_MB = _EXEC["EXEC_MAX_PROCS"], _EXEC["EXEC_DISK_MB"]
+INSTALL_TIMEOUT = _EXEC["INSTALL_TIMEOUT"]
+CALL_WAIT = _EXEC["CALL_WAIT"]
+JOB_TTL = _EXEC["JOB_TTL"]
+OUTPUT_LIMIT = _EXEC["OUTPUT_LIMIT"]
+EXEC_ENV_PASSTHROUGH = _EXEC["EXEC_ENV_PASSTHROUGH"]
+EXEC_MEMORY_MB = _EXEC["EXEC_MEMORY_MB"]
+EXEC_FILE_MB = _EXEC["EXEC_FILE_MB"]
+EXEC_MAX_FILES = _EXEC["EXEC_MAX_FILES"]
+EXEC_CONCURRENCY = _EXEC["EXEC_CONCURRENCY"]
+EXEC_QUEUE = _EXEC["EXEC_QUEUE"]
+EXEC_MAX_PROCS = _EXEC["EXEC_MAX_PROCS"]
+EXEC_DISK_MB = _EXEC["EXEC_DISK_MB"]
 EXEC_MAX_ENTRIES = _EXEC["EXEC_MAX_ENTRIES"]
-EXEC_SANDBOX, EXEC_NETWORK = _EXEC["EXEC_SANDBOX"].lower(), _EXEC["EXEC_NETWORK"].lower()
+EXEC_SANDBOX = _EXEC["EXEC_SANDBOX"].lower()
+EXEC_NETWORK = _EXEC["EXEC_NETWORK"].lower()
 EXEC_READ_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_READ_PATHS"]]
 EXEC_WRITE_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_WRITE_PATHS"]]
-FORK_SERVER, PROGRESS_INTERVAL = _EXEC["FORK_SERVER"], _EXEC["PROGRESS_INTERVAL"]
-IMAGE_LIMIT, IMAGE_MAX_BYTES = _EXEC["IMAGE_LIMIT"], _EXEC["IMAGE_MAX_BYTES"]
-FILE_INLINE_BYTES, OUTPUT_TTL, OUTPUT_STORE_MB = _EXEC["FILE_INLINE_BYTES"], _EXEC["OUTPUT_TTL"], _EXEC["OUTPUT_STORE_MB"]
-SESSION_LIMIT, SESSION_IDLE = _EXEC["SESSION_LIMIT"], _EXEC["SESSION_IDLE"]
-STATE_DIR, VENV_CACHE_SIZE = os.path.abspath(_EXEC["MCP_EXEC_DIR"]), _EXEC["VENV_CACHE_SIZE"]
-INSTALLER, MAX_MESSAGE_BYTES, TRACE = _EXEC["MCP_EXEC_INSTALLER"].lower(), _EXEC["MAX_MESSAGE_BYTES"], _EXEC["MCP_TRACE"]
+FORK_SERVER = _EXEC["FORK_SERVER"]
+PROGRESS_INTERVAL = _EXEC["PROGRESS_INTERVAL"]
+IMAGE_LIMIT = _EXEC["IMAGE_LIMIT"]
+IMAGE_MAX_BYTES = _EXEC["IMAGE_MAX_BYTES"]
+FILE_INLINE_BYTES = _EXEC["FILE_INLINE_BYTES"]
+OUTPUT_TTL = _EXEC["OUTPUT_TTL"]
+OUTPUT_STORE_MB = _EXEC["OUTPUT_STORE_MB"]
+SESSION_LIMIT = _EXEC["SESSION_LIMIT"]
+SESSION_IDLE = _EXEC["SESSION_IDLE"]
+STATE_DIR = os.path.abspath(_EXEC["MCP_EXEC_DIR"])
+VENV_CACHE_SIZE = _EXEC["VENV_CACHE_SIZE"]
+INSTALLER = _EXEC["MCP_EXEC_INSTALLER"].lower()
+MAX_MESSAGE_BYTES = _EXEC["MAX_MESSAGE_BYTES"]
+TRACE = _EXEC["MCP_TRACE"]
 
 HTTP_PROBLEMS = []        # HTTP settings that are not numbers: stdio and the client run on
 _HTTP = read_settings(HTTP)
-API_KEY, HOST, PORT = _HTTP["API_KEY"], _HTTP["HOST"], _HTTP["PORT"]
-WEB_CONCURRENCY, SSE_KEEPALIVE = _HTTP["WEB_CONCURRENCY"], _HTTP["SSE_KEEPALIVE"]
-MCP_STATELESS, STDIO_MODE_ONLY = _HTTP["MCP_STATELESS"], _HTTP["STDIO_MODE_ONLY"]
+API_KEY = _HTTP["API_KEY"]
+HOST = _HTTP["HOST"]
+PORT = _HTTP["PORT"]
+WEB_CONCURRENCY = _HTTP["WEB_CONCURRENCY"]
+SSE_KEEPALIVE = _HTTP["SSE_KEEPALIVE"]
+MCP_STATELESS = _HTTP["MCP_STATELESS"]
+STDIO_MODE_ONLY = _HTTP["STDIO_MODE_ONLY"]
 ALLOWED_ORIGINS = [origin.rstrip("/") for origin in _HTTP["ALLOWED_ORIGINS"]]
 ALLOWED_HOSTS = [host.lower() for host in _HTTP["ALLOWED_HOSTS"]]
-MAX_BODY_BYTES, MAX_SESSIONS = _HTTP["MAX_BODY_BYTES"], _HTTP["MAX_SESSIONS"]
+MAX_BODY_BYTES = _HTTP["MAX_BODY_BYTES"]
+MAX_SESSIONS = _HTTP["MAX_SESSIONS"]
 SESSION_IDLE_TIMEOUT = _HTTP["SESSION_IDLE_TIMEOUT"]
 
 # Fixed values, not settings.
@@ -226,8 +283,11 @@ SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
 LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[0]
 
 # JSON-RPC 2.0 error codes (basic/index.mdx).
-PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = (
-    -32700, -32600, -32601, -32602, -32603)
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
 CANCELLED = object()   # a handler's answer for a request that must get no response
 
 
@@ -276,15 +336,32 @@ def at_least(version, minimum):
 
 
 # --- Registration: how later sections add to the core ------------------------------
-# These alone fill the core's tables, each called once where its section ends (grep register_).
+# These alone fill the core's tables; each is called where its section ends (grep register_).
+# The core registers its own defaults the same way, so every table below starts full enough to
+# serve: a later section replaces a step, or adds to a hook, and never edits a table itself.
+#
+#   step (one function; the last registered does it)   hook (each registered function runs)
+#   call(request, call)          how tools/call runs   inputs(work, call) -> problem or None
+#   run(call, session, cancel, on_output) -> Result    outputs(result, work, call, session)
+#   start_child(env, config, pipes, extra_fds)         child_config(config, environ, dir, local)
+#   watch(pid, directory) -> a watch, or None          child_setup(config), in the child
+#                                                      child_report(value, config) -> dict
+#                                                      read_record(result, record)
+#                                                      http_post(server, payload, headers, gone)
+#                                                      health() -> dict for GET /health
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
-ARGUMENT_CHECKS = []      # check(arguments, clean) -> None, or what is wrong
+ARGUMENT_CHECKS = []      # check(arguments, call) -> None, or what is wrong
 TOOL_NOTES = []           # note(local) -> a sentence for the model
-CALL_MODES = []           # mode(request, clean) -> a result, or None: run it as an ordinary call
 CAPABILITIES = {"tools": {"listChanged": False}}
 LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(), close
+STEPS = {}                # step name -> the function that does it now
+HOOKS = collections.defaultdict(list)       # hook name -> the functions that run there
+CHILD_MODES = {}          # the child's config["mode"] -> ChildMode(serve, before_setup)
+PARTS = {}                # name -> factory(): the server's long-lived objects (build_parts)
+COMMANDS = {}             # first command-line word -> main(rest of the words) -> exit status
+ChildMode = collections.namedtuple("ChildMode", "serve before_setup")
 
 
 def register_method(name, handler, eras=("handshake", "modern"), slow=False):
@@ -296,9 +373,9 @@ def register_era(parse):
     ERAS.append(parse)
 
 
-def register_tool_feature(check=None, note=None, capability=None, call_mode=None):
-    """An argument check, a sentence for the model, a capability {name: value}, a call mode."""
-    for table, item in ((CALL_MODES, call_mode), (ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
+def register_tool_feature(check=None, note=None, capability=None):
+    """An argument check, a sentence for the model, a capability {name: value}."""
+    for table, item in ((ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
         if item:
             table.append(item)
     CAPABILITIES.update(capability or {})
@@ -317,15 +394,51 @@ def run_lifecycle(stage):
         step()
 
 
+def register_step(name, function):
+    """`function` does the step `name` from now on (the table above says what each one is)."""
+    STEPS[name] = function
+
+
+def register_hook(name, function):
+    """`function` runs at the hook `name`, after those registered before it."""
+    HOOKS[name].append(function)
+
+
+def register_child_mode(mode, serve, before_setup=False):
+    """A child started with config["mode"] == mode runs serve(config, fresh_modules), before its
+    limits and sandbox (a template: it returns the config of each child it forks) or after."""
+    CHILD_MODES[mode] = ChildMode(serve, before_setup)
+
+
+def register_part(name, factory):
+    """A long-lived object of the server, made by build_parts() as the module global `name`."""
+    PARTS[name] = factory
+
+
+def build_parts(**fakes):
+    """Make every registered part, in registration order, as a module global: the one place
+    where the server's long-lived objects are built. A test passes fakes by name."""
+    for name, factory in PARTS.items():
+        globals()[name] = fakes[name] if name in fakes else factory()
+
+
+def register_command(words, main):
+    """`python mcp_exec.py WORD ...` runs main([...the words after it]) -> its exit status."""
+    for word in words:
+        COMMANDS[word] = main
+
+
 # --- Sessions and requests ---------------------------------------------------------
 
 class Session:
-    """One conversation (a stdio process or a Streamable HTTP session): its protocol version (None
-    until initialize) and running calls; `owner` says whose files and tasks are its own."""
+    """One conversation (a stdio process, an HTTP+SSE stream, a Streamable HTTP session): its
+    protocol version (None until initialize) and running calls; `owner` says whose files and
+    tasks are its own."""
 
-    def __init__(self, allow_exec=True, local=True):
+    def __init__(self, allow_exec=True, local=True, modern=True):
         self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
         self.local = local             # true over stdio: the client is the machine's own user
+        self.modern = modern           # may it serve 2026-07-28 requests? (not HTTP+SSE)
         self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
         self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
         self.protocol_version = None
@@ -517,17 +630,19 @@ def handle_tools_call(request):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
     # Bad arguments are a tool error the model can read and fix, not a protocol error
     # (2025-11-25 server/tools.mdx, Error Handling); we apply that rule to every version.
-    clean, problem = validate_arguments(arguments)
+    call, problem = validate_arguments(arguments)
     if problem:
-        return {"content": [{"type": "text", "text": "Invalid arguments for %s: %s." % (TOOL_NAME, problem)}],
-                "isError": True}
-    for mode in CALL_MODES:     # section 12 runs every call as a job, with progress
-        result = mode(request, clean)
-        if result is not None:
-            return result
+        text = "Invalid arguments for %s: %s." % (TOOL_NAME, problem)
+        return {"content": [{"type": "text", "text": text}], "isError": True}
+    return STEPS["call"](request, call)      # section 12 makes it a job
+
+
+def run_call(request, call):
+    """The "call" step of the core: run the code while the request waits -> its result."""
+    session = request.session
     cancel = session.start_call(request.id)
     try:
-        result = run_code(clean, session, cancel)
+        result = run_code(call, session, cancel)
     finally:
         session.end_call(request.id)
     if result.cancelled or cancel.is_set():
@@ -540,6 +655,7 @@ register_method("initialize", handle_initialize, eras=("handshake",))
 register_method("ping", lambda request: {})
 register_method("tools/list", handle_tools_list)
 register_method("tools/call", handle_tools_call, slow=True)
+register_step("call", run_call)
 
 
 # --- The tool: its whole contract -----------------------------------------------------
@@ -580,7 +696,8 @@ INPUT_SCHEMA = {
 OUTPUT_SCHEMA = {
     "type": "object",
     "properties": {
-        "returncode": {"type": "integer", "description": "Exit status; negative = killed by that signal."},
+        "returncode": {"type": ["integer", "null"], "description": "Exit status; negative = "
+                       "killed by that signal; null while a job is still running."},
         "stdout": {"type": "string"}, "stderr": {"type": "string"},
         "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
         "truncated": {"type": "boolean", "description": "Something longer than its limit was cut."},
@@ -643,8 +760,31 @@ def tool_notes(local):
                OUTPUT_LIMIT // 1024, notes))
 
 
+class Call:
+    """One tools/call's arguments, checked, and the state that travels with them: made by
+    validate_arguments(), read by every step after it. Every field is declared here (__slots__):
+    a later section sets only these, through its registered check, and adds none."""
+
+    __slots__ = ("code", "packages", "use_temp_dir", "timeout", "files", "session",
+                 "end_session", "job", "cancel_job", "turn", "before")
+
+    def __init__(self, code, packages=(), use_temp_dir=False, timeout=EXEC_TIMEOUT):
+        self.code = code                  # Python source (None only when polling a job)
+        self.packages = list(packages)    # requirements, normalized by check_packages()
+        self.use_temp_dir = use_temp_dir  # an isolated environment of just these packages
+        self.timeout = timeout            # seconds, clamped to EXEC_TIMEOUT_MAX
+        self.files = []                   # [(relative path, bytes)] to write first (section 9)
+        self.session = None               # "new", a kernel's handle, or None (section 10)
+        self.end_session = False          # end that kernel after this call
+        self.job = None                   # the handle of a job to poll (section 12)
+        self.cancel_job = False           # with `job`: stop it
+        self.turn = None                  # the place in its kernel's line (section 10)
+        self.before = None                # the working directory before the code (section 9)
+
+
 def validate_arguments(arguments):
-    """Check arguments against INPUT_SCHEMA -> (clean, None), or (None, what the model must fix)."""
+    """Check arguments against INPUT_SCHEMA -> (a Call, None), or (None, what the model must fix).
+    The core checks the four basic arguments; ARGUMENT_CHECKS check the rest."""
     unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]))
     if unknown:
         names = list(INPUT_SCHEMA["properties"])
@@ -664,12 +804,12 @@ def validate_arguments(arguments):
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         return None, '"timeout" must be a positive number of seconds (at most %g)' % EXEC_TIMEOUT_MAX
     timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)   # no float() of 10**400
-    clean = {"code": code, "packages": packages, "use_temp_dir": use_temp_dir, "timeout": timeout}
+    call = Call(code, packages, use_temp_dir, timeout)
     for check in ARGUMENT_CHECKS:
-        problem = check(arguments, clean)
+        problem = check(arguments, call)
         if problem:
             return None, problem
-    return clean, None
+    return call, None
 
 
 # --- The tool's result ------------------------------------------------------------------
@@ -693,7 +833,8 @@ class Result:
 
     @property
     def failed(self):
-        return self.returncode != 0 or self.timed_out or self.cancelled
+        """isError: the code failed, or was stopped. A job still running (None) has not."""
+        return self.returncode not in (0, None) or self.timed_out or self.cancelled
 
     def note(self, text):
         """Add a line from the server (not from the code) to stderr."""
@@ -755,245 +896,59 @@ def needs_worker(payload):
     messages = payload if isinstance(payload, list) else [payload]
     return any(isinstance(m, dict) and "id" in m and isinstance(m.get("method"), str)
                and METHODS.get(m["method"], (None, (), False))[2] for m in messages)
-
-
 # =============================================================================
-# 3. stdio transport
+# 3. The executor: one call's life, on the server and in the child
 # =============================================================================
-
-
-class StdioServer:
-    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio); serialized writes."""
-
-    def __init__(self, infile, outfile):
-        self.infile, self.outfile = infile, outfile
-        self.session = Session()
-        self.write_lock = threading.Lock()
-        self.workers = Workers()
-
-    def send(self, message):
-        line = encode_message(message)
-        with self.write_lock:
-            if TRACE:
-                log("<-- " + line.decode("utf-8", "replace"))
-            with contextlib.suppress(OSError, ValueError):   # the client left: EOF follows
-                self.outfile.write(line + b"\n")
-                self.outfile.flush()
-
-    def read_lines(self):
-        """Yield input lines; one over MAX_MESSAGE_BYTES is discarded and answered with an error."""
-        while True:
-            line = self.infile.readline(MAX_MESSAGE_BYTES + 1)
-            if not line:
-                return
-            if len(line) <= MAX_MESSAGE_BYTES or line.endswith(b"\n"):
-                yield line
-                continue
-            while line and not line.endswith(b"\n"):
-                line = self.infile.readline(1 << 20)
-            message = "Invalid Request: message larger than %d bytes" % MAX_MESSAGE_BYTES
-            self.send(error_response(None, INVALID_REQUEST, message))
-
-    def serve(self):
-        try:
-            for line in self.read_lines():
-                if TRACE:
-                    log("--> " + line.decode("utf-8", "replace").rstrip())
-                if not line.strip():
-                    continue
-                payload, error = parse_frame(line)
-                if error:
-                    self.send(error)
-                    continue
-                try:
-                    dispatch(payload, self.session, self.send, self.workers)
-                except Exception:   # no input line can kill the server
-                    log("error handling a line:\n" + traceback.format_exc())
-            self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
-        finally:
-            self.session.close()                # then kill what is still running
-            self.workers.wait(KILL_GRACE + 1)
-
-
-def dispatch(payload, session, send, workers):
-    """Handle a parsed frame and send() its reply: inline if quick, on a worker thread if it holds
-    a tools/call, so that reading goes on while calls run (ping, cancel, more calls)."""
-    def work():
-        reply = handle_payload(payload, session, send)
-        if reply is not None:
-            send(reply)
-    if needs_worker(payload):
-        workers.start(work)
-    else:
-        work()
-
-
-class Workers:
-    """Threads for work that may take long (a tools/call, a job), counted so that shutdown can
-    wait for them. A thread whose work is done waits `linger` seconds for more: handing work to a
-    waiting thread costs a quarter of starting one, and both hold the GIL (0.04 vs 0.15 ms)."""
-
-    def __init__(self, linger=10.0):
-        self.linger = linger
-        self.running = 0            # work given and not yet done
-        self.waiting = 0            # threads waiting for work
-        self.queued = []            # (work, Event set once a thread took it), oldest first
-        lock = threading.Lock()
-        self.changed = threading.Condition(lock)      # running changed
-        self.has_work = threading.Condition(lock)     # queued grew
-
-    def start(self, target):
-        """Run target() on a thread. Like Thread.start(), return once a thread has taken it:
-        work given in order is taken in order (a kernel's calls line up as they came)."""
-        taken = threading.Event()
-        with self.changed:
-            self.running += 1
-            self.queued.append((target, taken))
-            spare = self.waiting >= len(self.queued)     # a waiting thread will take it
-            if spare:
-                self.has_work.notify()
-        if not spare:
-            threading.Thread(target=self._serve, daemon=True).start()
-        taken.wait()
-
-    def _serve(self):
-        """Run the oldest work, then wait up to `linger` s for more; none came: the thread ends."""
-        while True:
-            with self.has_work:
-                self.waiting += 1
-                self.has_work.wait_for(lambda: self.queued, self.linger)
-                self.waiting -= 1
-                if not self.queued:
-                    return
-                target, taken = self.queued.pop(0)
-            taken.set()
-            try:
-                target()
-            except Exception:
-                log("error in a worker thread:\n" + traceback.format_exc())
-            finally:
-                target = taken = None       # what it holds is not kept while the thread waits
-                with self.changed:
-                    self.running -= 1
-                    self.changed.notify_all()
-
-    def wait(self, seconds):
-        """Wait until no work runs, `seconds` at most -> True if none runs."""
-        with self.changed:
-            return self.changed.wait_for(lambda: self.running == 0, seconds)
-
-
-def serve_stdio():
-    """Serve one client on stdin/stdout until stdin closes or SIGTERM comes."""
-    if POSIX:
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    if sys.stdin.isatty():
-        log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on "
-            "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
-            "call 'print(1)'`; Ctrl-D ends it.")
-    run_lifecycle("setup")
-    # Give back what compiling and setting up left free (glibc keeps it); not glibc: nothing to do.
-    with contextlib.suppress(OSError, AttributeError, ImportError):
-        import ctypes
-        ctypes.CDLL(None).malloc_trim(0)
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
-    finally:
-        run_lifecycle("shutdown")
-    return 0
-
-
-# The core ends here. What follows is the executor behind run_code() and all that register_*() lets
-# in (containment, files, kernels, jobs, 2026-07-28, HTTP, client, command line), with more imports:
-
-import ast
-import atexit
-import base64
-import collections
-import errno
-import functools
-import gc
-import importlib
-import io
-import linecache
-import mimetypes
-import posixpath
-import queue
-import select
-import shutil
-import socket
-import stat
-import struct
-import subprocess
-import weakref
-from urllib.parse import quote, unquote, urlsplit
-
-
-# =============================================================================
-# 4. Executor: one call's life on the server
-# =============================================================================
-# run_code() is the whole tool: it waits for a slot and an environment; run_once() makes a fresh
-# directory, start_child() a fresh interpreter (forked from a template, section 6, or spawned);
-# supervise() writes the code to a pipe, reads output and results from three more, and kills all
-# it started when it ends, fails or times out; finish() makes a Result; run_once() leaves no trace.
+# run_code() is the whole tool. It runs the "run" step: run_stateless() waits for a slot and an
+# environment; run_once() makes a fresh directory, start_child() a fresh interpreter (spawned
+# here; section 6 forks it from a template instead); supervise() writes the code to a pipe, reads
+# output and results from three more, and kills all it started when it ends, fails or times out;
+# finish() makes a Result; run_once() leaves no trace. The child's half is at this section's end.
 
 EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
+KERNEL_INTERRUPT_GRACE = 2.0  # seconds interrupted code has to stop (a kernel, section 10)
 LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
-# Handles (jobs, kernels, files) name their instance, so that another dyno can say where one lives.
-_HOST = os.environ.get("DYNO") or socket.gethostname()
-INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST).strip(".")[:24] or "local"
+RESULTS_LIMIT = 2 * OUTPUT_LIMIT + IMAGE_LIMIT * (IMAGE_MAX_BYTES * 4 // 3 + 1024) + 65536
 
 
-def new_handle(prefix):
-    """'j' -> 'j-<instance>-<random>': unguessable, says where it lives. os.urandom() as in secrets,
-    which we do not import: it loads OpenSSL (5 MB, via hashlib) into server and templates."""
-    return "%s-%s-%s" % (prefix, INSTANCE, base64.urlsafe_b64encode(os.urandom(12)).decode())
+def run_code(call, session=LOCAL, cancel=None, on_output=None):
+    """Run one tools/call -> Result, through the "run" step (run_stateless() here; section 10
+    adds kernels). `call`: validate_arguments()'s Call; `session`: the MCP session that asked
+    (its `local` decides what the code may read, section 7); `cancel`: an Event that stops it.
+    on_output(stream, chunk) hears code and installer live (for progress and jobs)."""
+    return STEPS["run"](call, session, cancel or threading.Event(), on_output)
 
 
-def lives_elsewhere(handle, shown=None):
-    """What to say of a handle another instance minted (`shown` as the client knows it), or None."""
-    parts = handle.split("-")
-    if len(parts) < 3 or parts[1] == INSTANCE or not re.match(r"^[A-Za-z0-9.]+$", parts[1]):
-        return None
-    return ("%s lives on instance %s, and this is %s: jobs, sessions and files stay on the server "
-            "process that made them. Retry until the request reaches it, or run the code again."
-            % (shown or handle, parts[1], INSTANCE))
-
-
-def run_code(args, session=LOCAL, cancel=None, on_output=None):
-    """Run one tools/call -> Result, in its kernel (section 10) if it has a "session" argument.
-    `args`: validate_arguments()'s clean dict; `session`: the MCP session that asked (its `local`
-    decides what the code may read, section 7). It waits for an EXEC_CONCURRENCY slot; the timeout
-    starts with the code. on_output(stream, chunk) hears code and installer live (progress/jobs)."""
-    cancel = cancel or threading.Event()
-    if args.get("session"):
-        return run_in_kernel(args, session, cancel, on_output)
+def run_stateless(call, session, cancel, on_output):
+    """A call that keeps nothing: an EXEC_CONCURRENCY slot, its environment, then run_once().
+    The timeout starts with the code, not with the wait for the slot or the install."""
     slot = EXEC_SLOTS.acquire(cancel, session.owner)
     if slot != "ok":
         return EXEC_SLOTS.refusal(slot)
     try:
-        with Environment(args["packages"], args["use_temp_dir"], cancel, on_output) as env:
-            return env.failure or run_once(env, args, session, cancel, on_output)
+        with Environment(call.packages, call.use_temp_dir, cancel, on_output) as env:
+            return env.failure or run_once(env, call, session, cancel, on_output)
     finally:
         EXEC_SLOTS.release(session.owner)
 
 
-def run_once(env, args, session, cancel, on_output):
-    """A stateless call: a fresh directory, the input files, one child, the output files."""
-    call = RUN_DIR.new_call()
+def run_once(env, call, session, cancel, on_output):
+    """One child in a fresh directory, removed after; the "inputs" hooks write into it first
+    (files given, section 9) and the "outputs" hooks take what the code left (files made)."""
+    directory = RUN_DIR.new_call()
     try:
-        problem = write_input_files(call.work, args["files"])                 # section 9
-        if problem:
-            return Result.refusal(problem)
-        before = snapshot_files(call.work) if args["files"] else {}
-        child = start_child(env, call, "run", session.local)
-        result = supervise(child, args["code"].encode("utf-8", "surrogatepass"), args["timeout"],
-                           cancel, on_output)
-        collect_files(result, call.work, before, session.owner)               # section 9
+        for write_inputs in HOOKS["inputs"]:
+            problem = write_inputs(directory.work, call)
+            if problem:
+                return Result.refusal(problem)
+        child = start_child(env, directory, "run", session.local)
+        source = call.code.encode("utf-8", "surrogatepass")
+        result = supervise(child, source, call.timeout, cancel, on_output)
+        for take_outputs in HOOKS["outputs"]:
+            take_outputs(result, directory.work, call, session)
         return result
     finally:
-        call.remove()
+        directory.remove()
 
 
 def wait_or_cancel(ready, cancel, deadline=None, wake=None):
@@ -1067,31 +1022,29 @@ class CallSlots:
                               returncode=-1, cancelled=slot == "cancelled")
 
 
-EXEC_SLOTS = CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE)
 
 
-def child_config(mode):
-    """What a child is told about its call, besides its pipes, directory and environment."""
+def child_config(mode, env, directory, local):
+    """What a child is told (its mode, limits, directory, environment) and the environment of the
+    code: the allow-list, its venv first on PATH, its own TMPDIR. The "child_config" hooks add to
+    both (containment its sandbox, section 7; section 9 the size of values and images)."""
     cpu = int(EXEC_TIMEOUT_MAX) + 5      # a backstop; the wall clock is the real limit
     limits = {"RLIMIT_AS": EXEC_MEMORY_MB << 20, "RLIMIT_FSIZE": EXEC_FILE_MB << 20,
-              "RLIMIT_NOFILE": EXEC_MAX_FILES, "RLIMIT_NPROC": SANDBOX.nproc_limit,
+              "RLIMIT_NOFILE": EXEC_MAX_FILES,
               "RLIMIT_CPU": cpu if mode != "kernel" else 0}      # a kernel's CPU adds up over calls
     limits = dict({name: value for name, value in limits.items() if value > 0}, RLIMIT_CORE=0)
-    return {"mode": mode, "limits": limits, "value_limit": OUTPUT_LIMIT,
-            "image_limit": IMAGE_LIMIT, "image_max_bytes": IMAGE_MAX_BYTES}
-
-
-def child_env(env, call, local):
-    """The environment of the code: the allow-list, its venv first on PATH, its own TMPDIR."""
-    extra = {"TMPDIR": call.tmp, "TEMP": call.tmp, "TMP": call.tmp}
+    config = {"mode": mode, "limits": limits, "cwd": directory.work}
+    extra = {"TMPDIR": directory.tmp, "TEMP": directory.tmp, "TMP": directory.tmp}
     if env.python != sys.executable:   # a venv: its scripts come first on PATH
         bin_dir = os.path.dirname(env.python)
         extra["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
         extra["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     if "MPLBACKEND" not in os.environ:
         extra["MPLBACKEND"] = "Agg"     # plots render off-screen, and reach the model (section 9)
-    extra.update(containment_env(call, local))                            # section 7
-    return child_environment(extra)
+    for add in HOOKS["child_config"]:
+        add(config, extra, directory, local)
+    config["env"] = child_environment(extra)
+    return config
 
 
 def child_environment(extra=None, installer=False):
@@ -1140,10 +1093,10 @@ class Pipes:
 # --- The child, as the server sees it ----------------------------------------------------
 
 class Child:
-    """What supervise() needs of a running child: `pid`, `pipes`, `call` (its directory), and
+    """What supervise() needs of a running child: `pid`, `pipes`, `directory` (its CallDir), and
     exit_code() (None while running), wait(seconds), kill() of it and all it started. SpawnedChild,
     ForkedChild (section 6) and Kernel (section 10) have it; the defaults fit a one-call process."""
-    pid = pipes = call = None
+    pid = pipes = directory = None
 
     def call_over(self, reading):
         """Is the call over? `reading` names the pipes still open."""
@@ -1162,24 +1115,28 @@ class Child:
         return True
 
 
-def start_child(env, call, mode="run", local=True, extra_fds=()):
-    """Start a child interpreter for a call -> ForkedChild (from the environment's template,
-    section 6) or SpawnedChild. extra_fds are passed on (a kernel's control socket)."""
-    config = dict(child_config(mode), sandbox=sandbox_config(call.root, local))      # section 7
-    environment = child_env(env, call, local)
+def start_child(env, directory, mode="run", local=True, extra_fds=()):
+    """Start a child interpreter for a call in `directory` -> a Child, through the "start_child"
+    step: spawn_child() here, a fork from a template in section 6. extra_fds are passed on (a
+    kernel's control socket)."""
+    config = child_config(mode, env, directory, local)
     pipes = Pipes()
     try:
-        child = TEMPLATES.fork(env, dict(config, cwd=call.work, env=environment), pipes, extra_fds)
-        if child is None:
-            config.update(results_fd=pipes.child[3], extra_fds=list(extra_fds))
-            argv = [env.python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
-            child = SpawnedChild(argv, environment, call.work, pipes, [pipes.child[3]] + list(extra_fds))
+        child = STEPS["start_child"](env, config, pipes, extra_fds)
     except BaseException:
         pipes.close_all()
         raise
     pipes.close_child_ends()
-    child.call = call
+    child.directory = directory
     return child
+
+
+def spawn_child(env, config, pipes, extra_fds=()):
+    """The core's "start_child" step: a new interpreter, `python -u -c CHILD_COMMAND config`."""
+    config = dict(config, results_fd=pipes.child[3], extra_fds=list(extra_fds))
+    environment, cwd = config.pop("env"), config.pop("cwd")
+    argv = [env.python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
+    return SpawnedChild(argv, environment, cwd, pipes, [pipes.child[3]] + list(extra_fds))
 
 
 class SpawnedChild(Child):
@@ -1226,7 +1183,7 @@ def supervise(child, code, timeout, cancel, on_output):
         poller.register(fd, select.POLLOUT if name == "code" else select.POLLIN)
     os.set_blocking(pipes.code, False)         # a write takes what the pipe has room for
     code = memoryview(code)
-    watch = MONITOR.watch(child.pid, child.call.root) if child.call else None      # section 7
+    watch = STEPS["watch"](child.pid, child.directory.root) if child.directory else None     # section 7
     deadline = time.monotonic() + timeout
     stop = finished_at = interrupted = None
     try:
@@ -1266,7 +1223,7 @@ def supervise(child, code, timeout, cancel, on_output):
                 break
     finally:
         if watch:
-            MONITOR.unwatch(watch)
+            watch.close()
         for fd in list(names):
             _close(poller, names, fd)
     return finish(child, stop, interrupted, out, err, results, timeout)
@@ -1292,7 +1249,8 @@ def finish(child, stop, interrupted, out, err, results, timeout):
     if stop not in (None, "cancelled", "timeout", "unresponsive"):
         result.returncode = result.returncode or -9
         result.note(stop)                      # a per-call total of section 7 ended it
-    apply_record(result, record)                                       # section 9
+    for read in HOOKS["read_record"]:          # section 9: the value, images
+        read(result, record)
     return result
 
 
@@ -1443,13 +1401,428 @@ def kill_orphans(ours):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
 
+# --- Directories: the server's, each call's, and removing them --------------------------
+# Every call gets a fresh directory under the server's own, STATE_DIR/run/<pid>-<random>/, and
+# leaves nothing there. What a crash leaves, the next server removes (section 7, recovery).
 
-# =============================================================================
-# 5. The child: one call's life in the child process
-# =============================================================================
-# Every child starts with CHILD_COMMAND: it imports this file by path (sys.path stays as it was) and
-# calls child_main(). The server's settings mean nothing there: all the child needs is its config.
-# The code finds the interpreter as `python -c` leaves it: this file's imports are forgotten first.
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602    # _IOR/_IOW('f', 1|2, long)
+UNDELETABLE_FLAGS = 0x10 | 0x20                              # FS_IMMUTABLE_FL, FS_APPEND_FL
+
+
+def remove_tree(path):
+    """Remove a tree whatever code did to it: any depth (each directory is first moved to the top:
+    no long paths, no recursion), no write or search permission, immutable or append-only flags
+    (cleared where we may), links never followed. Never raises: what cannot go stays, logged."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        top = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    except OSError:
+        _remove_at(os.unlink, None, path)     # a file or a link where a directory was
+        return
+    with contextlib.suppress(OSError):        # read-only (a cached venv): its entries must go
+        os.fchmod(top, stat.S_IRWXU)
+    pending, moved, left = [None], 0, 0       # None: the top itself; else a name under it
+    try:
+        while pending:
+            name = pending.pop()
+            try:
+                fd = top if name is None else os.open(name, flags, dir_fd=top)
+            except OSError:
+                left += 1
+                continue
+            try:
+                entries = list(os.scandir(fd))
+            except OSError:
+                entries = []
+            for entry in entries:
+                moved += 1
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        # to move, list and empty it: its owner's rights back, no undeletable flag
+                        with contextlib.suppress(OSError):
+                            os.chmod(entry.name, stat.S_IRWXU, dir_fd=fd)
+                        _clear_flags(entry.name, fd)
+                        os.rename(entry.name, ".rm-%d" % moved, src_dir_fd=fd, dst_dir_fd=top)
+                        pending.append(".rm-%d" % moved)
+                    else:
+                        left += not _remove_at(os.unlink, fd, entry.name)
+                except OSError:
+                    left += 1
+            if name is not None:                  # fd is not top
+                os.close(fd)
+                left += not _remove_at(os.rmdir, top, name)
+    finally:
+        os.close(top)
+    if not _remove_at(os.rmdir, None, path) or left:
+        log("could not remove all of %s (%d entries left)" % (path, left))
+
+
+def _clear_flags(name, parent):
+    """Clear immutable and append-only (needs CAP_LINUX_IMMUTABLE: a root server has it)."""
+    import fcntl     # POSIX only
+    with contextlib.suppress(OSError):
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=parent)
+        try:
+            flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8))[0]
+            if flags & UNDELETABLE_FLAGS:
+                fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("l", flags & ~UNDELETABLE_FLAGS))
+        finally:
+            os.close(fd)
+
+
+def _remove_at(remove, parent, name):
+    """remove(name) in `parent`, clearing once the flags that forbid it -> True if it is gone."""
+    for attempt in (1, 2):
+        try:
+            remove(name, dir_fd=parent)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if attempt == 2 or exc.errno not in (errno.EPERM, errno.EACCES):
+                return False
+            _clear_flags(name, parent)
+
+
+class CallDir:
+    """A call's directory: root/work (the working directory) and root/tmp (TMPDIR)."""
+    def __init__(self, root):
+        self.root, self.work, self.tmp = root, os.path.join(root, "work"), os.path.join(root, "tmp")
+        for path in (root, self.work, self.tmp):
+            os.mkdir(path)
+
+    def remove(self):
+        try:                               # the common case, three syscalls: nothing was left
+            for path in (self.work, self.tmp, self.root):
+                os.rmdir(path)
+        except OSError:
+            remove_tree(self.root)
+
+
+class RunDir:
+    """This server's directory, STATE_DIR/run/<pid>-<random>/, with the calls' directories. `lock`
+    is flocked while the server lives; `pids` lists all it started (pid, start time)."""
+
+    def __init__(self, state_dir):
+        self.base = os.path.join(state_dir, "run")
+        self.root = self.lock = self.pids = None
+        self.guard = threading.Lock()
+
+    def path(self):
+        with self.guard:
+            if self.root is None:
+                os.makedirs(self.base, exist_ok=True)
+                root = os.path.join(self.base, "%d-%s" % (os.getpid(), os.urandom(4).hex()))
+                os.mkdir(root)
+                self.lock = open(os.path.join(root, "lock"), "w")
+                _flock(self.lock, shared=False)
+                self.pids = open(os.path.join(root, "pids"), "a")
+                self.root = root
+            return self.root
+
+    def new_call(self):
+        return CallDir(os.path.join(self.path(), "call-" + os.urandom(6).hex()))
+
+    def record(self, pid):
+        """Note a process this server started, for the next server if this one crashes."""
+        self.path()
+        with self.guard:
+            self.pids.write("%d %s\n" % (pid, _start_time(pid)))
+            self.pids.flush()
+
+    def close(self):
+        with self.guard:
+            root, self.root = self.root, None
+        if root:
+            remove_tree(root)
+            self.lock.close()
+            self.pids.close()
+
+
+def _start_time(pid):
+    """A process's start time (clock ticks since boot): with the pid, it names one process."""
+    fields = (_read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()   # after (comm)
+    return fields[19] if len(fields) > 19 else ""
+
+
+# --- Packages: the shared workspace and fresh isolated environments ---------------------
+# A package is a plain requirement: name, optional [extras], optional version specifiers.
+# Nothing else reaches pip: no options, URLs, paths, "@ url", markers or shell characters.
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
+REQUIREMENT_RE = re.compile(
+    r"^\s*(?P<name>%s)\s*(?:\[\s*(?P<extras>%s(?:\s*,\s*%s)*)\s*\])?\s*(?P<specs>%s(?:\s*,\s*%s)*)?\s*$"
+    % (_NAME, _NAME, _NAME, _SPEC, _SPEC))
+
+
+def normalize_requirement(text):
+    """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain requirement."""
+    m = REQUIREMENT_RE.match(text) if isinstance(text, str) and len(text) <= 200 else None
+    if not m:
+        return None
+    name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
+    extras = sorted({re.sub(r"[-_.]+", "-", e.strip()).lower()
+                     for e in (m.group("extras") or "").split(",") if e.strip()})
+    specs = ",".join(sorted(re.sub(r"\s+", "", s) for s in (m.group("specs") or "").split(",") if s.strip()))
+    return name + ("[%s]" % ",".join(extras) if extras else "") + specs
+
+
+def check_packages(arguments, call):
+    """The "packages" argument -> call.packages, normalized and sorted, or the problem."""
+    for item in call.packages:
+        if normalize_requirement(item) is None:
+            return ('"packages" entry %s is not a plain requirement: use a package name with optional '
+                    '[extras] and version specifiers, such as "numpy" or "pandas>=2,<3"; options, URLs, '
+                    'paths and "name @ url" are not allowed' % json.dumps(item)[:200])
+    call.packages = sorted(set(map(normalize_requirement, call.packages)))
+    return None
+
+
+def _venv_python(venv):
+    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
+
+
+def _installer():
+    """-> (uv's path, or None for pip: no uv on PATH, or MCP_EXEC_INSTALLER=pip; the env: the
+    child's plus pip/uv settings, proxies, CA bundles, and PIP_* index settings as UV_* for uv)."""
+    uv = None if INSTALLER == "pip" else shutil.which("uv")
+    env = child_environment(installer=True)
+    if uv:
+        for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS"):
+            if "PIP_" + setting in env and "UV_" + setting not in env:
+                env["UV_" + setting] = env["PIP_" + setting]
+    return uv, env
+
+
+def _create_venv(path, layered, deadline, cancel):
+    """Create a venv without pip -> Result. A `layered` one (the workspace) gets a .pth that adds
+    the server's site-packages *after* its own: code sees them, but installs into the workspace."""
+    uv, env = _installer()
+    argv = ([uv, "venv", "--quiet", "--python", sys.executable, path] if uv
+            else [sys.executable, "-m", "venv", "--without-pip", path])
+    result = run_process(argv, env=env, cwd=STATE_DIR,
+                         timeout=max(1.0, deadline - time.monotonic()), cancel=cancel)
+    if result.failed or not layered:
+        return result
+    # Ask the venv's own interpreter where its packages go: distributions patch
+    # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages here).
+    site_dir = run_process([_venv_python(path), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                           env=child_environment(), cwd=STATE_DIR, timeout=60).stdout.strip()
+    if not os.path.isdir(site_dir):
+        return Result.refusal("no site-packages in %s" % path)
+    server_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    with open(os.path.join(site_dir, "_mcp_exec_server_packages.pth"), "w") as f:
+        f.write("import site; list(map(site.addsitedir, %r))\n" % (server_dirs,))
+    return result
+
+
+def _satisfied_here(requirement):
+    """True if the server's packages (which the workspace sees) meet a bare name or exact ==pin."""
+    m = re.match(r"^([a-z0-9-]+)(?:==([A-Za-z0-9.+!_-]+))?$", requirement)
+    if not m:
+        return False
+    from importlib import metadata      # only when packages are asked for
+    try:
+        version = metadata.version(m.group(1))
+    except metadata.PackageNotFoundError:
+        return False
+    return m.group(2) is None or version == m.group(2)
+
+
+def _install(python, requirements, deadline, cancel, report):
+    """Install requirements into `python`'s environment -> Result, output as "install" progress.
+    "--" ends the options: no requirement slipping past validation can become one. Bytecode is
+    compiled: code cannot write it there, so each call would recompile its imports."""
+    uv, env = _installer()
+    if uv:
+        no_index = any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
+                       for n in ("PIP_NO_INDEX", "UV_NO_INDEX"))
+        argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]   # uv 0.1.32+
+        argv += ["--no-index"] if no_index else []   # uv has no variable for pip's PIP_NO_INDEX
+    else:
+        # The server's pip, run by `python` (our environments have no pip of their own). pip's
+        # --python (22.3+) starts pip here to run it there through its __pip-runner__.py; running
+        # that directly saves the first start (pip's own run for a small wheel: 1.0 s, not 1.6).
+        import importlib.util
+        argv = [sys.executable, "-m", "pip", "--python", python]
+        spec = importlib.util.find_spec("pip")
+        if spec and spec.origin:
+            runner = os.path.join(os.path.dirname(spec.origin), "__pip-runner__.py")
+            if os.path.isfile(runner):
+                # What --python sets for the pip it starts: that pip then obeys no PIP_PYTHON (or
+                # pip.conf "python =") of its own, which would install into another interpreter.
+                env["_PIP_RUNNING_IN_SUBPROCESS"] = "1"
+                argv = [python, runner]
+        argv += ["install", "--no-input", "--disable-pip-version-check"]
+    return run_process(argv + ["--"] + list(requirements), env=env, cwd=STATE_DIR,
+                       timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
+                       on_output=report and (lambda stream, chunk: report("install", chunk)))
+
+
+def _install_failed(result, what):
+    """The Result of a call whose environment could not be made ready."""
+    reason = ("timed out after %g s (INSTALL_TIMEOUT)" % INSTALL_TIMEOUT if result.timed_out
+              else "exit status %s" % result.returncode)
+    detail = (result.stderr.strip() + "\n" + result.stdout.strip()).strip()
+    return Result.refusal("Dependency install failed (%s: %s)\n%s" % (what, reason, detail[-4000:]),
+                          result.returncode or 1, result.timed_out, result.cancelled)
+
+
+def _waited(cancel, what):
+    """The failure of a call that stopped waiting for a lock: it was cancelled, or out of time."""
+    return _install_failed(Result.refusal("", timed_out=not cancel.is_set(),
+                                          cancelled=cancel.is_set()), what)
+
+
+def _digest(text, length):
+    """A hex SHA-256 prefix that names a folder. hashlib is imported here, not at the top:
+    it loads OpenSSL (5 MB), which only a server that installs needs, never a template."""
+    import hashlib
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+class Environments:
+    """Where code runs, under STATE_DIR (servers may share it), one set per interpreter (path and
+    version), untouched by servers on other Pythons. The shared workspace, workspace-<tag>/:
+    installs accumulate, <tag>.installed lists them, <tag>.lock is flocked for changes. Or, for
+    use_temp_dir, an isolated venv built for the call alone and removed after it (section 8
+    caches them instead)."""
+
+    def __init__(self, root):
+        self.root = root
+        self.lock = threading.Lock()      # guards key_locks and the cache's pointer files
+        self.key_locks = {}               # one build at a time per package set
+        self.workspace_lock = threading.Lock()
+        self.generation = 0               # bumped whenever this process changes the workspace
+
+    def workspace(self, requirements, deadline, cancel, report=None):
+        """-> (python, None), or (None, failure Result), installing what is missing."""
+        tag = _digest("%s %s" % (sys.executable, sys.version), 12)
+        venv = os.path.join(self.root, "workspace-" + tag)
+        record = venv + ".installed"
+        stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
+
+        def missing():
+            installed = set((_read_text(record) or "").split())
+            return [r for r in requirements if r not in installed and not _satisfied_here(r)]
+        # The common case takes no lock: a call without packages never waits behind an install.
+        if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not (requirements and missing()):
+            return _venv_python(venv), None
+        os.makedirs(self.root, exist_ok=True)
+        thread_lock = self.workspace_lock     # our threads, then other server processes (flock)
+        with open(venv + ".lock", "a") as lock_file, \
+                _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline, thread_lock.release) as got, \
+                _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel, deadline) as flocked:
+            if not (got and flocked):
+                return None, _waited(cancel, "waiting for another install into the workspace")
+            if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
+                remove_tree(venv)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(record)
+                result = _create_venv(venv, True, deadline, cancel)
+                if result.failed:
+                    if requirements:
+                        return None, _install_failed(result, "creating the workspace environment")
+                    log("could not create the workspace environment; running with the server's interpreter")
+                    return sys.executable, None
+                with open(os.path.join(venv, ".mcp-exec-ready"), "w") as f:
+                    f.write(stamp)
+                self.generation += 1
+            todo = missing()
+            if todo:   # pip is not even started when everything asked for is there
+                result = _install(_venv_python(venv), todo, deadline, cancel, report)
+                if result.failed:
+                    return None, _install_failed(result, "pip install " + " ".join(todo))
+                with open(record, "a") as f:
+                    f.write("".join(r + "\n" for r in todo))
+                self.generation += 1
+        return _venv_python(venv), None
+
+    def isolated(self, requirements, deadline, cancel, report=None):
+        """A fresh venv of just `requirements` -> (python, lease, None), or (None, None, failure
+        Result). lease.close() after the run removes it: nothing of it stays."""
+        os.makedirs(self.root, exist_ok=True)
+        venv = os.path.join(self.root, "fresh-" + os.urandom(6).hex())
+        result = _create_venv(venv, False, deadline, cancel)
+        if not result.failed and requirements:
+            result = _install(_venv_python(venv), requirements, deadline, cancel, report)
+        if result.failed:
+            remove_tree(venv)
+            return None, None, _install_failed(result, "building an isolated environment for %s"
+                                               % (" ".join(requirements) or "no packages"))
+        return _venv_python(venv), _Removal(venv), None
+
+
+class _Removal:
+    """close() removes a directory: the lease of a fresh, uncached environment."""
+    def __init__(self, path):
+        self.path = path
+
+    def close(self):
+        remove_tree(self.path)
+
+
+class Environment:
+    """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call runs
+    with (env.python), ready, leased for the block, or env.failure (a Result saying why not)."""
+
+    def __init__(self, packages, isolated, cancel, report=None):
+        self.packages, self.isolated, self.cancel, self.report = list(packages), isolated, cancel, report
+        self.python = self.lease = self.failure = None
+        self.generation = 0   # changes with it: no template of an older one is used (section 6)
+
+    def __enter__(self):
+        deadline = time.monotonic() + INSTALL_TIMEOUT
+        if self.isolated:       # a cached environment never changes (it is read-only)
+            self.python, self.lease, self.failure = ENVIRONMENTS.isolated(
+                self.packages, deadline, self.cancel, self.report)
+        else:
+            self.python, self.failure = ENVIRONMENTS.workspace(self.packages, deadline, self.cancel, self.report)
+            self.generation = ENVIRONMENTS.generation
+        return self
+
+    def __exit__(self, *exc):
+        if self.lease:
+            self.lease.close()
+
+def _read_text(path):
+    try:
+        with open(path, errors="replace") as f:      # /proc/PID/stat holds a name the code chose
+            return f.read().strip()
+    except OSError:
+        return None
+
+def _flock(file, shared, wait=True):
+    """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if locked."""
+    try:
+        import fcntl   # POSIX only
+    except ImportError:
+        return True
+    flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(file, flags)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def _waiting(try_lock, cancel, deadline, release=None):
+    """`with _waiting(try_lock, cancel, deadline, release) as got:` tries try_lock() until it locks
+    or the call is cancelled or past its deadline; got: if it locked. release() unlocks after."""
+    got = wait_or_cancel(try_lock, cancel, deadline)
+    try:
+        yield bool(got)
+    finally:
+        if got and release:
+            release()
+
+# --- The child's side: one call's life in the child process ----------------------------
+# Every child starts with CHILD_COMMAND: it imports this file by path (sys.path stays as it was)
+# and calls child_main(). The server's settings mean nothing there: all the child needs is its
+# config. The code finds the interpreter as `python -c` leaves it: this file's imports are
+# forgotten first.
 
 try:
     import ctypes     # prctl, capabilities, Landlock, seccomp: imported before the forgetting
@@ -1458,21 +1831,31 @@ except ImportError:
 
 CHILD_COMMAND = ("import sys; fresh = set(sys.modules); sys.path.insert(0, %r); import %s as m; "
                  "del sys.path[0]; m.child_main(fresh)"
-                 % (os.path.dirname(os.path.abspath(__file__)), os.path.splitext(os.path.basename(__file__))[0]))
+                 % (os.path.dirname(os.path.abspath(__file__)),
+                    os.path.splitext(os.path.basename(__file__))[0]))
 CODE_FILENAME = "<code>"
 
 
 def child_main(fresh_modules):
-    """Run in the child: set up, run the code (or serve as a template or kernel), exit."""
+    """Run in the child: set up, run the code once, exit. A registered mode serves instead: a
+    template (section 6) before the setup, returning in each child it forks; a kernel (section
+    10) after it, never returning."""
     config = json.loads(sys.argv[1])
     del sys.argv[1:]
-    if config["mode"] == "template":
-        config = serve_template(config, fresh_modules)    # below; returns in each forked child
+    mode = CHILD_MODES.get(config["mode"])
+    if mode and mode.before_setup:
+        config = mode.serve(config, fresh_modules)
     else:
         forget_modules(fresh_modules)                     # re-imported if the code wants them
     child_setup(config)
-    if config["mode"] == "kernel":
-        serve_kernel(config, config["results_fd"])        # section 10; never returns
+    mode = CHILD_MODES.get(config["mode"])
+    if mode:
+        mode.serve(config, fresh_modules)
+    run_in_child(config)
+
+
+def run_in_child(config):
+    """The code of one call, as __main__; what it produced goes on the results pipe."""
     namespace = fresh_main()
     gc.freeze()        # all that is here is ours: the collection at exit visits only the code's
     status, value = run_cell(sys.stdin.buffer.read(), namespace)
@@ -1535,8 +1918,8 @@ def child_setup(config):
             hard = resource.getrlimit(kind)[1]
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(kind, (value, value))
-    if config.get("sandbox"):
-        apply_sandbox(config["sandbox"])                 # section 7
+    for setup in HOOKS["child_setup"]:                   # containment (section 7)
+        setup(config)
 
 
 def run_cell(source, namespace):
@@ -1571,7 +1954,8 @@ def child_report(fd, config, status, value):
     """Send the server what the code produced besides its output, on the results pipe."""
     record = {"status": status}
     try:
-        record.update(describe_value(value, config))       # section 9: value and images
+        for describe in HOOKS["child_report"]:             # section 9: the value, images
+            record.update(describe(value, config))
     except BaseException as exc:                           # a __repr__ that raised, say
         record["value"] = "<the value could not be shown: %s: %s>" % (type(exc).__name__, exc)
     with contextlib.suppress(OSError, ValueError):
@@ -1581,21 +1965,10 @@ def child_report(fd, config, status, value):
         f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
 
 
-def adopt_fds(config, fds, template_env):
-    """In a forked child: the call's pipes become stdin/stdout/stderr (the results fd and any extra
-    ones go into config), and the call's environment replaces `template_env` (the template's)."""
-    use_as_stdio(fds)
-    os.chdir(config["cwd"])
-    for name in template_env.keys() - config["env"].keys():
-        del os.environ[name]
-    for name, value in config["env"].items():
-        if template_env.get(name) != value:      # most are the template's own: left alone
-            os.environ[name] = value
-    os.setsid()                    # a process group of its own, as a spawned child has
-    config.update(results_fd=fds[3], extra_fds=fds[4:])
-
-
-PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_DUMPABLE = 36, 38, 24, 4
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
 
 
 @functools.lru_cache(maxsize=None)
@@ -1611,8 +1984,1000 @@ def _libc():
         lib = None
     return lib
 
+# =============================================================================
+# 4. stdio transport
+# =============================================================================
 
-# --- The template's loop (its server side is section 6) ----------------------------------
+
+def executor_setup():
+    """Once per server process, before its first child: become the reaper of the orphans that
+    calls leave (a process whose parent exits is handed to its nearest subreaper)."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def executor_shutdown():
+    """At exit: kill and reap what is left of the calls, and remove the run directory."""
+    reap_orphans()
+    RUN_DIR.close()
+
+
+register_part("EXEC_SLOTS", lambda: CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE))
+register_part("RUN_DIR", lambda: RunDir(STATE_DIR))
+register_part("ENVIRONMENTS", lambda: Environments(STATE_DIR))
+register_step("run", run_stateless)
+register_step("start_child", spawn_child)
+register_step("watch", lambda pid, directory: None)     # section 7 watches each call's totals
+register_tool_feature(check=check_packages)
+register_lifecycle(setup=executor_setup, shutdown=executor_shutdown)
+
+
+class StdioServer:
+    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio); serialized writes."""
+
+    def __init__(self, infile, outfile):
+        self.infile, self.outfile = infile, outfile
+        self.session = Session()
+        self.write_lock = threading.Lock()
+        self.workers = Workers()
+
+    def send(self, message):
+        line = encode_message(message)
+        with self.write_lock:
+            if TRACE:
+                log("<-- " + line.decode("utf-8", "replace"))
+            with contextlib.suppress(OSError, ValueError):   # the client left: EOF follows
+                self.outfile.write(line + b"\n")
+                self.outfile.flush()
+
+    def read_lines(self):
+        """Yield input lines; one over MAX_MESSAGE_BYTES is discarded and answered with an error."""
+        while True:
+            line = self.infile.readline(MAX_MESSAGE_BYTES + 1)
+            if not line:
+                return
+            if len(line) <= MAX_MESSAGE_BYTES or line.endswith(b"\n"):
+                yield line
+                continue
+            while line and not line.endswith(b"\n"):
+                line = self.infile.readline(1 << 20)
+            message = "Invalid Request: message larger than %d bytes" % MAX_MESSAGE_BYTES
+            self.send(error_response(None, INVALID_REQUEST, message))
+
+    def serve(self):
+        try:
+            for line in self.read_lines():
+                if TRACE:
+                    log("--> " + line.decode("utf-8", "replace").rstrip())
+                if not line.strip():
+                    continue
+                payload, error = parse_frame(line)
+                if error:
+                    self.send(error)
+                    continue
+                try:
+                    dispatch(payload, self.session, self.send, self.workers)
+                except Exception:   # no input line can kill the server
+                    log("error handling a line:\n" + traceback.format_exc())
+            self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
+        finally:
+            self.session.close()                # then kill what is still running
+            self.workers.wait(KILL_GRACE + 1)
+
+
+def dispatch(payload, session, send, workers):
+    """Handle a parsed frame and send() its reply: inline if quick, on a worker thread if it holds
+    a tools/call, so that reading goes on while calls run (ping, cancel, more calls)."""
+    def work():
+        reply = handle_payload(payload, session, send)
+        if reply is not None:
+            send(reply)
+    if needs_worker(payload):
+        workers.start(work)
+    else:
+        work()
+
+
+class Workers:
+    """Threads for work that may take long (a tools/call, a job), counted so that shutdown can
+    wait for them. A thread whose work is done waits `linger` seconds for more: handing work to a
+    waiting thread costs a quarter of starting one, and both hold the GIL (0.04 vs 0.15 ms)."""
+
+    def __init__(self, linger=10.0):
+        self.linger = linger
+        self.running = 0            # work given and not yet done
+        self.waiting = 0            # threads waiting for work
+        self.queued = []            # (work, Event set once a thread took it), oldest first
+        lock = threading.Lock()
+        self.changed = threading.Condition(lock)      # running changed
+        self.has_work = threading.Condition(lock)     # queued grew
+
+    def start(self, target):
+        """Run target() on a thread. Like Thread.start(), return once a thread has taken it:
+        work given in order is taken in order (a kernel's calls line up as they came)."""
+        taken = threading.Event()
+        with self.changed:
+            self.running += 1
+            self.queued.append((target, taken))
+            spare = self.waiting >= len(self.queued)     # a waiting thread will take it
+            if spare:
+                self.has_work.notify()
+        if not spare:
+            threading.Thread(target=self._serve, daemon=True).start()
+        taken.wait()
+
+    def _serve(self):
+        """Run the oldest work, then wait up to `linger` s for more; none came: the thread ends."""
+        while True:
+            with self.has_work:
+                self.waiting += 1
+                self.has_work.wait_for(lambda: self.queued, self.linger)
+                self.waiting -= 1
+                if not self.queued:
+                    return
+                target, taken = self.queued.pop(0)
+            taken.set()
+            try:
+                target()
+            except Exception:
+                log("error in a worker thread:\n" + traceback.format_exc())
+            finally:
+                target = taken = None       # what it holds is not kept while the thread waits
+                with self.changed:
+                    self.running -= 1
+                    self.changed.notify_all()
+
+    def wait(self, seconds):
+        """Wait until no work runs, `seconds` at most -> True if none runs."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.running == 0, seconds)
+
+
+def serve_stdio():
+    """Serve one client on stdin/stdout until stdin closes or SIGTERM comes."""
+    if POSIX:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    if sys.stdin.isatty():
+        log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on "
+            "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
+            "call 'print(1)'`; Ctrl-D ends it.")
+    run_lifecycle("setup")
+    # Give back what compiling and setting up left free (glibc keeps it); not glibc: nothing to do.
+    with contextlib.suppress(OSError, AttributeError, ImportError):
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
+    finally:
+        run_lifecycle("shutdown")
+    return 0
+
+
+# =============================================================================
+# 5. HTTP: Streamable HTTP and HTTP+SSE, on Flask and waitress
+# =============================================================================
+# HttpServer holds the state and answers every route with an HttpReply; create_app() wires Flask
+# routes to its methods. Flask and waitress are imported in create_app() and serve_http(), so the
+# stdio server never pays for them. Settings are section 1's constants, read where used.
+#
+#   POST   /mcp  (and /mcp/)             Streamable HTTP (2025-03-26 and later)
+#   DELETE /mcp                          end a Streamable HTTP session
+#   GET    /sse  (and /sse/)             HTTP+SSE (2024-11-05): the event stream of one session
+#   POST   /messages/?session_id=...     its client-to-server messages -> 202
+#   GET    /health                       liveness, without auth; reveals nothing
+#
+# Both transports share one protocol (section 2) and one set of workers: only the framing
+# differs. A request that may run code holds a waitress thread while it streams (Streamable
+# HTTP) or while its stream is open (HTTP+SSE): ThreadBudget keeps a reserve of threads free.
+
+NO_API_KEY = """mcp-exec: refusing to serve HTTP without API_KEY.
+Executed code can do anything this user can; every HTTP request must carry the key.
+Make one and start again:
+    export API_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
+Clients then send "Authorization: Bearer $API_KEY" (or "X-API-Key: $API_KEY")."""
+
+NO_FLASK = ("mcp-exec: --http needs flask and waitress: python3 -m pip install -r "
+            "requirements.txt (or use a venv: python3 -m venv .venv && .venv/bin/pip install "
+            "-r requirements.txt)")
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+# Bytes of messages that may wait for one HTTP+SSE stream whose client does not read: past it
+# the session ends. Above the largest message (a result with IMAGE_LIMIT images of
+# IMAGE_MAX_BYTES, embedded files, two outputs), so a client that reads never meets it.
+SSE_BACKLOG_BYTES = 16 << 20
+MIN_THREADS = 4       # one open /sse stream, one running call, and a thread for all the rest
+
+
+class HttpReply(collections.namedtuple("HttpReply", "status body headers content_type on_close",
+                                       defaults=(b"", None, "application/json", None))):
+    """What a route answers, independent of Flask: create_app() turns it into a Response.
+    `body` is bytes, or an iterator of str for an event stream; `on_close` runs when it is sent."""
+
+
+def json_reply(message, status=200, headers=None):
+    return HttpReply(status, encode_message(message), headers)
+
+
+def error_reply(status, message, code=INVALID_REQUEST, headers=None):
+    # Errors are JSON-RPC error objects without an id, never HTML pages.
+    return json_reply(error_response(None, code, message), status, headers)
+
+
+def text_reply(status, body=b""):      # no JSON-RPC message: 202 Accepted, 204 No Content
+    return HttpReply(status, body, content_type="text/plain")
+
+
+def sse_reply(first, messages=(), on_close=None):
+    """An event stream: `first`, then an event per message (a dict, or an event already
+    written: a str), a keep-alive comment per None."""
+    def stream():
+        yield first
+        for message in messages:
+            if message is None:
+                yield ": keep-alive\n\n"
+            else:
+                yield message if isinstance(message, str) else sse_event(message)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return HttpReply(200, stream(), headers, "text/event-stream", on_close)
+
+
+def sse_event(message):
+    return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
+
+
+def accepts_json(accept):
+    """Leniently, as clients differ: no Accept header, or */*, admits JSON too."""
+    return not accept or "application/json" in accept or "*/*" in accept
+
+
+def drain(outbox, client_disconnected, done=None):
+    """Yield `outbox`'s messages until `done` (or None, where `done` is not given) comes or the
+    client leaves, and None per SSE_KEEPALIVE s of silence (a keep-alive comment). A client that
+    left is seen within 0.25 s by waitress's client_disconnected (channel_request_lookahead),
+    else at the keep-alive that fails."""
+    last_write = time.monotonic()
+    while True:
+        try:
+            message = outbox.get(timeout=0.25)
+            if message is done:
+                return
+        except queue.Empty:
+            if client_disconnected is not None and client_disconnected():
+                return
+            if time.monotonic() - last_write < SSE_KEEPALIVE:
+                continue
+            message = None                  # a keep-alive
+        last_write = time.monotonic()
+        yield message
+
+
+class HttpSession(Session):
+    """A Streamable HTTP session, identified by the Mcp-Session-Id header (None: stateless)."""
+    def __init__(self, allow_exec, session_id=None):
+        super().__init__(allow_exec, local=False)
+        self.lasting_channel = False   # notify() writes to one POST's response stream
+        self.session_id = session_id
+        self.last_used = time.monotonic()
+
+
+class SseSession(Session):
+    """An HTTP+SSE conversation (2024-11-05 transports.mdx, HTTP with SSE): the messages for the
+    client wait in `outbox`, as written events, for the GET /sse stream. At most
+    SSE_BACKLOG_BYTES wait: a client that stops reading loses its session, not our memory."""
+
+    def __init__(self, allow_exec, hang_up=None):
+        # A handshake-era transport: a modern probe (server/discover) gets a legacy answer,
+        # and a dual-era client falls back to initialize (2026-07-28 basic/versioning.mdx).
+        super().__init__(allow_exec, local=False, modern=False)
+        self.session_id = os.urandom(16).hex()   # unguessable (transports.mdx, Security)
+        self.outbox = queue.Queue()
+        self.backlog = 0                         # bytes in outbox
+        self.hang_up = hang_up                   # closes the client's connection, if it can
+
+    def deliver(self, message):
+        """Queue a message for the stream; past SSE_BACKLOG_BYTES, end the session."""
+        event = sse_event(message)
+        with self.lock:
+            if self.closed:
+                return
+            if self.backlog + len(event) <= SSE_BACKLOG_BYTES:
+                self.backlog += len(event)
+                self.outbox.put(event)
+                return
+            self.closed = True      # this thread alone ends it (close() below, once)
+        log("an HTTP+SSE client stopped reading its stream: %d bytes wait; its session ends"
+            % self.backlog)
+        self.close()
+        if self.hang_up:            # the stream's thread waits in waitress for it to read:
+            self.hang_up()          # closing the connection frees it, and ends the response
+
+    def events(self, client_disconnected):
+        """The stream's messages, each counted off the backlog as it goes to waitress."""
+        for event in drain(self.outbox, client_disconnected):
+            if event is not None:
+                with self.lock:
+                    self.backlog -= len(event)
+            yield event
+
+    def close(self):
+        """End the session and its stream (drain() stops at None): at shutdown waitress then
+        has no stream thread left to wait for, and the client reads the stream's end."""
+        super().close()
+        self.outbox.put(None)
+
+
+def _host_name(value):
+    """'example.com:8000' -> 'example.com', '[::1]:80' -> '[::1]'."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[:value.find("]") + 1]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class ThreadBudget:
+    """How many waitress threads long requests (open /sse streams, streamed tools/call) may
+    hold: all but a reserve that keeps /health, initialize, ping, the POSTs that feed the
+    streams and DELETE answering under any load. Beyond it: refused at once, not queued."""
+
+    def __init__(self, threads):
+        self.lock = threading.Lock()
+        self.held = {}               # token -> the holder's client_disconnected (or None)
+        self.resize(threads)
+
+    def resize(self, threads):
+        self.threads = threads
+        self.size = max(1, threads - 2 - threads // 8)
+
+    def take(self, client_disconnected=None):
+        """-> a token to give back with release(), or None when the budget is spent."""
+        with self.lock:
+            if len(self.held) >= self.size:      # first free what departed clients still hold
+                self.held = {t: gone for t, gone in self.held.items()
+                             if gone is None or not gone()}
+            if len(self.held) >= self.size:
+                return None
+            token = object()
+            self.held[token] = client_disconnected
+            return token
+
+    def release(self, token):
+        with self.lock:
+            self.held.pop(token, None)
+
+    def refusal(self):
+        return ("Server busy: all %d of the threads that open SSE streams and running calls may "
+                "hold are in use (WEB_CONCURRENCY=%d). Retry shortly; an operator can raise "
+                "WEB_CONCURRENCY." % (self.size, self.threads))
+
+
+def concurrency_warning(threads):
+    """The one line that says WEB_CONCURRENCY is too low here, or None."""
+    if threads >= MIN_THREADS:
+        return None
+    return ("WEB_CONCURRENCY=%d: here it counts waitress threads, not processes (as uvicorn's "
+            "workers did), and %d thread%s cannot serve one open /sse stream beside one running "
+            "call%s; set WEB_CONCURRENCY=32 (the default), %d at least"
+            % (threads, threads, "" if threads == 1 else "s",
+               " (with 1, /sse is refused and calls run one at a time)" if threads == 1 else "",
+               MIN_THREADS))
+
+
+class HttpServer:
+    """The state behind the routes (the sessions of both transports, the thread budget) and
+    their answers. `host` and `threads` are serve_http()'s flags; by default HOST and
+    WEB_CONCURRENCY. Each kind of POST has a handler of its own: initialize_post(),
+    session_post(), batch_post() on /mcp, sse_post() on /messages/, and the "http_post" hooks
+    (the 2026-07-28 era's, section 11) before them."""
+
+    def __init__(self, host=None, threads=None):
+        self.loopback = (host or HOST) in LOCAL_NAMES
+        self.budget = ThreadBudget(threads or WEB_CONCURRENCY)
+        self.allow_exec = not STDIO_MODE_ONLY
+        self.lock = threading.Lock()
+        self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
+        self.sse_sessions = {}      # session_id -> SseSession
+        self.waitress_checked = False
+        self.workers = Workers()
+
+    def check_waitress(self, environ):
+        """At the first request: size the budget from waitress's real thread count (which
+        waitress-serve --threads sets, whatever WEB_CONCURRENCY says), and say what is off."""
+        self.waitress_checked = True
+        channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
+        adj = getattr(getattr(channel, "server", None), "adj", None)
+        if adj is None:
+            return                                   # not waitress: WEB_CONCURRENCY it is
+        wanted = self.budget.threads
+        self.budget.resize(adj.threads)
+        if adj.threads != wanted:
+            log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress "
+                "(%d)" % (adj.threads, wanted, self.budget.size))
+            if concurrency_warning(adj.threads):
+                log(concurrency_warning(adj.threads))
+        if adj.max_request_body_size > MAX_BODY_BYTES:
+            log("waitress accepts bodies of %d bytes, MAX_BODY_BYTES says %d: start it with "
+                "--max-request-body-size=%d"
+                % (adj.max_request_body_size, MAX_BODY_BYTES, MAX_BODY_BYTES))
+        if not adj.channel_request_lookahead:
+            log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed "
+                "only when a keep-alive fails; start it with --channel-request-lookahead=1 "
+                "(python mcp_exec.py --http does)")
+
+    def guard(self, path, headers, environ):
+        """Before every route: None to go on, or the refusal (an HttpReply)."""
+        if not self.waitress_checked:
+            self.check_waitress(environ)
+        if path == "/health":
+            return None
+        if path.startswith("/.well-known/"):
+            # No OAuth metadata here: a 404 tells clients that probe after a 401 to stop.
+            return error_reply(404, "Not found: this server uses a static API key, not OAuth")
+        return self.check_request(headers)
+
+    def check_request(self, headers):
+        """-> None if the request may proceed, else the refusal (an HttpReply)."""
+        host = _host_name(headers.get("Host", ""))
+        # DNS rebinding: evil.example resolving to 127.0.0.1 still sends "Host: evil.example".
+        local = self.loopback and host in LOCAL_NAMES
+        if not local and host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
+            if ALLOWED_HOSTS:
+                return error_reply(421, "Host %r is not allowed (ALLOWED_HOSTS)" % host)
+            if self.loopback:
+                return error_reply(421, "Host %r is not allowed: this server is bound to loopback "
+                                   "(set ALLOWED_HOSTS)" % host)
+        # A present Origin that is not allowed -> 403 (2025-11-25 transports.mdx, Security Warning).
+        origin = headers.get("Origin")
+        if origin is not None and not ("*" in ALLOWED_ORIGINS
+                                       or origin.rstrip("/") in ALLOWED_ORIGINS):
+            try:
+                origin_host = (urlsplit(origin).hostname or "").lower()
+            except ValueError:
+                origin_host = ""
+            if not (self.loopback and origin_host in LOCAL_NAMES):
+                return error_reply(403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin)
+        # Every request needs the API key: missing or wrong is 401 (authorization.mdx).
+        supplied = headers.get("X-API-Key", "")
+        scheme, _, token = headers.get("Authorization", "").partition(" ")
+        if not supplied and scheme.lower() == "bearer":
+            supplied = token.strip()
+        import hmac        # here: it loads OpenSSL, which the stdio server never needs
+        if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
+            return error_reply(401, "Unauthorized: send Authorization: Bearer <API_KEY> or X-API-Key: <API_KEY>",
+                               headers={"WWW-Authenticate": 'Bearer realm="mcp-exec"'})
+        return None
+
+    # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE) ----------------------------
+    def sse_open(self, script_root, client_disconnected, hang_up=None):
+        """GET /sse: the endpoint event, then the session's messages, until the client leaves
+        or the session ends. The stream holds a waitress thread (from the budget) while open.
+        hang_up() closes the client's connection (one that stopped reading)."""
+        if self.budget.threads < 2:      # the stream would hold the thread its POSTs need
+            return error_reply(503, concurrency_warning(1), headers={"Retry-After": "2"})
+        token = self.budget.take(client_disconnected)
+        if token is None:
+            return error_reply(503, self.budget.refusal() + " Streamable HTTP at /mcp holds no "
+                               "thread between calls.", headers={"Retry-After": "2"})
+        session = SseSession(self.allow_exec, hang_up)
+        with self.lock:
+            self.sse_sessions[session.session_id] = session
+
+        def on_close():   # when waitress closes the response, however it ended (idempotent)
+            with self.lock:
+                self.sse_sessions.pop(session.session_id, None)
+            session.close()          # its running executions are killed
+            self.budget.release(token)
+        # The first event tells the client where to POST: a relative URI, which clients
+        # resolve against the stream's URL (and they refuse another origin).
+        endpoint = "%s/messages/?session_id=%s" % (script_root, session.session_id)
+        return sse_reply("event: endpoint\ndata: %s\n\n" % endpoint,
+                         session.events(client_disconnected), on_close)
+
+    def sse_post(self, session_id, body):
+        """POST /messages/?session_id=...: 202 at once; the answers travel on the stream.
+        A frame that is not JSON is answered 400 here, with the error stdio would send."""
+        if not session_id:
+            return error_reply(400, "Missing session_id query parameter")
+        with self.lock:
+            session = self.sse_sessions.get(session_id)
+        if session is None or session.closed:
+            return error_reply(404, "Unknown or closed session: open a new stream with GET /sse")
+        payload, error = parse_frame(body)
+        if error:
+            return json_reply(error, 400)
+        dispatch(payload, session, session.deliver, self.workers)
+        return text_reply(202, b"Accepted")
+
+    # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP) -------------------
+    def mcp_post(self, headers, body, client_disconnected):
+        """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) -> JSON, SSE or 202. The
+        "http_post" hooks may claim it first (a 2026-07-28 request, section 11)."""
+        payload, error = parse_frame(body)
+        if not error and not isinstance(payload, list):
+            error = envelope_error(payload)
+        if error:          # the error stdio would send, with 400 (it names no request to answer)
+            return json_reply(error, 400)
+        for claim in HOOKS["http_post"]:
+            reply = claim(self, payload, headers, client_disconnected)
+            if reply is not None:
+                return reply
+        first = payload if isinstance(payload, dict) else {}
+        header_version = headers.get("MCP-Protocol-Version")
+        if header_version is not None and header_version not in SUPPORTED_VERSIONS:
+            # transports.mdx, Protocol Version Header: an unsupported one MUST get 400.
+            first_id = first.get("id") if valid_id(first.get("id")) else None
+            return json_reply(error_response(first_id, INVALID_REQUEST,
+                                             "Unsupported protocol version %r" % header_version,
+                                             {"supported": list(SUPPORTED_VERSIONS)}), 400)
+        if first.get("method") == "initialize" and "id" in first:
+            return self.initialize_post(first)
+        session = self.session_for(headers.get("Mcp-Session-Id"), header_version)
+        if isinstance(session, HttpReply):
+            return session
+        if isinstance(payload, list):
+            return self.batch_post(payload, session, headers.get("Accept", ""))
+        return self.session_post(payload, session, headers.get("Accept", ""),
+                                 client_disconnected)
+
+    def initialize_post(self, message):
+        """initialize opens a session, named in the Mcp-Session-Id header of the answer."""
+        session = HttpSession(self.allow_exec) if MCP_STATELESS else self.new_http_session()
+        if session is None:
+            return error_reply(503, "Too many sessions running code (MAX_SESSIONS); retry shortly",
+                               headers={"Retry-After": "5"})
+        reply = handle_message(message, session)
+        if "error" in reply or not session.session_id:
+            with self.lock:                  # a failed initialize leaves no session behind
+                self.http_sessions.pop(session.session_id, None)
+            return json_reply(reply)
+        return json_reply(reply, 200, {"Mcp-Session-Id": session.session_id})
+
+    def session_for(self, session_id, header_version):
+        """The session a POST belongs to -> HttpSession, or the refusal (an HttpReply). A POST
+        without Mcp-Session-Id stands alone: this server does not require sessions, and only
+        "Servers that require a session ID SHOULD respond to requests without an
+        Mcp-Session-Id header (other than initialization) with HTTP 400 Bad Request"
+        (transports.mdx, Session Management). Its version comes from the header, else
+        2025-03-26 (transports.mdx, Protocol Version Header)."""
+        if MCP_STATELESS or not session_id:
+            session = HttpSession(self.allow_exec)
+            session.protocol_version = header_version or "2025-03-26"
+            return session
+        with self.lock:
+            session = self.http_sessions.get(session_id)
+            if session is not None:
+                session.last_used = time.monotonic()
+        return session or error_reply(404, "Unknown or ended session: initialize again")
+
+    def session_post(self, message, session, accept, client_disconnected):
+        """One message of a session (or standing alone): a request is answered, the rest
+        accepted (202)."""
+        request = parse_request(message, session)
+        if isinstance(request, Request):
+            return self.answer(request, accept, client_disconnected)
+        return text_reply(202) if request is None else self.quick_reply(request, accept)
+
+    def batch_post(self, batch, session, accept):
+        """A batch (2025-03-26) is answered whole, holding a budget thread to the end if it runs
+        code; a refused batch, or one with no request, gets 400."""
+        token = self.budget.take() if needs_worker(batch) else None
+        if needs_worker(batch) and token is None:
+            return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
+        try:
+            reply = handle_payload(batch, session)
+        finally:
+            self.budget.release(token)
+        if reply is None:
+            return text_reply(202)   # notifications and responses: accepted
+        asked = [m for m in batch if isinstance(m, dict) and "method" in m and "id" in m]
+        refused = isinstance(reply, dict)          # one error for the whole batch
+        return self.quick_reply(reply, accept, 400 if refused or not asked else 200)
+
+    def answer(self, request, accept, client_disconnected):
+        """A request of either era, answered at once; or, if it may wait for code and the thread
+        budget allows (else a tool error says so, at once), run by watch(): with SSE (preferred)
+        progress and keep-alives flow. A handshake-era JSON reply needs no watching: nothing streams
+        and a disconnect is no cancellation (2025-11-25 transports.mdx, Sending Messages to the
+        Server). It runs here, a thread hop less, holding its token to the end, client or not."""
+        if not METHODS[request.method][2]:
+            return self.quick_reply(answer_request(request), accept)
+        sse = "text/event-stream" in accept or not accepts_json(accept)
+        inline = not sse and not request.modern
+        token = self.budget.take(None if inline else client_disconnected)
+        if token is None:
+            result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1),
+                                 request.version)
+            request.decorate(result)
+            return json_reply({"jsonrpc": "2.0", "id": request.id, "result": result})
+        if sse:
+            def on_close():
+                self.budget.release(token)
+                if request.modern:
+                    request.session.close()
+            # A comment first, so headers reach the client at once (waitress sends them with
+            # the first chunk) and Heroku's router sees bytes within its 30 s window.
+            return sse_reply(": stream open\n\n", self.watch(request, client_disconnected),
+                             on_close)
+        try:
+            if inline:
+                reply = answer_request(request)
+            else:                  # the response is the message with an id (progress has none)
+                replies = [m for m in self.watch(request, client_disconnected)
+                           if m is not None and "id" in m]
+                reply = replies[-1] if replies else None
+        finally:
+            self.budget.release(token)
+        return json_reply(reply) if reply is not None else text_reply(202)   # None: cancelled
+
+    def watch(self, request, client_disconnected):
+        """Run the request on a worker -> its messages as they come, None per SSE_KEEPALIVE s of
+        silence (a keep-alive), until it ends or the client leaves (drain()). A departure
+        cancels a 2026-07-28 request (cancellation.mdx); a 2025-x one runs on, unanswered."""
+        outbox, done = queue.Queue(), object()
+        request.notify = outbox.put
+
+        def run():
+            try:
+                reply = answer_request(request)
+                if reply is not None:
+                    outbox.put(reply)
+            finally:
+                outbox.put(done)
+        self.workers.start(run)
+        for message in drain(outbox, client_disconnected, done):
+            yield message
+        if request.modern and client_disconnected is not None and client_disconnected():
+            request.session.close()
+
+    def quick_reply(self, reply, accept, status=200):
+        """A request answered at once: JSON, or one SSE event for a client accepting only that."""
+        if status != 200 or accepts_json(accept):
+            return json_reply(reply, status)
+        return sse_reply(sse_event(reply))
+
+    def mcp_delete(self, session_id):
+        """DELETE /mcp: the client ends its session (transports.mdx, Session Management)."""
+        if MCP_STATELESS:
+            return error_reply(405, "Stateless mode has no sessions to end", headers={"Allow": "POST"})
+        if not session_id:
+            return error_reply(400, "Missing Mcp-Session-Id header")
+        with self.lock:
+            session = self.http_sessions.pop(session_id, None)
+        if session is None:
+            return error_reply(404, "Unknown or ended session")
+        session.close()              # its running executions are killed
+        return text_reply(204)
+
+    def new_http_session(self):
+        """A new Streamable HTTP session, or None when every session is running code. Idle
+        sessions expire; at MAX_SESSIONS the oldest idle one makes room."""
+        now = time.monotonic()
+        with self.lock:
+            for old in sorted(self.http_sessions.values(), key=lambda x: x.last_used):
+                full = len(self.http_sessions) >= MAX_SESSIONS
+                if not full and now - old.last_used <= SESSION_IDLE_TIMEOUT:
+                    break                    # this one and all younger ones stay
+                if not old.running():        # expired, or the oldest idle one when full
+                    del self.http_sessions[old.session_id]
+                    old.close()
+            if len(self.http_sessions) >= MAX_SESSIONS:
+                return None                  # every session is running code: refuse, kill nothing
+            session = HttpSession(self.allow_exec, base64.urlsafe_b64encode(os.urandom(24)).decode())
+            self.http_sessions[session.session_id] = session
+        return session
+
+    def close(self):
+        """End every session of both transports: their running executions are killed."""
+        with self.lock:
+            sessions = list(self.sse_sessions.values()) + list(self.http_sessions.values())
+        for session in sessions:
+            session.close()
+        self.workers.wait(KILL_GRACE + 1)
+        run_lifecycle("shutdown")
+
+
+
+def create_app(host=None, threads=None):
+    """The Flask app: routes wired to an HttpServer(host, threads); SystemExit without API_KEY."""
+    from flask import Flask, Response, request
+
+    if not API_KEY or HTTP_PROBLEMS:
+        raise SystemExit(HTTP_PROBLEMS[0] if HTTP_PROBLEMS else NO_API_KEY)
+    run_lifecycle("setup")
+    server = HttpServer(host, threads)
+    if concurrency_warning(server.budget.threads):
+        log(concurrency_warning(server.budget.threads))
+    # Kill running code, sessions, templates at exit and on SIGTERM: waitress has no shutdown hook.
+    atexit.register(server.close)
+
+    def on_sigterm(signum, frame):
+        server.close()
+        raise SystemExit(0)
+    if threading.current_thread() is threading.main_thread():   # signal() works only there
+        signal.signal(signal.SIGTERM, on_sigterm)
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.extensions["mcp_exec"] = server
+
+    def respond(reply):
+        response = Response(reply.body, reply.status, reply.headers,
+                            content_type=reply.content_type)
+        if reply.on_close is not None:
+            response.call_on_close(reply.on_close)
+        return response
+
+    @app.before_request
+    def guard():
+        refusal = server.guard(request.path, request.headers, request.environ)
+        if refusal is None and TRACE and request.method == "POST":
+            log("--> %s %s %s" % (request.method, request.full_path.rstrip("?"),
+                                  request.get_data()[:2000].decode("utf-8", "replace")))
+        return respond(refusal) if refusal else None
+
+    add_error_pages(app, respond)
+    add_routes(app, server, request, respond)
+    return app
+
+
+def add_error_pages(app, respond):
+    """Every error is a JSON-RPC error object, never an HTML page."""
+    app.register_error_handler(404, lambda exc: respond(error_reply(
+        404, "Not found: the endpoints are /mcp (Streamable HTTP), /sse and /messages/ "
+        "(HTTP+SSE)")))
+    app.register_error_handler(405, lambda exc: respond(error_reply(
+        405, "Method not allowed", headers={"Allow": ", ".join(exc.valid_methods or [])})))
+    app.register_error_handler(413, lambda exc: respond(error_reply(
+        413, "Request body larger than %d bytes (MAX_BODY_BYTES)" % MAX_BODY_BYTES)))
+    app.register_error_handler(500, lambda exc: respond(error_reply(
+        500, "Internal error (details are in the server's log)", INTERNAL_ERROR)))
+
+
+def add_routes(app, server, request, respond):
+    """The routes: each hands the request's parts to an HttpServer method (the table above).
+    /mcp/ and /sse/ are served as /mcp and /sse: clients of older SDKs use them."""
+    def disconnected():
+        return request.environ.get("waitress.client_disconnected")
+
+    def health():
+        status = {"status": "ok"}                 # nothing secret: no auth on this route
+        for add in HOOKS["health"]:
+            status.update(add())
+        return respond(json_reply(status))
+
+    def mcp_post():
+        return respond(server.mcp_post(request.headers, request.get_data(), disconnected()))
+
+    def mcp_delete():
+        return respond(server.mcp_delete(request.headers.get("Mcp-Session-Id")))
+
+    def mcp_get():
+        # GET and HEAD: 405, as we offer no standalone stream (transports.mdx, Listening for
+        # Messages); a client that falls back to HTTP+SSE on 405 finds it at /sse.
+        return respond(error_reply(405, "This server sends no unsolicited messages on /mcp: GET "
+                                   "is not offered (HTTP+SSE is at /sse)",
+                                   headers={"Allow": "POST, DELETE"}))
+
+    def sse_get():
+        return respond(server.sse_open(request.script_root, disconnected(),
+                                       _hang_up(request.environ)))
+
+    def sse_post():
+        return respond(server.sse_post(request.args.get("session_id"), request.get_data()))
+    app.add_url_rule("/health", "health", health)
+    for path in ("/mcp", "/mcp/"):
+        app.add_url_rule(path, "mcp_post" + path, mcp_post, methods=["POST"])
+        app.add_url_rule(path, "mcp_delete" + path, mcp_delete, methods=["DELETE"])
+        app.add_url_rule(path, "mcp_get" + path, mcp_get, methods=["GET"])
+    for path in ("/sse", "/sse/"):
+        app.add_url_rule(path, "sse" + path, sse_get, methods=["GET"])
+    for path in ("/messages", "/messages/"):
+        app.add_url_rule(path, "messages" + path, sse_post, methods=["POST"])
+
+
+def _hang_up(environ):
+    """-> a function that closes this request's connection under waitress, or None elsewhere.
+    A thread that waitress holds in a write, for a client that stopped reading, is freed only
+    so: shutdown() makes its channel close, and the write raise ClientDisconnected."""
+    channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
+    sock = getattr(channel, "socket", None)
+    if sock is None:
+        return None
+
+    def hang_up():
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    return hang_up
+
+
+def __getattr__(name):
+    """`mcp_exec:app` for waitress-serve: the Flask app is built on first access only."""
+    if name == "app":
+        globals()["app"] = create_app()
+        return globals()["app"]
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def serve_http(args):
+    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress; the flags win
+    over HOST, PORT, WEB_CONCURRENCY. -> 2 after one stderr line (nothing before) if it can't
+    serve."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
+    parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
+    parser.add_argument("--port", type=int, default=PORT, help="port (PORT) [8000]")
+    parser.add_argument("--threads", type=int, default=WEB_CONCURRENCY,
+                        help="waitress threads (WEB_CONCURRENCY) [32]")
+    options = parser.parse_args(args)
+    threads = max(1, options.threads)
+    problem = _cannot_serve(options.host, options.port)
+    if problem:
+        sys.stderr.write(problem + "\n")
+        return 2
+    app = create_app(options.host, threads)
+    import waitress
+    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
+        "of which open streams and running calls may hold %d%s%s" % (
+            options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
+            ", stateless" if MCP_STATELESS else "",
+            ", STDIO_MODE_ONLY: no code execution over HTTP" if STDIO_MODE_ONLY else ""))
+    _raise_open_files_limit()
+    gc.freeze()     # the app's objects live forever: the collector need not walk them per call
+    # waitress answers 413 from Content-Length before it reads a byte of the body, key or no
+    # key: what it buffers for unseen requests is at most connection_limit x MAX_BODY_BYTES.
+    waitress.serve(app, host=options.host, port=options.port, threads=threads,
+                   max_request_body_size=MAX_BODY_BYTES, **WAITRESS_OPTIONS)
+    return 0
+
+
+def _raise_open_files_limit():
+    """Every connection is a file descriptor: lift the soft limit towards the hard (POSIX)."""
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = WAITRESS_OPTIONS["connection_limit"] + 256
+        if hard != resource.RLIM_INFINITY:
+            wanted = min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def _cannot_serve(host, port):
+    """Why `--http` cannot start (no flask or waitress, no API_KEY, the port taken) -> the
+    message, or None. It binds the address once, as waitress will, and lets it go."""
+    from importlib.util import find_spec
+    if find_spec("flask") is None or find_spec("waitress") is None:
+        return NO_FLASK
+    if HTTP_PROBLEMS:
+        return HTTP_PROBLEMS[0]
+    if not API_KEY:
+        return NO_API_KEY
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as waitress does
+                probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return "mcp-exec: port %d on %s is in use; pick another with --port N or PORT=N" % (
+                port, host)
+        return ("mcp-exec: cannot listen on %s port %d (%s); check --host/HOST and --port/PORT"
+                % (host, port, exc.strerror or exc))
+    return None
+
+
+# How waitress must run for this app (the Procfile repeats it); measured on 2 cores, waitress 3.0.2:
+WAITRESS_OPTIONS = {
+    # waitress sees a client leave mid-stream (client_disconnected), not just at a failed keep-alive
+    "channel_request_lookahead": 1,
+    # 100 (the default) slow connections starve everyone, key or no key; 1,000 idle or
+    # trickling ones cost ~2.6 MB and kept /health under 40 ms
+    "connection_limit": 1000,
+    "asyncore_use_poll": True,        # select() fails past fd 1024, taking the server down
+    # drop connections silent for 95 s: above the 90 s idle time Heroku's router keeps (it
+    # must close first), below waitress's 120 s; checked every 10 s, not 30
+    "channel_timeout": 95,
+    "cleanup_interval": 10,
+    "ident": "mcp-exec",
+}
+
+
+
+
+# =============================================================================
+# The core's command line
+# =============================================================================
+# `python mcp_exec.py` serves stdio, `--http` serves HTTP; section 14 registers the rest.
+
+def main(argv=None):
+    """Run the command the first word names (COMMANDS) -> its exit status."""
+    args = sys.argv[1:] if argv is None else argv
+    command = COMMANDS.get(args[0] if args else "")
+    if command is None:
+        hint = " (to serve HTTP on a port: --http --port N)" if args[0] in ("--port",
+                                                                          "--host") else ""
+        sys.stderr.write("mcp-exec: unknown arguments %s%s (try --help)\n"
+                         % (" ".join(args), hint))
+        return 2
+    try:
+        return command(args[1:])
+    except BrokenPipeError:       # `... | head` closed our stdout: nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def core_alone():
+    """True where this file is the core alone, cut off at the line that ends it: then the
+    module ends here, and builds its parts and serves below. The whole file does both at its
+    end instead, once every section has registered."""
+    with open(__file__, "rb") as f:
+        return b"\n# The core " + b"ends here" not in f.read()
+
+
+register_command([""], lambda args: serve_stdio())
+register_command(["--http", "http"], serve_http)
+if core_alone():
+    build_parts()
+    if __name__ == "__main__":
+        sys.exit(main())
+
+
+# The core ends here. What follows makes that server faster, safer and richer, each section
+# only through the core's register_*(): the fork server, containment, cached environments, what
+# the model sees, kernels, the 2026-07-28 era, jobs and tasks, the client and the command line.
+
+import importlib
+import io
+import mimetypes
+import posixpath
+from urllib.parse import quote, unquote
+
+# Handles (jobs, kernels, files) name their instance, so that another dyno can say where one lives.
+_HOST = os.environ.get("DYNO") or socket.gethostname()
+INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST).strip(".")[:24] or "local"
+
+
+def new_handle(prefix):
+    """'j' -> 'j-<instance>-<random>': unguessable, says where it lives. os.urandom() as in secrets,
+    which we do not import: it loads OpenSSL (5 MB, via hashlib) into server and templates."""
+    return "%s-%s-%s" % (prefix, INSTANCE, base64.urlsafe_b64encode(os.urandom(12)).decode())
+
+
+def lives_elsewhere(handle, shown=None):
+    """What to say of a handle another instance minted (`shown` as the client knows it), or None."""
+    parts = handle.split("-")
+    if len(parts) < 3 or parts[1] == INSTANCE or not re.match(r"^[A-Za-z0-9.]+$", parts[1]):
+        return None
+    return ("%s lives on instance %s, and this is %s: jobs, sessions and files stay on the server "
+            "process that made them. Retry until the request reaches it, or run the code again."
+            % (shown or handle, parts[1], INSTANCE))
+
+
+# =============================================================================
+# 6. Fork server: one template interpreter per environment
+# =============================================================================
+# Starting Python costs tens of milliseconds of CPU; forking a running one, about one. A template
+# is a clean, single-threaded interpreter of one environment that, like multiprocessing's
+# forkserver, forks a child per call; the request and its pipes come over a unix socket
+# (SCM_RIGHTS). The child runs child_main() like a spawned one: the code cannot tell them apart.
+# Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
+#
+# --- The template's side: its loop, in the child process ---------------------------------
+
+def adopt_fds(config, fds, template_env):
+    """In a forked child: the call's pipes become stdin/stdout/stderr (the results fd and any extra
+    ones go into config), and the call's environment replaces `template_env` (the template's)."""
+    use_as_stdio(fds)
+    os.chdir(config["cwd"])
+    for name in template_env.keys() - config["env"].keys():
+        del os.environ[name]
+    for name, value in config["env"].items():
+        if template_env.get(name) != value:      # most are the template's own: left alone
+            os.environ[name] = value
+    os.setsid()                    # a process group of its own, as a spawned child has
+    config.update(results_fd=fds[3], extra_fds=fds[4:])
+
 
 def serve_template(config, fresh_modules):
     """Template mode: fork a child per request -> its config, in the child. Single-threaded: fork()
@@ -1680,15 +3045,7 @@ def _rlimits():
             "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")]
 
 
-# =============================================================================
-# 6. Fork server: one template interpreter per environment
-# =============================================================================
-# Starting Python costs tens of milliseconds of CPU; forking a running one, about one. A template is
-# a clean, single-threaded interpreter of one environment that, like multiprocessing's forkserver,
-# forks a child per call; the request and its pipes come over a unix socket (SCM_RIGHTS). The child
-# runs child_main() like a spawned one: the code cannot tell them apart. Its loop: serve_template()
-# (section 5). Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
-
+# --- The server's side: a Template per interpreter ----------------------------------------
 
 class Template:
     """The server's side of one template process."""
@@ -1875,7 +3232,17 @@ class Templates:
             template.close()
 
 
-TEMPLATES = Templates(FORK_SERVER)
+def fork_child(env, config, pipes, extra_fds=()):
+    """The "start_child" step with a fork server: a ForkedChild from the template of the
+    call's environment, else (no template, or none can start) the core's spawn_child()."""
+    return (TEMPLATES.fork(env, config, pipes, extra_fds)
+            or spawn_child(env, config, pipes, extra_fds))
+
+
+register_part("TEMPLATES", lambda: Templates(FORK_SERVER))
+register_step("start_child", fork_child)
+register_child_mode("template", serve_template, before_setup=True)
+register_lifecycle(shutdown=lambda: TEMPLATES.close())
 
 
 # =============================================================================
@@ -1891,14 +3258,12 @@ TEMPLATES = Templates(FORK_SERVER)
 
 
 def server_setup():
-    """Once per server process, before its first child (register_lifecycle below): become the
-    orphans' reaper, hide our environment, recover from a dead server, log the containment."""
+    """Once per server process, before its first child (register_lifecycle below): hide our
+    environment, recover from a dead server, log the containment."""
     libc = _libc()
     if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)   # our /proc files (environ: API_KEY): root's only
-    RUN_DIR.recover()
-    ENVIRONMENTS.recover()
+    recover_dead_servers(RUN_DIR)
     SANDBOX.nproc_limit = _nproc_limit()
     _cache_bytecode()
     log("sandbox: %s" % SANDBOX.describe())
@@ -1983,13 +3348,14 @@ def sandbox_config(call_root, local):
             "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp}
 
 
-def containment_env(call, local):
+def containment_env(directory, local):
     """Where code may write, caches go: into the call's own directory."""
     if not SANDBOX.abi:
         return {}
-    extra = {"XDG_CACHE_HOME": os.path.join(call.tmp, "cache"), "MPLCONFIGDIR": os.path.join(call.tmp, "matplotlib")}
+    extra = {"XDG_CACHE_HOME": os.path.join(directory.tmp, "cache"),
+             "MPLCONFIGDIR": os.path.join(directory.tmp, "matplotlib")}
     if not local:
-        extra["HOME"] = call.root       # the server's home is not the code's over HTTP
+        extra["HOME"] = directory.root       # the server's home is not the code's over HTTP
     return {k: v for k, v in extra.items() if k not in os.environ or k == "HOME"}
 
 
@@ -2192,6 +3558,10 @@ class Watch:
         self.pid, self.directory, self.on_over, self.reason = pid, directory, on_over, None
         self.due = time.monotonic() + MONITOR_INTERVAL         # when it is next checked
 
+    def close(self):
+        """The call is over: stop watching it."""
+        MONITOR.unwatch(self)
+
     def check(self):
         pids = [self.pid] + descendants(self.pid)
         if EXEC_MAX_PROCS and sum(_thread_count(p) for p in pids) > EXEC_MAX_PROCS:
@@ -2301,195 +3671,47 @@ class Monitor:
             time.sleep(max(0.01, wake - time.monotonic()))
 
 
-MONITOR = Monitor()
 
+# --- 7.4 Recovery after a crash ----------------------------------------------------------
+# A server that dies (kill -9, a dyno restart) leaves its run directory and perhaps processes.
+# Its lock file is flocked while it lives: the next server to start finds it free, and cleans up.
 
-# --- 7.4 Run directories and recovery after a crash ---------------------------------------
-
-FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602    # _IOR/_IOW('f', 1|2, long)
-UNDELETABLE_FLAGS = 0x10 | 0x20                              # FS_IMMUTABLE_FL, FS_APPEND_FL
-
-
-def remove_tree(path):
-    """Remove a tree whatever code did to it: any depth (each directory is first moved to the top:
-    no long paths, no recursion), no write or search permission, immutable or append-only flags
-    (cleared where we may), links never followed. Never raises: what cannot go stays, logged."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    try:
-        top = os.open(path, flags)
-    except FileNotFoundError:
-        return
-    except OSError:
-        _remove_at(os.unlink, None, path)     # a file or a link where a directory was
-        return
-    with contextlib.suppress(OSError):        # read-only (a cached venv): its entries must go
-        os.fchmod(top, stat.S_IRWXU)
-    pending, moved, left = [None], 0, 0       # None: the top itself; else a name under it
-    try:
-        while pending:
-            name = pending.pop()
-            try:
-                fd = top if name is None else os.open(name, flags, dir_fd=top)
-            except OSError:
-                left += 1
-                continue
-            try:
-                entries = list(os.scandir(fd))
-            except OSError:
-                entries = []
-            for entry in entries:
-                moved += 1
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        # to move, list and empty it: its owner's rights back, no undeletable flag
-                        with contextlib.suppress(OSError):
-                            os.chmod(entry.name, stat.S_IRWXU, dir_fd=fd)
-                        _clear_flags(entry.name, fd)
-                        os.rename(entry.name, ".rm-%d" % moved, src_dir_fd=fd, dst_dir_fd=top)
-                        pending.append(".rm-%d" % moved)
-                    else:
-                        left += not _remove_at(os.unlink, fd, entry.name)
-                except OSError:
-                    left += 1
-            if name is not None:                  # fd is not top
-                os.close(fd)
-                left += not _remove_at(os.rmdir, top, name)
-    finally:
-        os.close(top)
-    if not _remove_at(os.rmdir, None, path) or left:
-        log("could not remove all of %s (%d entries left)" % (path, left))
-
-
-def _clear_flags(name, parent):
-    """Clear immutable and append-only (needs CAP_LINUX_IMMUTABLE: a root server has it)."""
-    import fcntl     # POSIX only
-    with contextlib.suppress(OSError):
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=parent)
+def recover_dead_servers(run_dir):
+    """Kill and remove what dead servers sharing STATE_DIR (their lock free) left, never a live
+    server's. A failure is logged, no more: whatever a call left there, the server starts."""
+    for name in os.listdir(run_dir.base) if os.path.isdir(run_dir.base) else []:
+        path = os.path.join(run_dir.base, name)
         try:
-            flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8))[0]
-            if flags & UNDELETABLE_FLAGS:
-                fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("l", flags & ~UNDELETABLE_FLAGS))
-        finally:
-            os.close(fd)
-
-
-def _remove_at(remove, parent, name):
-    """remove(name) in `parent`, clearing once the flags that forbid it -> True if it is gone."""
-    for attempt in (1, 2):
-        try:
-            remove(name, dir_fd=parent)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            if attempt == 2 or exc.errno not in (errno.EPERM, errno.EACCES):
-                return False
-            _clear_flags(name, parent)
-
-
-class CallDir:
-    """A call's directory: root/work (the working directory) and root/tmp (TMPDIR)."""
-    def __init__(self, root):
-        self.root, self.work, self.tmp = root, os.path.join(root, "work"), os.path.join(root, "tmp")
-        for path in (root, self.work, self.tmp):
-            os.mkdir(path)
-
-    def remove(self):
-        try:                               # the common case, three syscalls: nothing was left
-            for path in (self.work, self.tmp, self.root):
-                os.rmdir(path)
+            lock = open(os.path.join(path, "lock"))
         except OSError:
-            remove_tree(self.root)
+            continue                                  # being created, or not ours
+        try:
+            with lock:
+                if path == run_dir.root or not _flock(lock, shared=False, wait=False):
+                    continue                          # its server lives
+                killed = _kill_leftovers(path)
+                remove_tree(path)
+            log("a server that used %s had died: killed %d of its processes, removed its "
+                "directory" % (path, killed))
+        except Exception:
+            log("could not recover %s:\n%s" % (path, traceback.format_exc()))
 
 
-class RunDir:
-    """This server's directory, STATE_DIR/run/<pid>-<random>/, with the calls' directories. `lock`
-    is flocked while the server lives; `pids` lists all it started (pid, start time)."""
-
-    def __init__(self, state_dir):
-        self.base = os.path.join(state_dir, "run")
-        self.root = self.lock = self.pids = None
-        self.guard = threading.Lock()
-
-    def path(self):
-        with self.guard:
-            if self.root is None:
-                os.makedirs(self.base, exist_ok=True)
-                root = os.path.join(self.base, "%d-%s" % (os.getpid(), os.urandom(4).hex()))
-                os.mkdir(root)
-                self.lock = open(os.path.join(root, "lock"), "w")
-                _flock(self.lock, shared=False)
-                self.pids = open(os.path.join(root, "pids"), "a")
-                self.root = root
-            return self.root
-
-    def new_call(self):
-        return CallDir(os.path.join(self.path(), "call-" + os.urandom(6).hex()))
-
-    def record(self, pid):
-        """Note a process this server started, for the next server if this one crashes."""
-        self.path()
-        with self.guard:
-            self.pids.write("%d %s\n" % (pid, _start_time(pid)))
-            self.pids.flush()
-
-    def close(self):
-        with self.guard:
-            root, self.root = self.root, None
-        if root:
-            remove_tree(root)
-            self.lock.close()
-            self.pids.close()
-
-    def recover(self):
-        """Kill and remove what dead servers sharing STATE_DIR (their lock free) left, never a live
-        server's. A failure is logged, no more: whatever a call left there, the server starts."""
-        for name in os.listdir(self.base) if os.path.isdir(self.base) else []:
-            path = os.path.join(self.base, name)
-            try:
-                lock = open(os.path.join(path, "lock"))
-            except OSError:
-                continue                                  # being created, or not ours
-            try:
-                with lock:
-                    if path == self.root or not _flock(lock, shared=False, wait=False):
-                        continue                          # its server lives
-                    killed = self._kill_leftovers(path)
-                    remove_tree(path)
-                log("a server that used %s had died: killed %d of its processes, removed its "
-                    "directory" % (path, killed))
-            except Exception:
-                log("could not recover %s:\n%s" % (path, traceback.format_exc()))
-
-    @staticmethod
-    def _kill_leftovers(path):
-        killed = 0
-        for line in (_read_text(os.path.join(path, "pids")) or "").splitlines():
-            pid, _, started = line.partition(" ")
-            if pid.isdigit() and started and _start_time(int(pid)) == started:   # the same process
-                kill_tree(int(pid))
-                killed += 1
-        if LINUX:        # a process whose tree was broken: known by its working directory
-            for entry in filter(str.isdigit, os.listdir("/proc")):
-                with contextlib.suppress(OSError):          # a process that ended meanwhile
-                    if os.readlink("/proc/%s/cwd" % entry).startswith(path + os.sep):
-                        kill_tree(int(entry))
-                        killed += 1
-        return killed
-
-
-def _start_time(pid):
-    """A process's start time (clock ticks since boot): with the pid, it names one process."""
-    fields = (_read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()   # after (comm)
-    return fields[19] if len(fields) > 19 else ""
-
-
-def shutdown():
-    """At exit: end sessions and templates (and their children), reap orphans, remove RUN_DIR."""
-    KERNELS.close()
-    TEMPLATES.close()
-    reap_orphans()
-    RUN_DIR.close()
+def _kill_leftovers(path):
+    """Kill what a dead server started (its pids file) and what ran in its directory."""
+    killed = 0
+    for line in (_read_text(os.path.join(path, "pids")) or "").splitlines():
+        pid, _, started = line.partition(" ")
+        if pid.isdigit() and started and _start_time(int(pid)) == started:   # the same process
+            kill_tree(int(pid))
+            killed += 1
+    if LINUX:        # a process whose tree was broken: known by its working directory
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):          # a process that ended meanwhile
+                if os.readlink("/proc/%s/cwd" % entry).startswith(path + os.sep):
+                    kill_tree(int(entry))
+                    killed += 1
+    return killed
 
 
 def limits_note(local):
@@ -2505,206 +3727,43 @@ def limits_note(local):
                        "; it has no network" if SANDBOX.network == "off" else ""))
 
 
-SANDBOX = Sandbox(EXEC_SANDBOX, EXEC_NETWORK)
-RUN_DIR = RunDir(STATE_DIR)
-register_lifecycle(setup=server_setup, shutdown=shutdown)
+def contain_child(config, environ, directory, local):
+    """The "child_config" hook: the sandbox the child applies to itself, where caches go, and
+    RLIMIT_NPROC where it applies."""
+    if SANDBOX.nproc_limit:
+        config["limits"]["RLIMIT_NPROC"] = SANDBOX.nproc_limit
+    config["sandbox"] = sandbox_config(directory.root, local)
+    environ.update(containment_env(directory, local))
+
+
+def sandbox_child(config):
+    """The "child_setup" hook, in the child: apply the sandbox its config carries."""
+    if config.get("sandbox"):
+        apply_sandbox(config["sandbox"])
+
+
+register_part("SANDBOX", lambda: Sandbox(EXEC_SANDBOX, EXEC_NETWORK))
+register_part("MONITOR", Monitor)
+register_hook("child_config", contain_child)
+register_hook("child_setup", sandbox_child)
+register_hook("health", lambda: {"sandbox": SANDBOX.name()})
+register_step("watch", lambda pid, directory: MONITOR.watch(pid, directory))
+register_lifecycle(setup=server_setup)
 register_tool_feature(note=limits_note)
 
 
 # =============================================================================
-# 8. Package environments
+# 8. Environments: isolated venvs, cached
 # =============================================================================
-# A package is a plain requirement: name, optional [extras], optional version specifiers.
-# Nothing else reaches pip: no options, URLs, paths, "@ url", markers or shell characters.
-_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
-_SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
-REQUIREMENT_RE = re.compile(
-    r"^\s*(?P<name>%s)\s*(?:\[\s*(?P<extras>%s(?:\s*,\s*%s)*)\s*\])?\s*(?P<specs>%s(?:\s*,\s*%s)*)?\s*$"
-    % (_NAME, _NAME, _NAME, _SPEC, _SPEC))
+# use_temp_dir runs the code in a venv of just its packages. The core builds one per call and
+# removes it after (seconds of pip each time); here each package set is built once, kept
+# read-only, leased by the calls that use it, and evicted least recently used.
 
-
-def normalize_requirement(text):
-    """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain requirement."""
-    m = REQUIREMENT_RE.match(text) if isinstance(text, str) and len(text) <= 200 else None
-    if not m:
-        return None
-    name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
-    extras = sorted({re.sub(r"[-_.]+", "-", e.strip()).lower()
-                     for e in (m.group("extras") or "").split(",") if e.strip()})
-    specs = ",".join(sorted(re.sub(r"\s+", "", s) for s in (m.group("specs") or "").split(",") if s.strip()))
-    return name + ("[%s]" % ",".join(extras) if extras else "") + specs
-
-
-def check_packages(arguments, clean):
-    """The "packages" argument -> clean["packages"], normalized and sorted, or the problem."""
-    for item in clean["packages"]:
-        if normalize_requirement(item) is None:
-            return ('"packages" entry %s is not a plain requirement: use a package name with optional '
-                    '[extras] and version specifiers, such as "numpy" or "pandas>=2,<3"; options, URLs, '
-                    'paths and "name @ url" are not allowed' % json.dumps(item)[:200])
-    clean["packages"] = sorted(set(map(normalize_requirement, clean["packages"])))
-    return None
-
-
-def _venv_python(venv):
-    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
-
-
-def _installer():
-    """-> (uv's path, or None for pip: no uv on PATH, or MCP_EXEC_INSTALLER=pip; the env: the
-    child's plus pip/uv settings, proxies, CA bundles, and PIP_* index settings as UV_* for uv)."""
-    uv = None if INSTALLER == "pip" else shutil.which("uv")
-    env = child_environment(installer=True)
-    if uv:
-        for setting in ("INDEX_URL", "EXTRA_INDEX_URL", "FIND_LINKS"):
-            if "PIP_" + setting in env and "UV_" + setting not in env:
-                env["UV_" + setting] = env["PIP_" + setting]
-    return uv, env
-
-
-def _create_venv(path, layered, deadline, cancel):
-    """Create a venv without pip -> Result. A `layered` one (the workspace) gets a .pth that adds
-    the server's site-packages *after* its own: code sees them, but installs into the workspace."""
-    uv, env = _installer()
-    argv = ([uv, "venv", "--quiet", "--python", sys.executable, path] if uv
-            else [sys.executable, "-m", "venv", "--without-pip", path])
-    result = run_process(argv, env=env, cwd=STATE_DIR,
-                         timeout=max(1.0, deadline - time.monotonic()), cancel=cancel)
-    if result.failed or not layered:
-        return result
-    # Ask the venv's own interpreter where its packages go: distributions patch
-    # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages here).
-    site_dir = run_process([_venv_python(path), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                           env=child_environment(), cwd=STATE_DIR, timeout=60).stdout.strip()
-    if not os.path.isdir(site_dir):
-        return Result.refusal("no site-packages in %s" % path)
-    server_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
-    with open(os.path.join(site_dir, "_mcp_exec_server_packages.pth"), "w") as f:
-        f.write("import site; list(map(site.addsitedir, %r))\n" % (server_dirs,))
-    return result
-
-
-def _satisfied_here(requirement):
-    """True if the server's packages (which the workspace sees) meet a bare name or exact ==pin."""
-    m = re.match(r"^([a-z0-9-]+)(?:==([A-Za-z0-9.+!_-]+))?$", requirement)
-    if not m:
-        return False
-    from importlib import metadata      # only when packages are asked for
-    try:
-        version = metadata.version(m.group(1))
-    except metadata.PackageNotFoundError:
-        return False
-    return m.group(2) is None or version == m.group(2)
-
-
-def _install(python, requirements, deadline, cancel, report):
-    """Install requirements into `python`'s environment -> Result, output as "install" progress.
-    "--" ends the options: no requirement slipping past validation can become one. Bytecode is
-    compiled: code cannot write it there, so each call would recompile its imports."""
-    uv, env = _installer()
-    if uv:
-        no_index = any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
-                       for n in ("PIP_NO_INDEX", "UV_NO_INDEX"))
-        argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]   # uv 0.1.32+
-        argv += ["--no-index"] if no_index else []   # uv has no variable for pip's PIP_NO_INDEX
-    else:
-        # The server's pip, run by `python` (our environments have no pip of their own). pip's
-        # --python (22.3+) starts pip here to run it there through its __pip-runner__.py; running
-        # that directly saves the first start (pip's own run for a small wheel: 1.0 s, not 1.6).
-        import importlib.util
-        argv = [sys.executable, "-m", "pip", "--python", python]
-        spec = importlib.util.find_spec("pip")
-        if spec and spec.origin:
-            runner = os.path.join(os.path.dirname(spec.origin), "__pip-runner__.py")
-            if os.path.isfile(runner):
-                # What --python sets for the pip it starts: that pip then obeys no PIP_PYTHON (or
-                # pip.conf "python =") of its own, which would install into another interpreter.
-                env["_PIP_RUNNING_IN_SUBPROCESS"] = "1"
-                argv = [python, runner]
-        argv += ["install", "--no-input", "--disable-pip-version-check"]
-    return run_process(argv + ["--"] + list(requirements), env=env, cwd=STATE_DIR,
-                       timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
-                       on_output=report and (lambda stream, chunk: report("install", chunk)))
-
-
-def _install_failed(result, what):
-    """The Result of a call whose environment could not be made ready."""
-    reason = ("timed out after %g s (INSTALL_TIMEOUT)" % INSTALL_TIMEOUT if result.timed_out
-              else "exit status %s" % result.returncode)
-    detail = (result.stderr.strip() + "\n" + result.stdout.strip()).strip()
-    return Result.refusal("Dependency install failed (%s: %s)\n%s" % (what, reason, detail[-4000:]),
-                          result.returncode or 1, result.timed_out, result.cancelled)
-
-
-def _waited(cancel, what):
-    """The failure of a call that stopped waiting for a lock: it was cancelled, or out of time."""
-    return _install_failed(Result.refusal("", timed_out=not cancel.is_set(),
-                                          cancelled=cancel.is_set()), what)
-
-
-def _digest(text, length):
-    """A hex SHA-256 prefix that names a folder. hashlib is imported here, not at the top:
-    it loads OpenSSL (5 MB), which only a server that installs needs, never a template."""
-    import hashlib
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
-
-
-class Environments:
-    """Where code runs, under STATE_DIR (servers may share it), one set per interpreter (path and
-    version), untouched by servers on other Pythons. The shared workspace, workspace-<tag>/:
-    installs accumulate, <tag>.installed lists them, <tag>.lock is flocked for changes. Or a cached
-    isolated venv per package set, venvs/<key>-<random>/ (built in place, then read-only), published
-    as venvs/<key>.ready once complete; calls lease it (a shared flock): none is evicted in use."""
-
-    def __init__(self, root):
-        self.root = root
-        self.lock = threading.Lock()      # guards key_locks and the cache's pointer files
-        self.key_locks = {}               # one build at a time per package set
-        self.workspace_lock = threading.Lock()
-        self.generation = 0               # bumped whenever this process changes the workspace
-
-    def workspace(self, requirements, deadline, cancel, report=None):
-        """-> (python, None), or (None, failure Result), installing what is missing."""
-        tag = _digest("%s %s" % (sys.executable, sys.version), 12)
-        venv = os.path.join(self.root, "workspace-" + tag)
-        record = venv + ".installed"
-        stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
-
-        def missing():
-            installed = set((_read_text(record) or "").split())
-            return [r for r in requirements if r not in installed and not _satisfied_here(r)]
-        # The common case takes no lock: a call without packages never waits behind an install.
-        if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not (requirements and missing()):
-            return _venv_python(venv), None
-        os.makedirs(self.root, exist_ok=True)
-        thread_lock = self.workspace_lock     # our threads, then other server processes (flock)
-        with open(venv + ".lock", "a") as lock_file, \
-                _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline, thread_lock.release) as got, \
-                _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel, deadline) as flocked:
-            if not (got and flocked):
-                return None, _waited(cancel, "waiting for another install into the workspace")
-            if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
-                remove_tree(venv)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(record)
-                result = _create_venv(venv, True, deadline, cancel)
-                if result.failed:
-                    if requirements:
-                        return None, _install_failed(result, "creating the workspace environment")
-                    log("could not create the workspace environment; running with the server's interpreter")
-                    return sys.executable, None
-                with open(os.path.join(venv, ".mcp-exec-ready"), "w") as f:
-                    f.write(stamp)
-                self.generation += 1
-            todo = missing()
-            if todo:   # pip is not even started when everything asked for is there
-                result = _install(_venv_python(venv), todo, deadline, cancel, report)
-                if result.failed:
-                    return None, _install_failed(result, "pip install " + " ".join(todo))
-                with open(record, "a") as f:
-                    f.write("".join(r + "\n" for r in todo))
-                self.generation += 1
-        return _venv_python(venv), None
+class CachedEnvironments(Environments):
+    """The core's Environments, with isolated venvs cached under STATE_DIR/venvs/ (servers may
+    share it), one per interpreter and package set: venvs/<key>-<random>/, built in place, then
+    read-only, published as venvs/<key>.ready once complete. Calls lease one (a shared flock):
+    none is evicted while in use; past VENV_CACHE_SIZE the least recently used go."""
 
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result); lease.close() after the run."""
@@ -2815,43 +3874,6 @@ class Environments:
                 held.close()
 
 
-class Environment:
-    """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call runs
-    with (env.python), ready, leased for the block, or env.failure (a Result saying why not)."""
-
-    def __init__(self, packages, isolated, cancel, report=None):
-        self.packages, self.isolated, self.cancel, self.report = list(packages), isolated, cancel, report
-        self.python = self.lease = self.failure = None
-        self.generation = 0   # changes with it: no template of an older one is used (section 6)
-
-    def __enter__(self):
-        deadline = time.monotonic() + INSTALL_TIMEOUT
-        if self.isolated:       # a cached environment never changes (it is read-only)
-            self.python, self.lease, self.failure = ENVIRONMENTS.isolated(
-                self.packages, deadline, self.cancel, self.report)
-        else:
-            self.python, self.failure = ENVIRONMENTS.workspace(self.packages, deadline, self.cancel, self.report)
-            self.generation = ENVIRONMENTS.generation
-        return self
-
-    def __exit__(self, *exc):
-        if self.lease:
-            self.lease.close()
-
-
-ENVIRONMENTS = Environments(STATE_DIR)
-LEASE_FILE = ".mcp-exec-lease"
-register_tool_feature(check=check_packages)
-
-
-def _read_text(path):
-    try:
-        with open(path, errors="replace") as f:      # /proc/PID/stat holds a name the code chose
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def _exclusive_lease(venv):
     """-> venv's lease file locked exclusively (close it after), or None while a call runs there."""
     try:
@@ -2864,30 +3886,9 @@ def _exclusive_lease(venv):
     return None
 
 
-def _flock(file, shared, wait=True):
-    """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if locked."""
-    try:
-        import fcntl   # POSIX only
-    except ImportError:
-        return True
-    flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
-    try:
-        fcntl.flock(file, flags)
-        return True
-    except BlockingIOError:
-        return False
-
-
-@contextlib.contextmanager
-def _waiting(try_lock, cancel, deadline, release=None):
-    """`with _waiting(try_lock, cancel, deadline, release) as got:` tries try_lock() until it locks
-    or the call is cancelled or past its deadline; got: if it locked. release() unlocks after."""
-    got = wait_or_cancel(try_lock, cancel, deadline)
-    try:
-        yield bool(got)
-    finally:
-        if got and release:
-            release()
+LEASE_FILE = ".mcp-exec-lease"
+register_part("ENVIRONMENTS", lambda: CachedEnvironments(STATE_DIR))
+register_lifecycle(setup=lambda: ENVIRONMENTS.recover())
 
 
 # =============================================================================
@@ -2900,7 +3901,6 @@ def _waiting(try_lock, cancel, deadline, release=None):
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS = 10000, 50 * 10 ** 6  # larger ones are drawn smaller, or dropped
-RESULTS_LIMIT = 2 * OUTPUT_LIMIT + IMAGE_LIMIT * (IMAGE_MAX_BYTES * 4 // 3 + 1024) + 65536
 FILE_KEEP_MAX = 16 * 1024 * 1024        # larger files are listed, not kept: one message must hold one
 OUTPUT_MIN_AGE = 300                    # seconds a client's files are safe from another's call
 FILES_INLINE_TOTAL = 1024 * 1024        # embedded files together, per call
@@ -2999,12 +3999,12 @@ def apply_record(result, record):
 
 # --- Files in -----------------------------------------------------------------------------
 
-def check_files(arguments, clean):
-    """The "files" argument -> clean["files"] = [(relative path, bytes)], or the problem."""
+def check_files(arguments, call):
+    """The "files" argument -> call.files = [(relative path, bytes)], or the problem."""
     files = [] if arguments.get("files") is None else arguments["files"]
     if not isinstance(files, list) or len(files) > FILES_IN_MAX:
         return '"files" must be a list of at most %d {"path": ..., "content": ...} objects' % FILES_IN_MAX
-    seen, clean["files"] = set(), []
+    seen = set()
     for n, entry in enumerate(files):
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("content"), str)
                 and not set(entry) - {"path", "content", "encoding"}):
@@ -3026,7 +4026,7 @@ def check_files(arguments, clean):
                     else entry["content"].encode("utf-8"))
         except ValueError:          # bad base64, or a lone surrogate (UnicodeEncodeError)
             return "files[%d].content is not valid %s" % (n, "base64" if encoding == "base64" else "UTF-8 text")
-        clean["files"].append((path, data))
+        call.files.append((path, data))
     return None
 
 
@@ -3260,12 +4260,36 @@ def handle_resources_list(request):
         for uri, name, size in list(OUTPUTS.live(request.session.owner))[:200]]}
 
 
-OUTPUTS = OutputStore(os.path.join(STATE_DIR, "outputs"))
 FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"value\", like a notebook's "
               "Out[]. Open matplotlib figures (plt.show() included) come back as PNG images, and so does a "
               "last value that can draw itself (a PIL image). \"files\" puts files in the working directory "
               "first; files the code writes there come back: small ones embedded, larger ones as links to "
               "read with resources/read, kept for %d minutes." % (OUTPUT_TTL // 60))
+def write_inputs(work, call):
+    """The "inputs" hook: the "files" argument into the working directory, and a snapshot of
+    what is there before the code runs -> None, or what went wrong."""
+    problem = write_input_files(work, call.files)
+    call.before = snapshot_files(work) if call.files else {}
+    return problem
+
+
+def take_outputs(result, work, call, session):
+    """The "outputs" hook: what the code made or changed goes into the result."""
+    collect_files(result, work, call.before, session.owner)
+
+
+def value_limits(config, environ, directory, local):
+    """The "child_config" hook: how large a value and its images may be."""
+    config.update(value_limit=OUTPUT_LIMIT, image_limit=IMAGE_LIMIT,
+                  image_max_bytes=IMAGE_MAX_BYTES)
+
+
+register_part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
+register_hook("child_config", value_limits)
+register_hook("child_report", describe_value)
+register_hook("read_record", apply_record)
+register_hook("inputs", write_inputs)
+register_hook("outputs", take_outputs)
 register_tool_feature(check=check_files, note=lambda local: FILES_NOTE,
                       capability={"resources": {}})
 register_method("resources/read", handle_resources_read)
@@ -3289,8 +4313,8 @@ KERNEL_QUEUE = 8              # calls that may wait for their kernel; more are r
 class Kernel(Child):
     """One kernel: its interpreter (a child in "kernel" mode), directory and environment, and the
     MCP session that started it (`owner`). To supervise() it is the Child of the call it runs."""
-    def __init__(self, handle, env, call, child, control, owner):
-        self.handle, self.env, self.call, self.child = handle, env, call, child
+    def __init__(self, handle, env, directory, child, control, owner):
+        self.handle, self.env, self.directory, self.child = handle, env, directory, child
         self.control, self.owner, self.pid = control, owner, child.pid
         self.pipes = child.pipes                 # the first call's; a later call sends its own
         self.last_used = time.monotonic()
@@ -3298,7 +4322,7 @@ class Kernel(Child):
         self.turns.enqueue()                      # the first call's: not idle while it runs
         self.ended = False
         # Its totals hold for its whole life, between calls too (a thread it left running).
-        self.watch = MONITOR.watch(child.pid, call.root, functools.partial(KERNELS.end, self))
+        self.watch = MONITOR.watch(child.pid, directory.root, functools.partial(KERNELS.end, self))
 
     def enter(self, cancel, turn):
         """Wait for the turn (`turn`: the place line_up took on arrival, or "none yet") -> None,
@@ -3314,11 +4338,11 @@ class Kernel(Child):
         self.last_used = time.monotonic()
         self.turns.release()
 
-    def run(self, args, cancel, on_output):
+    def run(self, call, cancel, on_output):
         """Run a call's code -> Result (a first call's packages, files and pipes came with the
         kernel; a later call's packages are fixed if isolated, else added to the workspace)."""
-        before = args.get("before")                  # a first call's snapshot of its directory
-        packages = args["packages"]
+        before = call.before                  # a first call's snapshot of its directory
+        packages = call.packages
         if before is None:
             if packages and self.env.isolated and packages != self.env.packages:    # both sorted
                 return Result.refusal(
@@ -3329,10 +4353,10 @@ class Kernel(Child):
                 with Environment(packages, False, cancel) as env:
                     if env.failure:
                         return env.failure
-            problem = write_input_files(self.call.work, args["files"])
+            problem = write_input_files(self.directory.work, call.files)
             if problem:
                 return Result.refusal(problem)
-            before = snapshot_files(self.call.work)
+            before = snapshot_files(self.directory.work)
             self.pipes = Pipes()
             try:
                 socket.send_fds(self.control, [b"run"], self.pipes.child)
@@ -3341,10 +4365,10 @@ class Kernel(Child):
                 KERNELS.end(self)
                 return Result.refusal("The session's interpreter is gone.")
             self.pipes.close_child_ends()
-        result = supervise(self, args["code"].encode("utf-8", "surrogatepass"), args["timeout"],
+        result = supervise(self, call.code.encode("utf-8", "surrogatepass"), call.timeout,
                            cancel, on_output)       # an interpreter that died ends its kernel
         if not self.ended:
-            collect_files(result, self.call.work, before, self.owner, move=False)
+            collect_files(result, self.directory.work, before, self.owner, move=False)
         return result
 
     def call_over(self, reading):
@@ -3374,7 +4398,7 @@ class Kernels:
         self.reasons = {}         # handle -> why it was ended, for its next call
         self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
 
-    def start(self, args, session, cancel, on_output):
+    def start(self, call, session, cancel, on_output):
         """A "session": "new" call -> (kernel, None), or (None, the Result that ends the call)."""
         with self.lock:
             mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)
@@ -3389,26 +4413,26 @@ class Kernels:
         with contextlib.ExitStack() as undo:       # until it has started, nothing of it may stay
             undo.callback(self._unreserve, handle)
             env = undo.enter_context(
-                Environment(args["packages"], args["use_temp_dir"], cancel, on_output))
+                Environment(call.packages, call.use_temp_dir, cancel, on_output))
             if env.failure:
                 return None, env.failure
-            call = CallDir(os.path.join(RUN_DIR.path(), "kernel-" + os.urandom(6).hex()))
-            undo.callback(call.remove)
-            problem = write_input_files(call.work, args["files"])
+            directory = CallDir(os.path.join(RUN_DIR.path(), "kernel-" + os.urandom(6).hex()))
+            undo.callback(directory.remove)
+            problem = write_input_files(directory.work, call.files)
             if problem:
                 return None, Result.refusal(problem)
-            before = snapshot_files(call.work)
+            before = snapshot_files(directory.work)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             undo.callback(ours.close)
             with theirs:
-                child = start_child(env, call, "kernel", session.local, [theirs.fileno()])
-            kernel = Kernel(handle, env, call, child, ours, session.owner)
+                child = start_child(env, directory, "kernel", session.local, [theirs.fileno()])
+            kernel = Kernel(handle, env, directory, child, ours, session.owner)
             undo.pop_all()
         with self.lock:
             self.live[handle] = kernel
             if not self.reaper.is_alive():       # the first kernel starts it
                 self.reaper.start()
-        args["before"] = before          # its first call: run_in_kernel runs it, holding its turn
+        call.before = before          # its first call: run_in_kernel runs it, holding its turn
         return kernel, None
 
     def _unreserve(self, handle):
@@ -3419,10 +4443,10 @@ class Kernels:
         with self.lock:
             return self.live.get(handle)      # an ended kernel has left it, a starting one is None
 
-    def line_up(self, clean):
+    def line_up(self, call):
         """Queue the call at its kernel in arrival order, before it moves to its job's thread."""
-        kernel = self.get(clean.get("session") or "")
-        clean["turn"] = kernel.turns.enqueue() if kernel else "none yet"
+        kernel = self.get(call.session or "")
+        call.turn = kernel.turns.enqueue() if kernel else "none yet"
 
     def end(self, kernel, reason=None):
         """End a kernel: its processes die, its directory goes; its next call is told `reason`."""
@@ -3439,7 +4463,7 @@ class Kernels:
         with contextlib.suppress(OSError):
             kernel.control.close()       # the interpreter sees EOF and exits ...
         kernel.child.kill()              # ... and whatever it left is killed
-        kernel.call.remove()
+        kernel.directory.remove()
         kernel.env.__exit__()
 
     def _reap_idle(self):
@@ -3459,9 +4483,9 @@ class Kernels:
             self.end(kernel)
 
 
-def run_in_kernel(args, session, cancel, on_output):
+def run_in_kernel(call, session, cancel, on_output):
     """A call with "session": start a kernel ("new") or use one -> Result naming it."""
-    handle = args["session"]
+    handle = call.session
     new = handle == "new"
     kernel = None if new else KERNELS.get(handle)
     if not new and kernel is None and handle in KERNELS.reasons:
@@ -3473,7 +4497,7 @@ def run_in_kernel(args, session, cancel, on_output):
             "their code cannot be interrupted, with end_session, or when the server restarts, and "
             "a handle is valid only on the server process that made it. Start a new one with "
             "\"session\": \"new\" and redo its setup." % (json.dumps(handle), SESSION_IDLE)))
-    refusal = None if new else kernel.enter(cancel, args["turn"])
+    refusal = None if new else kernel.enter(cancel, call.turn)
     if refusal:
         return refusal
     slot = EXEC_SLOTS.acquire(cancel, session.owner)
@@ -3481,17 +4505,17 @@ def run_in_kernel(args, session, cancel, on_output):
         if slot != "ok":
             return EXEC_SLOTS.refusal(slot)
         if new:
-            kernel, refusal = KERNELS.start(args, session, cancel, on_output)
+            kernel, refusal = KERNELS.start(call, session, cancel, on_output)
             if kernel is None:
                 return refusal
-        result = kernel.run(args, cancel, on_output)
+        result = kernel.run(call, cancel, on_output)
     finally:
         if slot == "ok":
             EXEC_SLOTS.release(session.owner)
         if kernel is not None:
             kernel.leave()
     result.session = kernel.handle
-    if (args.get("end_session") or (new and result.cancelled)) and not kernel.ended:  # no handle
+    if (call.end_session or (new and result.cancelled)) and not kernel.ended:  # no handle
         KERNELS.end(kernel)
     elif kernel.ended:
         result.note("The session %s ended (its code did not stop within %g s of the interrupt, "
@@ -3501,9 +4525,10 @@ def run_in_kernel(args, session, cancel, on_output):
     return result
 
 
-def serve_kernel(config, results):
+def serve_kernel(config, fresh_modules):
     """Kernel mode (in the child): run each call's code in one __main__ till the control socket
     closes. The first call's pipes are stdio, later ones come over it; between calls, /dev/null."""
+    results = config["results_fd"]
     control = socket.socket(fileno=config["extra_fds"][0])
     signal.signal(signal.SIGINT, signal.default_int_handler)     # the server's interrupt
     namespace = fresh_main()
@@ -3523,23 +4548,37 @@ def serve_kernel(config, results):
         results = fds[3]
 
 
-def check_kernel(arguments, clean):
-    """The "session" and "end_session" arguments -> clean, or the problem."""
+def check_kernel(arguments, call):
+    """The "session" and "end_session" arguments -> call.session, call.end_session, or the
+    problem."""
     kernel, end = arguments.get("session"), arguments.get("end_session", False)
     handle_like = isinstance(kernel, str) and (kernel == "new" or kernel.startswith("s-"))
     if kernel is not None and not handle_like:
         return '"session" must be "new" (to start one) or a handle a result gave you, such as "s-..."'
     if not isinstance(end, bool) or (end and kernel is None):
         return '"end_session" must be true or false, and goes with "session": the handle of the session to end'
-    clean["session"], clean["end_session"], clean["turn"] = kernel, end, "none yet"
+    call.session = kernel
+    call.end_session = end
+    call.turn = "none yet"
     return None
 
 
-KERNELS = Kernels()
+def run_call_or_kernel(call, session, cancel, on_output):
+    """The "run" step with kernels: a call with "session" runs in its kernel, any other as the
+    core runs it."""
+    if call.session:
+        return run_in_kernel(call, session, cancel, on_output)
+    return run_stateless(call, session, cancel, on_output)
+
+
 KERNEL_NOTE = ("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, "
                "imports and files across calls, then pass the returned \"session\" handle in the "
                "next calls; end it with \"end_session\": true when done. Sessions end after %d "
                "minutes idle." % (SESSION_IDLE // 60))
+register_part("KERNELS", Kernels)
+register_step("run", run_call_or_kernel)
+register_child_mode("kernel", serve_kernel)
+register_lifecycle(shutdown=lambda: KERNELS.close())
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE)
 
 
@@ -3581,8 +4620,9 @@ class ModernRequest(Request):
 
 
 def modern_request(request_id, method, params, session, notify):
-    """-> a ModernRequest, or None for a request of the handshake era."""
-    if not is_modern_request(method, params):
+    """-> a ModernRequest, or None for a request of the handshake era (or on a transport of
+    that era alone: HTTP+SSE)."""
+    if not (session.modern and is_modern_request(method, params)):
         return None
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
     missing = [name for name, kind in ((META_VERSION, str), (META_CAPABILITIES, dict))
@@ -3613,8 +4653,71 @@ def declares_extension(request, name):
     return isinstance(extensions, dict) and name in extensions
 
 
+# --- Over HTTP: a request stands alone, and its headers mirror its body ------------------
+
+def modern_http_post(server, payload, headers, client_disconnected):
+    """The "http_post" hook: a 2026-07-28 POST /mcp -> its reply, or None (not of this era).
+    Its headers must mirror the body, and no session exists (streamable-http.mdx)."""
+    first = payload if isinstance(payload, dict) else {}
+    header_version = headers.get("MCP-Protocol-Version")
+    if header_version is not None and header_version not in SUPPORTED_VERSIONS:
+        first_id = first.get("id") if valid_id(first.get("id")) else None
+        return json_reply(error_response(first_id, UNSUPPORTED_VERSION,
+                                         "Unsupported protocol version",
+                                         {"supported": list(SUPPORTED_VERSIONS),
+                                          "requested": header_version}), 400)
+    params = first.get("params") if isinstance(first.get("params"), dict) else {}
+    if not (header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params)):
+        return None
+    session = HttpSession(server.allow_exec)
+    if not isinstance(payload, dict):
+        return json_reply(handle_payload(payload, session), 400)      # a batch: -32600
+    if "id" in payload and "method" in payload:      # a request (mcp_post checked the id)
+        problem = header_mismatch(payload, headers)
+        if problem:
+            return json_reply(error_response(payload["id"], HEADER_MISMATCH,
+                                             "Header mismatch: " + problem), 400)
+    request = parse_request(payload, session)
+    if request is None:
+        return text_reply(202)
+    if not isinstance(request, Request):     # validated once, here, so errors get their status
+        status = 404 if request["error"]["code"] == METHOD_NOT_FOUND else 400
+        return json_reply(request, status)
+    return server.answer(request, headers.get("Accept", ""), client_disconnected)
+
+
+def _header_value(value):
+    """Decode the =?base64?...?= sentinel of Mcp-Name (2026-07-28 streamable-http.mdx, Value
+    Encoding)."""
+    if value is not None and value.startswith("=?base64?") and value.endswith("?="):
+        try:
+            return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
+        except ValueError:          # not base64 (binascii.Error, non-ASCII), or not UTF-8
+            return None
+    return value
+
+
+def header_mismatch(message, headers):
+    """What is wrong with a modern request's mirrored headers, or None (2026-07-28
+    streamable-http.mdx, Server Validation)."""
+    params = message.get("params") if isinstance(message.get("params"), dict) else {}
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    checks = [("MCP-Protocol-Version", headers.get("MCP-Protocol-Version"),
+               meta.get(META_VERSION)),
+              ("Mcp-Method", headers.get("Mcp-Method"), message.get("method"))]
+    if message.get("method") == "tools/call":
+        checks.append(("Mcp-Name", _header_value(headers.get("Mcp-Name")), params.get("name")))
+    for name, header, body in checks:
+        if header is None:
+            return "the %s header is required" % name
+        if body is not None and header != body:
+            return "%s header value %r does not match body value %r" % (name, header, body)
+    return None
+
+
 register_era(modern_request)
 register_method("server/discover", handle_discover, eras=("modern",))
+register_hook("http_post", modern_http_post)
 
 
 # =============================================================================
@@ -3716,9 +4819,9 @@ class Job:
         self.code_wrote_stderr = False
         self.lock = threading.Lock()
 
-    def run(self, args, session):
+    def run(self, call, session):
         try:
-            result, status = run_code(args, session, self.cancel, self._output), "completed"
+            result, status = run_code(call, session, self.cancel, self._output), "completed"
         except Exception:
             log("internal error in job %s:\n%s" % (self.handle, traceback.format_exc()))
             result = Result.refusal("Internal error (details are in the server's log)")
@@ -3756,7 +4859,7 @@ class Job:
             out, err = self.unread["stdout"], self.unread["stderr"]
             self.unread = {stream: OutputBuffer(OUTPUT_LIMIT) for stream in self.unread}
         ended = self.done.is_set()
-        final = self.result if ended else Result()        # a run still going adds nothing yet
+        final = self.result if ended else Result(None)    # still going: no exit status yet
         answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
                         out.truncated or err.truncated or final.value_truncated, final.cancelled)
         if not self.code_wrote_stderr:
@@ -3798,13 +4901,13 @@ class Jobs:
         self.jobs = {}
         self.threads = Workers()         # each job's run_code() runs on one of these
 
-    def start(self, args, session, notify=None):
-        KERNELS.line_up(args)            # in arrival order: the job's thread may start late
+    def start(self, call, session, notify=None):
+        KERNELS.line_up(call)            # in arrival order: the job's thread may start late
         job = Job(session.owner, notify)
         with self.lock:
             self._forget_old()
             self.jobs[job.handle] = job
-        self.threads.start(lambda: job.run(args, session))
+        self.threads.start(lambda: job.run(call, session))
         return job
 
     def get(self, handle):
@@ -3854,13 +4957,14 @@ def wait_for_job(job, request, cancel, seconds):
     return None if cancel.is_set() and not job.done.is_set() else job.done.is_set()
 
 
-def job_call_mode(request, clean):
-    """Section 2's call mode: a poll, a task, or a call that is a job once it outlives CALL_WAIT."""
-    if clean.get("job"):                # {"job": handle} (and "cancel"): wait up to CALL_WAIT
-        job = JOBS.get(clean["job"])
+def job_call_mode(request, call):
+    """The "call" step with jobs: a poll, a task, or a call that is a job once it outlives
+    CALL_WAIT."""
+    if call.job:                        # {"job": handle} (and "cancel"): wait up to CALL_WAIT
+        job = JOBS.get(call.job)
         if job is None:
-            return tool_result(Result.refusal(_unknown_job(clean["job"])), request.version)
-        if clean["cancel"]:
+            return tool_result(Result.refusal(_unknown_job(call.job)), request.version)
+        if call.cancel_job:
             job.stop()
         cancel = request.session.start_call(request.id)
         if wait_for_job(job, request, cancel, CALL_WAIT or None) is None:
@@ -3868,11 +4972,11 @@ def job_call_mode(request, clean):
         return tool_result(job.answer(), request.version)
     if request.version == "2025-11-25" and isinstance(request.params.get("task"), dict):
         lasting = request.session.lasting_channel          # stdio, not a POST
-        job = JOBS.start(clean, request.session, request.notify if lasting else None)
+        job = JOBS.start(call, request.session, request.notify if lasting else None)
         return {"task": job.task(False)}                        # at once (tasks.mdx)
     as_task = declares_extension(request, TASKS_EXTENSION)
     cancel = request.session.start_call(request.id)             # before the code can start
-    job = JOBS.start(clean, request.session)
+    job = JOBS.start(call, request.session)
     ended = wait_for_job(job, request, cancel, TASK_WAIT if as_task else CALL_WAIT or None)
     if ended is None:                      # cancellation.mdx: stop it, and answer nothing
         job.stop()
@@ -3893,8 +4997,8 @@ def _unknown_job(handle):
         "end when the server restarts. Run the code again." % (handle, JOB_TTL))
 
 
-def check_job(arguments, clean):
-    """The "job" and "cancel" arguments -> clean, or the problem."""
+def check_job(arguments, call):
+    """The "job" and "cancel" arguments -> call.job, call.cancel_job, or the problem."""
     job, cancel = arguments.get("job"), arguments.get("cancel", False)
     if job is not None and not (isinstance(job, str) and job.startswith("j-")):
         return '"job" must be the handle of a run that a result gave you, such as "j-..."'
@@ -3902,7 +5006,8 @@ def check_job(arguments, clean):
         return '"job" goes without "code": it waits for a run that is already going'
     if not isinstance(cancel, bool) or (cancel and job is None):
         return '"cancel" must be true or false, and goes with "job": the handle of the run to stop'
-    clean["job"], clean["cancel"] = job, cancel
+    call.job = job
+    call.cancel_job = cancel
     return None
 
 
@@ -3965,590 +5070,27 @@ def handle_tasks_cancel(request):
     return {} if request.modern else job.task(False)
 
 
-JOBS = Jobs()
-JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", the "
-            "output so far and a \"job\" handle: call again with {\"job\": handle} and no code to "
-            "wait for new output and the result, or add \"cancel\": true to stop it; so a long run "
-            "may use all of its \"timeout\"." % CALL_WAIT)
+JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", "
+            "\"returncode\": null (no exit status yet), the output so far and a \"job\" "
+            "handle: call again with {\"job\": handle} and no code to wait for new output and "
+            "the result, or add \"cancel\": true to stop it; so a long run may use all of its "
+            "\"timeout\"." % CALL_WAIT)
 # 2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension.
-register_tool_feature(check=check_job, call_mode=job_call_mode,
-                      note=lambda local: JOB_NOTE if CALL_WAIT else "", capability={
+register_part("JOBS", Jobs)
+register_step("call", job_call_mode)
+register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
+                      capability={
     "tasks": lambda version: TASKS_CAPABILITY if version == "2025-11-25" else None,
     "extensions": lambda version: {TASKS_EXTENSION: {}} if version in MODERN_VERSIONS else None})
 register_method("tasks/get", handle_tasks_get)
 register_method("tasks/cancel", handle_tasks_cancel)
 register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=True)
 register_method("tasks/list", handle_tasks_list, eras=("handshake",))
-register_lifecycle(shutdown=JOBS.close)
+register_lifecycle(shutdown=lambda: JOBS.close())
 
 
 # =============================================================================
-# 13. HTTP transports
-# =============================================================================
-# HttpServer holds the state and answers every route with an HttpReply; create_app() wires Flask
-# routes to its methods. Flask and waitress are imported in create_app() and serve_http(), so the
-# stdio server never pays for them. Settings are section 1's constants, read where used.
-#
-#   POST   /mcp                          Streamable HTTP (2025-03-26 and later)
-#   DELETE /mcp                          end a Streamable HTTP session
-#   GET    /health                       liveness, without auth; reveals nothing
-
-NO_API_KEY = """mcp-exec: refusing to serve HTTP without API_KEY.
-Executed code can do anything this user can; every HTTP request must carry the key.
-Make one and start again:
-    export API_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
-Clients then send "Authorization: Bearer $API_KEY" (or "X-API-Key: $API_KEY")."""
-
-NO_FLASK = ("mcp-exec: --http needs flask and waitress: python3 -m pip install -r requirements.txt "
-            "(or use a venv: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt)")
-
-LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
-
-
-class HttpReply(collections.namedtuple("HttpReply", "status body headers content_type on_close",
-                                       defaults=(b"", None, "application/json", None))):
-    """What a route answers, independent of Flask: create_app() turns it into a Response.
-    `body` is bytes, or an iterator of str for an event stream; `on_close` runs when it is sent."""
-
-
-def json_reply(message, status=200, headers=None):
-    return HttpReply(status, encode_message(message), headers)
-
-
-def error_reply(status, message, code=INVALID_REQUEST, headers=None):
-    # Errors are JSON-RPC error objects without an id, never HTML pages.
-    return json_reply(error_response(None, code, message), status, headers)
-
-
-def text_reply(status):      # no JSON-RPC message: 202 Accepted, 204 No Content
-    return HttpReply(status, content_type="text/plain")
-
-
-def sse_reply(first, messages=(), on_close=None):
-    """An event stream: `first`, then an event per message, a keep-alive comment per None."""
-    def stream():
-        yield first
-        for message in messages:
-            yield ": keep-alive\n\n" if message is None else sse_event(message)
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return HttpReply(200, stream(), headers, "text/event-stream", on_close)
-
-
-def sse_event(message):
-    return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
-
-
-def accepts_json(accept):
-    """Leniently, as clients differ: no Accept header, or */*, admits JSON too."""
-    return not accept or "application/json" in accept or "*/*" in accept
-
-
-class HttpSession(Session):
-    """A Streamable HTTP session, identified by the Mcp-Session-Id header (None: stateless)."""
-    def __init__(self, allow_exec, session_id=None):
-        super().__init__(allow_exec, local=False)
-        self.lasting_channel = False   # notify() writes to one POST's response stream
-        self.session_id = session_id
-        self.last_used = time.monotonic()
-
-
-def _host_name(value):
-    """'example.com:8000' -> 'example.com', '[::1]:80' -> '[::1]'."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        return value[:value.find("]") + 1]
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
-class ThreadBudget:
-    """How many waitress threads running tools/call may hold: all but a reserve that keeps /health,
-    initialize, ping and DELETE answering under any load. Beyond it: refused at once, not queued."""
-
-    def __init__(self, threads):
-        self.lock = threading.Lock()
-        self.held = {}               # token -> the holder's client_disconnected (or None)
-        self.resize(threads)
-
-    def resize(self, threads):
-        self.threads = threads
-        self.size = max(1, threads - 2 - threads // 8)
-
-    def take(self, client_disconnected=None):
-        """-> a token to give back with release(), or None when the budget is spent."""
-        with self.lock:
-            if len(self.held) >= self.size:      # first free what departed clients still hold
-                self.held = {t: gone for t, gone in self.held.items() if gone is None or not gone()}
-            if len(self.held) >= self.size:
-                return None
-            token = object()
-            self.held[token] = client_disconnected
-            return token
-
-    def release(self, token):
-        with self.lock:
-            self.held.pop(token, None)
-
-    def refusal(self):
-        return ("Server busy: all %d of the threads that running calls may hold are in use "
-                "(WEB_CONCURRENCY=%d). Retry shortly; an operator can raise WEB_CONCURRENCY."
-                % (self.size, self.threads))
-
-
-class HttpServer:
-    """The state behind the routes (Streamable HTTP sessions, the thread budget) and their
-    answers. `host` and `threads` are serve_http()'s flags; by default HOST, WEB_CONCURRENCY."""
-
-    def __init__(self, host=None, threads=None):
-        self.loopback = (host or HOST) in LOCAL_NAMES
-        self.budget = ThreadBudget(threads or WEB_CONCURRENCY)
-        self.allow_exec = not STDIO_MODE_ONLY
-        self.lock = threading.Lock()
-        self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
-        self.waitress_checked = False
-        self.workers = Workers()
-
-    def check_waitress(self, environ):
-        """At the first request: size the budget from waitress's real thread count (which
-        waitress-serve --threads sets, whatever WEB_CONCURRENCY says), and say what is off."""
-        self.waitress_checked = True
-        channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
-        adj = getattr(getattr(channel, "server", None), "adj", None)
-        if adj is None:
-            return                                   # not waitress: WEB_CONCURRENCY it is
-        wanted = self.budget.threads
-        self.budget.resize(adj.threads)
-        if adj.threads != wanted:
-            log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress "
-                "(%d)" % (adj.threads, wanted, self.budget.size))
-        if adj.max_request_body_size > MAX_BODY_BYTES:
-            log("waitress accepts bodies of %d bytes, MAX_BODY_BYTES says %d: start it with "
-                "--max-request-body-size=%d"
-                % (adj.max_request_body_size, MAX_BODY_BYTES, MAX_BODY_BYTES))
-        if not adj.channel_request_lookahead:
-            log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed only when a "
-                "keep-alive fails; start it with --channel-request-lookahead=1 (python mcp_exec.py --http does)")
-
-    def guard(self, path, headers, environ):
-        """Before every route: None to go on, or the refusal (an HttpReply)."""
-        if not self.waitress_checked:
-            self.check_waitress(environ)
-        if path == "/health":
-            return None
-        if path.startswith("/.well-known/"):
-            # No OAuth metadata here: a 404 tells clients that probe after a 401 to stop.
-            return error_reply(404, "Not found: this server uses a static API key, not OAuth")
-        return self.check_request(headers)
-
-    def check_request(self, headers):
-        """-> None if the request may proceed, else the refusal (an HttpReply)."""
-        host = _host_name(headers.get("Host", ""))
-        # DNS rebinding: evil.example resolving to 127.0.0.1 still sends "Host: evil.example".
-        local = self.loopback and host in LOCAL_NAMES
-        if not local and host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
-            if ALLOWED_HOSTS:
-                return error_reply(421, "Host %r is not allowed (ALLOWED_HOSTS)" % host)
-            if self.loopback:
-                return error_reply(421, "Host %r is not allowed: this server is bound to loopback "
-                                   "(set ALLOWED_HOSTS)" % host)
-        # A present Origin that is not allowed -> 403 (2025-11-25 transports.mdx, Security Warning).
-        origin = headers.get("Origin")
-        if origin is not None and not ("*" in ALLOWED_ORIGINS
-                                       or origin.rstrip("/") in ALLOWED_ORIGINS):
-            try:
-                origin_host = (urlsplit(origin).hostname or "").lower()
-            except ValueError:
-                origin_host = ""
-            if not (self.loopback and origin_host in LOCAL_NAMES):
-                return error_reply(403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin)
-        # Every request needs the API key: missing or wrong is 401 (authorization.mdx).
-        supplied = headers.get("X-API-Key", "")
-        scheme, _, token = headers.get("Authorization", "").partition(" ")
-        if not supplied and scheme.lower() == "bearer":
-            supplied = token.strip()
-        import hmac        # here: it loads OpenSSL, which the stdio server never needs
-        if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
-            return error_reply(401, "Unauthorized: send Authorization: Bearer <API_KEY> or X-API-Key: <API_KEY>",
-                               headers={"WWW-Authenticate": 'Bearer realm="mcp-exec"'})
-        return None
-
-    # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP) -------------------
-    def mcp_post(self, headers, body, client_disconnected):
-        """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) -> JSON, SSE or 202."""
-        payload, error = parse_frame(body)
-        if not error and not isinstance(payload, list):
-            error = envelope_error(payload)
-        if error:          # the error stdio would send, with 400 (it names no request to answer)
-            return json_reply(error, 400)
-        first = payload if isinstance(payload, dict) else {}
-        first_id = first.get("id") if valid_id(first.get("id")) else None
-        header_version = headers.get("MCP-Protocol-Version")
-        if header_version is not None and header_version not in SUPPORTED_VERSIONS:
-            return json_reply(error_response(first_id, UNSUPPORTED_VERSION, "Unsupported protocol version",
-                                             {"supported": list(SUPPORTED_VERSIONS), "requested": header_version}), 400)
-        params = first.get("params") if isinstance(first.get("params"), dict) else {}
-        if header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params):
-            return self.modern_post(payload, headers, client_disconnected)
-        if first.get("method") == "initialize" and "id" in first:
-            return self.initialize_post(first)
-        session = self.session_for(headers.get("Mcp-Session-Id"), header_version)
-        if isinstance(session, HttpReply):
-            return session
-        accept = headers.get("Accept", "")
-        if isinstance(payload, dict):
-            request = parse_request(payload, session)
-            if isinstance(request, Request):
-                return self.answer(request, accept, client_disconnected)
-            return text_reply(202) if request is None else self.quick_reply(request, accept)
-        # A batch (2025-03-26) is answered whole, holding a budget thread to the end if it runs code
-        token = self.budget.take() if needs_worker(payload) else None
-        if needs_worker(payload) and token is None:
-            return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
-        try:
-            reply = handle_payload(payload, session)
-        finally:
-            self.budget.release(token)
-        if reply is None:
-            return text_reply(202)   # notifications and responses: accepted
-        asked = [m for m in payload if isinstance(m, dict) and "method" in m and "id" in m]
-        refused = isinstance(reply, dict)          # one error for the whole batch
-        return self.quick_reply(reply, accept, 400 if refused or not asked else 200)
-
-    def initialize_post(self, message):
-        """initialize opens a session, named in the Mcp-Session-Id header of the answer."""
-        session = HttpSession(self.allow_exec) if MCP_STATELESS else self.new_http_session()
-        if session is None:
-            return error_reply(503, "Too many sessions running code (MAX_SESSIONS); retry shortly",
-                               headers={"Retry-After": "5"})
-        reply = handle_message(message, session)
-        if "error" in reply or not session.session_id:
-            with self.lock:                  # a failed initialize leaves no session behind
-                self.http_sessions.pop(session.session_id, None)
-            return json_reply(reply)
-        return json_reply(reply, 200, {"Mcp-Session-Id": session.session_id})
-
-    def session_for(self, session_id, header_version):
-        """The session a POST belongs to -> HttpSession, or the refusal (an HttpReply)."""
-        if MCP_STATELESS:
-            # Every POST stands alone: the version comes from the header (2025-03-26 if
-            # absent, transports.mdx, Protocol Version Header), the session from nowhere.
-            session = HttpSession(self.allow_exec)
-            session.protocol_version = header_version or "2025-03-26"
-            return session
-        if not session_id:
-            return error_reply(400, "Missing Mcp-Session-Id header: send initialize first")
-        with self.lock:
-            session = self.http_sessions.get(session_id)
-            if session is not None:
-                session.last_used = time.monotonic()
-        return session or error_reply(404, "Unknown or ended session: initialize again")
-
-    def modern_post(self, payload, headers, client_disconnected):
-        """A 2026-07-28 request: headers must mirror the body, and no session exists."""
-        session = HttpSession(self.allow_exec)
-        if not isinstance(payload, dict):
-            return json_reply(handle_payload(payload, session), 400)      # a batch: -32600
-        if "id" in payload and "method" in payload:      # a request (mcp_post checked the id)
-            problem = header_mismatch(payload, headers)
-            if problem:
-                return json_reply(error_response(payload["id"], HEADER_MISMATCH,
-                                                 "Header mismatch: " + problem), 400)
-        request = parse_request(payload, session)
-        if request is None:
-            return text_reply(202)
-        if not isinstance(request, Request):     # validated once, here, so errors get their status
-            return json_reply(request, 404 if request["error"]["code"] == METHOD_NOT_FOUND else 400)
-        return self.answer(request, headers.get("Accept", ""), client_disconnected)
-
-    def answer(self, request, accept, client_disconnected):
-        """A request of either era, answered at once; or, if it may wait for code and the thread
-        budget allows (else a tool error says so, at once), run by watch(): with SSE (preferred)
-        progress and keep-alives flow. A handshake-era JSON reply needs no watching: nothing streams
-        and a disconnect is no cancellation (2025-11-25 transports.mdx, Sending Messages to the
-        Server). It runs here, a thread hop less, holding its token to the end, client or not."""
-        if not METHODS[request.method][2]:
-            return self.quick_reply(answer_request(request), accept)
-        sse = "text/event-stream" in accept or not accepts_json(accept)
-        inline = not sse and not request.modern
-        token = self.budget.take(None if inline else client_disconnected)
-        if token is None:
-            result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1),
-                                 request.version)
-            request.decorate(result)
-            return json_reply({"jsonrpc": "2.0", "id": request.id, "result": result})
-        if sse:
-            def on_close():
-                self.budget.release(token)
-                if request.modern:
-                    request.session.close()
-            # A comment first, so headers reach the client at once (waitress sends them with
-            # the first chunk) and Heroku's router sees bytes within its 30 s window.
-            return sse_reply(": stream open\n\n", self.watch(request, client_disconnected),
-                             on_close)
-        try:
-            if inline:
-                reply = answer_request(request)
-            else:                  # the response is the message with an id (progress has none)
-                replies = [m for m in self.watch(request, client_disconnected)
-                           if m is not None and "id" in m]
-                reply = replies[-1] if replies else None
-        finally:
-            self.budget.release(token)
-        return json_reply(reply) if reply is not None else text_reply(202)   # None: cancelled
-
-    def watch(self, request, client_disconnected):
-        """Run the request on a worker -> its messages as they come, None per SSE_KEEPALIVE s of
-        silence (a keep-alive), until it ends or the client leaves: seen in 0.25 s by waitress's
-        client_disconnected (channel_request_lookahead), else (SSE) at a failed keep-alive. That
-        cancels a 2026-07-28 request (cancellation.mdx); a 2025-x one runs on, unanswered."""
-        outbox, done = queue.Queue(), object()
-        request.notify = outbox.put
-
-        def run():
-            try:
-                reply = answer_request(request)
-                if reply is not None:
-                    outbox.put(reply)
-            finally:
-                outbox.put(done)
-        self.workers.start(run)
-        last_write = time.monotonic()
-        while True:
-            try:
-                message = outbox.get(timeout=0.25)
-                if message is done:
-                    return
-            except queue.Empty:
-                if client_disconnected is not None and client_disconnected():
-                    if request.modern:
-                        request.session.close()
-                    return
-                if time.monotonic() - last_write < SSE_KEEPALIVE:
-                    continue
-                message = None                  # a keep-alive
-            last_write = time.monotonic()
-            yield message
-
-    def quick_reply(self, reply, accept, status=200):
-        """A request answered at once: JSON, or one SSE event for a client accepting only that."""
-        if status != 200 or accepts_json(accept):
-            return json_reply(reply, status)
-        return sse_reply(sse_event(reply))
-
-    def mcp_delete(self, session_id):
-        """DELETE /mcp: the client ends its session (transports.mdx, Session Management)."""
-        if MCP_STATELESS:
-            return error_reply(405, "Stateless mode has no sessions to end", headers={"Allow": "POST"})
-        if not session_id:
-            return error_reply(400, "Missing Mcp-Session-Id header")
-        with self.lock:
-            session = self.http_sessions.pop(session_id, None)
-        if session is None:
-            return error_reply(404, "Unknown or ended session")
-        session.close()              # its running executions are killed
-        return text_reply(204)
-
-    def new_http_session(self):
-        """A new Streamable HTTP session, or None when every session is running code. Idle
-        sessions expire; at MAX_SESSIONS the oldest idle one makes room."""
-        now = time.monotonic()
-        with self.lock:
-            for old in sorted(self.http_sessions.values(), key=lambda x: x.last_used):
-                full = len(self.http_sessions) >= MAX_SESSIONS
-                if not full and now - old.last_used <= SESSION_IDLE_TIMEOUT:
-                    break                    # this one and all younger ones stay
-                if not old.running():        # expired, or the oldest idle one when full
-                    del self.http_sessions[old.session_id]
-                    old.close()
-            if len(self.http_sessions) >= MAX_SESSIONS:
-                return None                  # every session is running code: refuse, kill nothing
-            session = HttpSession(self.allow_exec, base64.urlsafe_b64encode(os.urandom(24)).decode())
-            self.http_sessions[session.session_id] = session
-        return session
-
-    def close(self):
-        """End every session: their running executions are killed."""
-        with self.lock:
-            sessions = list(self.http_sessions.values())
-        for session in sessions:
-            session.close()
-        self.workers.wait(KILL_GRACE + 1)
-        run_lifecycle("shutdown")
-
-
-def _header_value(value):
-    """Decode the =?base64?...?= sentinel of Mcp-Name (2026-07-28 streamable-http.mdx, Value Encoding)."""
-    if value is not None and value.startswith("=?base64?") and value.endswith("?="):
-        try:
-            return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
-        except ValueError:          # not base64 (binascii.Error, non-ASCII), or not UTF-8
-            return None
-    return value
-
-
-def header_mismatch(message, headers):
-    """What is wrong with a modern request's mirrored headers, or None (2026-07-28
-    streamable-http.mdx, Server Validation)."""
-    params = message.get("params") if isinstance(message.get("params"), dict) else {}
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-    checks = [("MCP-Protocol-Version", headers.get("MCP-Protocol-Version"), meta.get(META_VERSION)),
-              ("Mcp-Method", headers.get("Mcp-Method"), message.get("method"))]
-    if message.get("method") == "tools/call":
-        checks.append(("Mcp-Name", _header_value(headers.get("Mcp-Name")), params.get("name")))
-    for name, header, body in checks:
-        if header is None:
-            return "the %s header is required" % name
-        if body is not None and header != body:
-            return "%s header value %r does not match body value %r" % (name, header, body)
-    return None
-
-
-def create_app(host=None, threads=None):
-    """The Flask app: routes wired to an HttpServer(host, threads); SystemExit without API_KEY."""
-    from flask import Flask, Response, request
-
-    if not API_KEY or HTTP_PROBLEMS:
-        raise SystemExit(HTTP_PROBLEMS[0] if HTTP_PROBLEMS else NO_API_KEY)
-    run_lifecycle("setup")
-    server = HttpServer(host, threads)
-    # Kill running code, sessions, templates at exit and on SIGTERM: waitress has no shutdown hook.
-    atexit.register(server.close)
-
-    def on_sigterm(signum, frame):
-        server.close()
-        raise SystemExit(0)
-    if threading.current_thread() is threading.main_thread():   # signal() works only there
-        signal.signal(signal.SIGTERM, on_sigterm)
-    app = Flask("mcp_exec")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.extensions["mcp_exec"] = server
-
-    def respond(reply):
-        response = Response(reply.body, reply.status, reply.headers, content_type=reply.content_type)
-        if reply.on_close is not None:
-            response.call_on_close(reply.on_close)
-        return response
-
-    @app.before_request
-    def guard():
-        refusal = server.guard(request.path, request.headers, request.environ)
-        if refusal is None and TRACE and request.method == "POST":
-            log("--> %s %s %s" % (request.method, request.full_path.rstrip("?"),
-                                  request.get_data()[:2000].decode("utf-8", "replace")))
-        return respond(refusal) if refusal else None
-
-    app.register_error_handler(404, lambda exc: respond(
-        error_reply(404, "Not found: the endpoint is /mcp (Streamable HTTP; this server does not "
-                    "serve the deprecated HTTP+SSE transport)")))
-    app.register_error_handler(405, lambda exc: respond(
-        error_reply(405, "Method not allowed", headers={"Allow": ", ".join(exc.valid_methods or [])})))
-    app.register_error_handler(413, lambda exc: respond(
-        error_reply(413, "Request body larger than %d bytes (MAX_BODY_BYTES)" % MAX_BODY_BYTES)))
-    app.register_error_handler(500, lambda exc: respond(
-        error_reply(500, "Internal error (details are in the server's log)", INTERNAL_ERROR)))
-    disconnected = lambda: request.environ.get("waitress.client_disconnected")   # noqa: E731
-    health = {"status": "ok", "sandbox": SANDBOX.name()}     # nothing secret
-    app.add_url_rule("/health", "health", lambda: respond(json_reply(health)))
-    app.add_url_rule("/mcp", "mcp_post", methods=["POST"], view_func=lambda: respond(
-        server.mcp_post(request.headers, request.get_data(), disconnected())))
-    app.add_url_rule("/mcp", "mcp_delete", methods=["DELETE"], view_func=lambda: respond(
-        server.mcp_delete(request.headers.get("Mcp-Session-Id"))))
-    # GET and HEAD: 405, as we offer no standalone stream (transports.mdx, Listening for Messages).
-    app.add_url_rule("/mcp", "mcp_get", lambda: respond(error_reply(
-        405, "This server sends no unsolicited messages: GET is not offered",
-        headers={"Allow": "POST, DELETE"})))
-    return app
-
-
-def __getattr__(name):
-    """`mcp_exec:app` for waitress-serve: the Flask app is built on first access only."""
-    if name == "app":
-        globals()["app"] = create_app()
-        return globals()["app"]
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
-
-
-def serve_http(args):
-    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress; the flags win over
-    HOST, PORT, WEB_CONCURRENCY. -> 2 after one stderr line (nothing before) if it can't serve."""
-    import argparse
-    parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
-    parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
-    parser.add_argument("--port", type=int, default=PORT, help="port (PORT) [8000]")
-    parser.add_argument("--threads", type=int, default=WEB_CONCURRENCY,
-                        help="waitress threads (WEB_CONCURRENCY) [32]")
-    options = parser.parse_args(args)
-    threads = max(1, options.threads)
-    problem = _cannot_serve(options.host, options.port)
-    if problem:
-        sys.stderr.write(problem + "\n")
-        return 2
-    app = create_app(options.host, threads)
-    import waitress
-    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp), %d threads, of which running "
-        "calls may hold %d%s%s" % (
-            options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
-            ", stateless" if MCP_STATELESS else "",
-            ", STDIO_MODE_ONLY: no code execution over HTTP" if STDIO_MODE_ONLY else ""))
-    # Every connection is a file descriptor: lift the soft limit towards the hard (POSIX only).
-    with contextlib.suppress(ImportError, ValueError, OSError):
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        wanted = WAITRESS_OPTIONS["connection_limit"] + 256
-        if hard != resource.RLIM_INFINITY:
-            wanted = min(wanted, hard)
-        if soft != resource.RLIM_INFINITY and soft < wanted:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-    gc.freeze()     # the app's objects live forever: the collector need not walk them per call
-    # waitress answers 413 from Content-Length before it reads a byte of the body, key or no
-    # key: what it buffers for unseen requests is at most connection_limit x MAX_BODY_BYTES.
-    waitress.serve(app, host=options.host, port=options.port, threads=threads,
-                   max_request_body_size=MAX_BODY_BYTES, **WAITRESS_OPTIONS)
-    return 0
-
-
-def _cannot_serve(host, port):
-    """Why `--http` cannot start (no flask or waitress, no API_KEY, the port taken) -> the
-    message, or None. It binds the address once, as waitress will, and lets it go."""
-    from importlib.util import find_spec
-    if find_spec("flask") is None or find_spec("waitress") is None:
-        return NO_FLASK
-    if HTTP_PROBLEMS:
-        return HTTP_PROBLEMS[0]
-    if not API_KEY:
-        return NO_API_KEY
-    try:
-        for family, kind, proto, _, address in socket.getaddrinfo(
-                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as waitress does
-                probe.bind(address)
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            return "mcp-exec: port %d on %s is in use; pick another with --port N or PORT=N" % (
-                port, host)
-        return ("mcp-exec: cannot listen on %s port %d (%s); check --host/HOST and --port/PORT"
-                % (host, port, exc.strerror or exc))
-    return None
-
-
-# How waitress must run for this app (the Procfile repeats it); measured on 2 cores, waitress 3.0.2:
-WAITRESS_OPTIONS = {
-    # waitress sees a client leave mid-stream (client_disconnected), not just at a failed keep-alive
-    "channel_request_lookahead": 1,
-    # 100 (the default) slow connections starve everyone, key or no key; 1,000 idle or
-    # trickling ones cost ~2.6 MB and kept /health under 40 ms
-    "connection_limit": 1000,
-    "asyncore_use_poll": True,        # select() fails past fd 1024, taking the server down
-    # drop connections silent for 95 s: above the 90 s idle time Heroku's router keeps (it
-    # must close first), below waitress's 120 s; checked every 10 s, not 30
-    "channel_timeout": 95,
-    "cleanup_interval": 10,
-    "ident": "mcp-exec",
-}
-
-
-# =============================================================================
-# 14. Client
+# 13. Client
 # =============================================================================
 # The other side of the wire, to check a server just started or deployed.
 
@@ -4661,16 +5203,19 @@ def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
         raise ClientError("cannot reach %s: %s" % (url, exc))
 
 
-def _sse_messages(resp):
-    """A text/event-stream body -> each event's data as it arrives; comments and names skipped."""
-    data = []
+def _sse_events(resp):
+    """A text/event-stream body -> (event name, data) of each event as it arrives; comments
+    (keep-alives) skipped. An event without a name is a "message" (the SSE standard)."""
+    event, data = "message", []
     for line in iter(resp.readline, b""):
         line = line.decode("utf-8").rstrip("\r\n")
-        if line.startswith("data:"):
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
             data.append(line[5:].lstrip(" "))
         elif not line and data:
-            yield "\n".join(data)
-            data = []
+            yield event, "\n".join(data)
+            event, data = "message", []
 
 
 class HttpClient(McpClient):
@@ -4696,7 +5241,7 @@ class HttpClient(McpClient):
         if resp.headers.get("Mcp-Session-Id"):
             self.headers["Mcp-Session-Id"] = resp.headers["Mcp-Session-Id"]
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return (json.loads(data) for data in _sse_messages(resp))
+            return (json.loads(data) for _, data in _sse_events(resp))
         body = resp.read()            # empty (202) for a notification
         return [json.loads(body)] if body else []
 
@@ -4706,6 +5251,43 @@ class HttpClient(McpClient):
                 _http_open(self.url, "DELETE", None, self.headers, timeout=10).read()
 
 
+class SseClient(McpClient):
+    """HTTP+SSE (2024-11-05 transports.mdx): one GET stream carries all the server says; its
+    first event names the endpoint where each message is POSTed (answered 202)."""
+
+    def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
+        super().__init__(version, trace)
+        from urllib.parse import urljoin
+        self.headers = {"Authorization": "Bearer " + api_key} if api_key else {}
+        self.stream = _http_open(url, "GET", None, dict(self.headers, Accept="text/event-stream"))
+        self.events = _sse_events(self.stream)
+        event, data = next(self.events, (None, None))
+        if event != "endpoint":
+            self.stream.close()
+            raise ClientError("%s sent no endpoint event: is it an HTTP+SSE server?" % url)
+        self.endpoint = urljoin(url, data)      # relative to the stream's URL
+
+    def send(self, message):
+        headers = dict(self.headers, **{"Content-Type": "application/json"})
+        _http_open(self.endpoint, "POST", encode_message(message), headers).read()
+        if "id" not in message:
+            return []
+        return (json.loads(data) for event, data in self.events if event == "message")
+
+    def close(self):
+        self.stream.close()              # the server sees us leave: the session ends
+
+
+def client_url(url):
+    """What --url (or MCP_SERVER_URL) names -> a full URL: "127.0.0.1:8000" and
+    "https://app.example.com/" get their scheme and /mcp, as the original project's clients
+    took a base URL; a URL ending in /sse speaks HTTP+SSE."""
+    url = url if "://" in url else "http://" + url
+    if urlsplit(url).path in ("", "/"):
+        url = url.rstrip("/") + "/mcp"
+    return url
+
+
 CLIENT_HELP = """\
 usage: python mcp_exec.py client [options] (list | call CODE | job HANDLE | read URI)
 options: --url URL, --api-key KEY, --protocol VERSION [%s], --format text|json,
@@ -4713,7 +5295,8 @@ options: --url URL, --api-key KEY, --protocol VERSION [%s], --format text|json,
          --use-temp-dir, --timeout S, --session new|HANDLE, --end-session, --put FILE,
          --save DIR, --no-follow; job: --cancel, --no-follow, --save DIR; read: --save DIR
 
-The server: --url (Streamable HTTP), else the stdio COMMAND after "--", else
+The server: --url (Streamable HTTP at /mcp, the path if none is given; HTTP+SSE for a URL
+ending in /sse), else MCP_SERVER_URL, else the stdio COMMAND after "--", else
 `python mcp_exec.py`. The API key: --api-key, or API_KEY.
 CODE is one argument (quote it), or "-" for stdin. --packages takes one argument: the
 requirements, separated by spaces ("numpy pandas>=2,<3"); it may be repeated.
@@ -4759,8 +5342,9 @@ def client_arguments(args):
     needs = {"call": 'code (an argument, --file FILE, or "-")', "job": "a HANDLE", "read": "a URI"}
     if options.action in needs and options.target is None and not options.file:
         parser.error("%s needs %s" % (options.action, needs[options.action]))
-    if options.url and "://" not in options.url:
-        options.url = "http://" + options.url
+    options.url = options.url or (None if command else os.environ.get("MCP_SERVER_URL"))
+    if options.url:
+        options.url = client_url(options.url)
     return options, command
 
 
@@ -4774,7 +5358,9 @@ def client_main(args):
         return 0 if options.help else 2
     trace = sys.stderr if options.trace else None
     try:
-        if options.url:
+        if options.url and urlsplit(options.url).path.rstrip("/").endswith("/sse"):
+            client = SseClient(options.url, options.api_key, options.protocol, trace)
+        elif options.url:
             client = HttpClient(options.url, options.api_key, options.protocol, trace)
         else:           # this file as its server, as the import a script start becomes
             command = command or import_command([]) or [sys.executable, os.path.abspath(__file__)]
@@ -4889,7 +5475,7 @@ def show_result(answers, form, seconds, saved):
 
 
 # =============================================================================
-# 15. Command line
+# 14. Command line
 # =============================================================================
 
 HELP = """\
@@ -4924,31 +5510,17 @@ def settings_help():
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        if not args:
-            return serve_stdio()
-        if args[0] in ("-h", "--help", "help"):
-            sys.stdout.write(HELP + settings_help() + "\nHere, the sandbox: %s\n" % SANDBOX.describe())
-            return 0
-        if args[0] in ("-V", "--version"):
-            print("mcp-exec %s (MCP %s)" % (SERVER_VERSION, ", ".join(reversed(SUPPORTED_VERSIONS))))
-            return 0
-        if args[0] in ("--http", "http"):
-            return serve_http(args[1:])
-        if args[0] == "demo":
-            return demo()
-        if args[0] == "client":
-            return client_main(args[1:])
-    except BrokenPipeError:       # `... | head` closed our stdout: nothing more to say
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    sys.stderr.write("mcp-exec: unknown arguments %s (try --help)\n" % " ".join(args))
-    return 2
+def show_help(args):
+    sys.stdout.write(HELP + settings_help() + "\nHere, the sandbox: %s\n" % SANDBOX.describe())
+    return 0
 
 
-def demo():
+def show_version(args):
+    print("mcp-exec %s (MCP %s)" % (SERVER_VERSION, ", ".join(reversed(SUPPORTED_VERSIONS))))
+    return 0
+
+
+def demo(args=()):
     """Start `python mcp_exec.py` as a child and show a session with it, frame by frame."""
     client = StdioClient([sys.executable, os.path.abspath(__file__)], trace=sys.stdout)
     code = "import sys\nprint(sys.version.split()[0])\nsum(range(101))"
@@ -4993,6 +5565,11 @@ def start_as_import():
             os.execv(sys.executable, argv)
 
 
+register_command(["-h", "--help", "help"], show_help)
+register_command(["-V", "--version"], show_version)
+register_command(["demo"], demo)
+register_command(["client"], client_main)
+build_parts()          # every section has registered: the server's long-lived objects, here
 if __name__ == "__main__":
     if __spec__ is None and POSIX and sys.argv[1:2] in ([], ["--http"], ["http"]):
         start_as_import()              # the servers, which live long, as an import

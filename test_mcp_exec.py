@@ -8,13 +8,13 @@ fixture). No process, no socket, and a call that would run code fails them.
 
 Real processes: every other test starts `python -m mcp_exec` (SERVER_COMMAND) and talks to
 it over pipes or sockets: JSON lines in on stdin and out on stdout, raw HTTP. No MCP SDK. A
-test that needs settings, an exit or a crash of its own starts its own server (start_server,
-start_http), with its MCP_EXEC_DIR and TMPDIR under its tmp_path. Tests that need only a
-default server share one per module (the server fixture; web for HTTP): each ends the
-sessions it opened, and a test that fails or leaves a message unread makes the next one
-start a fresh server. Each process that runs tests has its own shared servers, so the suite
-is safe to run in parallel. Timeouts in this file are hang guards only; nothing asserts how
-fast the server is.
+test that needs settings, an exit or a crash of its own starts its own server (start_server;
+start_initialized and own_server, already initialized; start_http), with its MCP_EXEC_DIR and
+TMPDIR under its tmp_path. Tests that need only a default server share one per module (the
+server fixture; web for HTTP): each ends the sessions it opened, and a test that fails or
+leaves a message unread makes the next one start a fresh server. Each process that runs
+tests has its own shared servers, so the suite is safe to run in parallel. Timeouts in this
+file are hang guards only; nothing asserts how fast the server is.
 
 Section numbers are the server file's own, in its order: 2. The wire format, 3. stdio,
 4. Executor ... 15. Command line.
@@ -340,6 +340,27 @@ def start_server(tmp_path):
         server.close(guard=10)
 
 
+@pytest.fixture
+def start_initialized(start_server):
+    """start_initialized(version=LATEST, **env) -> start_server(**env), initialized at
+    `version` (initialize, then notifications/initialized): how a test that needs a process
+    of its own (its settings, its exit, its memory peak) begins."""
+    def start(version=LATEST, **env):
+        server = start_server(**env)
+        server.initialize(version)
+        return server
+
+    return start
+
+
+@pytest.fixture
+def own_server(start_initialized):
+    """A default server process of the test's own, initialized at the latest version: for a
+    test that ends it, crashes it or inspects its state directory, where the shared `server`
+    would not do."""
+    return start_initialized()
+
+
 class SharedStdio(StdioProcess):
     """A StdioProcess that many tests use in turn: it notes the sessions their calls open,
     so that each test can end its own and leave the server as it found it."""
@@ -402,7 +423,7 @@ def shared_server(tmp_path_factory):
 def server(shared_server, request):
     """The module's default server (see shared_server), initialized at the latest version.
     For a test that needs a process of its own (its settings, its exit, its memory peak),
-    use start_server."""
+    use own_server or start_initialized (start_server: not yet initialized)."""
     failed = request.session.testsfailed
     s = shared_server()
     yield s
@@ -705,61 +726,181 @@ def test_inprocess_while_others_wait_no_session_gets_more_than_half_the_slots():
     assert a_turn.is_set()                              # no one else waits: a's turn comes
 
 
-# ===== 1-3. The core: cut off, it runs on its own =====
+# ===== 1-5. The core: cut off, it is the card's whole server =====
 
-CORE_STUB = """
-
-def run_code(args, session=None, cancel=None, on_output=None):
-    # The stub: what a reader writes to try the core alone.
-    return Result(0, "stub ran %s" % args["code"], "")
-
-
-if __name__ == "__main__":
-    serve_stdio()
-"""
-
-
-def test_the_core_cut_off_at_its_line_runs_with_a_stub(tmp_path):
+def cut_core(tmp_path):
+    """The lines above "# The core ends here", with nothing added, as tmp_path/core.py."""
     lines = open(SERVER, encoding="utf-8").read().splitlines(keepends=True)
     cut = [n for n, line in enumerate(lines) if line.startswith("# The core ends here")]
-    assert len(cut) == 1 and cut[0] < 1000, cut              # the card: at or before line 1,000
+    assert len(cut) == 1, cut
     core = tmp_path / "core.py"
-    core.write_text("".join(lines[:cut[0]]) + CORE_STUB, encoding="utf-8")
-    frames = [json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                  "protocolVersion": LATEST, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}),
+    core.write_text("".join(lines[:cut[0]]), encoding="utf-8")
+    return core
+
+
+def test_the_cut_core_is_a_stdio_server_that_runs_code(tmp_path):
+    core = cut_core(tmp_path)
+    frames = [json.dumps(init_message(LATEST)),
               json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
               json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
               json.dumps({"jsonrpc": "2.0", "id": 3, "method": "ping"}),
               json.dumps({"jsonrpc": "2.0", "id": 4, "method": "no/such/method"}),
               "{not json",
-              json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
-                          "params": {"name": TOOL, "arguments": {"code": 7}}}),
-              json.dumps({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
-                          "params": {"name": TOOL, "arguments": {"code": "print(1)"}}})]
-    proc = subprocess.run([sys.executable, str(core)], input="\n".join(frames) + "\n", capture_output=True,
-                          text=True, timeout=HANG, env=make_env(tmp_path))
-    replies = [json.loads(line) for line in proc.stdout.splitlines()]
-    by_id = {r.get("id"): r for r in replies}
+              json.dumps(call_message(7, 5)),
+              json.dumps(call_message("import os\nprint(6*7, os.environ.get('API_KEY'))", 6)),
+              json.dumps(call_message("print(1)", 7, packages=["--index-url=http://evil"])),
+              json.dumps(call_message("import time\ntime.sleep(30)", 8, timeout=0.5))]
+    proc = subprocess.run([sys.executable, str(core)], input="\n".join(frames) + "\n",
+                          capture_output=True, text=True, timeout=HANG,
+                          env=make_env(tmp_path, API_KEY="secret"), cwd=tmp_path)
+    by_id = {r.get("id"): r for r in map(json.loads, proc.stdout.splitlines())}
     assert by_id[1]["result"]["protocolVersion"] == LATEST, proc.stderr
     tool = by_id[2]["result"]["tools"][0]
     assert tool["name"] == TOOL and tool["inputSchema"]["properties"]["code"]["type"] == "string"
-    assert tool["outputSchema"]["required"] == ["returncode", "stdout", "stderr", "timed_out", "truncated"]
     assert by_id[3]["result"] == {}
     assert by_id[4]["error"]["code"] == METHOD_NOT_FOUND
     assert by_id[None]["error"]["code"] == PARSE_ERROR
     assert by_id[5]["result"]["isError"] and "e.g." in by_id[5]["result"]["content"][0]["text"]
-    assert by_id[6]["result"]["structuredContent"]["stdout"] == "stub ran print(1)"
-    assert not re.search(r"^\s*(from|import) flask\b", core.read_text(), re.M)   # core: no flask
+    assert by_id[6]["result"]["structuredContent"]["stdout"] == "42 None\n"   # no secrets
+    assert "not a plain requirement" in by_id[7]["result"]["content"][0]["text"]
+    assert by_id[8]["result"]["structuredContent"]["timed_out"] is True
+    assert "sandbox" not in proc.stderr        # the core has none: section 7 adds it
+
+
+def test_the_cut_core_answers_ping_and_cancel_during_a_call(tmp_path):
+    core = cut_core(tmp_path)
+    s = StdioProcess(tmp_path).start(argv=[sys.executable, str(core)])
+    try:
+        s.initialize(LATEST)
+        pid_file = tmp_path / "pid"
+        s.send(call_message(pid_file_code(pid_file), 2))
+        pid = int(wait_for_file(pid_file))
+        s.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        assert s.recv()["id"] == 3                       # answered while the call runs
+        s.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": 2}})
+        assert wait_gone(pid)                            # the cancel stopped its call
+        s.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        assert s.recv()["id"] == 4                       # and the call got no response
+    finally:
+        s.close()
+
+
+def test_the_cut_core_serves_streamable_http_and_sse_under_waitress(tmp_path):
+    core = cut_core(tmp_path)
+    server = HttpProcess(tmp_path, waitress=["--threads=8"], app="core:app", cwd=tmp_path,
+                         PYTHONPATH=str(tmp_path))
+    try:
+        sid, _ = server.initialize(LATEST)
+        status, _, body = server.mcp(call_message("print(6*7)"), sid)
+        assert status == 200 and json.loads(body)["result"]["structuredContent"]["stdout"] == "42\n"
+        status, _, body = server.mcp(call_message("print(6*8)"),      # no session: stateless
+                                     extra={"MCP-Protocol-Version": LATEST})
+        assert json.loads(body)["result"]["structuredContent"]["stdout"] == "48\n"
+        assert server.request("GET", "/sse", headers={})[0] == 401
+        client = SseClient(server)
+        client.post(init_message(LATEST))
+        assert client.next_message()["result"]["protocolVersion"] == LATEST
+        client.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        client.post(call_message("print(6*9)"))
+        assert client.next_message()["result"]["structuredContent"]["stdout"] == "54\n"
+        client.leave()
+    finally:
+        server.stop()
+    assert not re.search(r"^(from|import) flask\b", core.read_text(), re.M)  # only HTTP does
+
+
+def test_the_cut_core_keeps_code_off_the_web_with_stdio_mode_only(tmp_path):
+    cut_core(tmp_path)
+    server = HttpProcess(tmp_path, waitress=[], app="core:app", cwd=tmp_path,
+                         PYTHONPATH=str(tmp_path), STDIO_MODE_ONLY="true")
+    try:
+        sid, _ = server.initialize(LATEST)
+        _, _, body = server.mcp({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid)
+        assert json.loads(body)["result"]["tools"] == []
+        _, _, body = server.mcp(call_message("print(1)"), sid)
+        assert "STDIO_MODE_ONLY" in json.loads(body)["error"]["message"]
+    finally:
+        server.stop()
+
+
+TRACER = """
+import sys, threading
+seen = []
+def note(frame, event, arg):
+    if event == "call" and frame.f_globals.get("__name__") == "mcp_exec":
+        seen.append(frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname")
+                    else frame.f_code.co_name)
+threading.setprofile(note)
+sys.setprofile(note)
+import mcp_exec
+try:
+    mcp_exec.main([])
+finally:
+    sys.setprofile(None)
+    open(sys.argv[1], "w").write("\\n".join(seen))
+"""
+
+
+def guide_hops():
+    """The names of the reading guide's hops over stdio, in order."""
+    guide = mcp_exec.__doc__.split("One tools/call over stdio")[1].split("Over Streamable")[0]
+    return re.findall(r"^    ([A-Za-z_.]+)\(\)", guide, re.M)
+
+
+def test_a_traced_stdio_call_takes_the_reading_guides_hops_in_order(tmp_path):
+    hops = guide_hops()
+    assert len(hops) >= 10, hops
+    trace = tmp_path / "trace"
+    frames = [json.dumps(init_message(LATEST)),
+              json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+              json.dumps(call_message("print(6*7)", 2))]
+    proc = subprocess.run([sys.executable, "-c", TRACER, str(trace)], cwd=REPO, text=True,
+                          input="\n".join(frames) + "\n", capture_output=True, timeout=60,
+                          env=make_env(tmp_path))
+    assert '"42\\n"' in proc.stdout, proc.stderr
+    calls = trace.read_text().split("\n")
+    start = calls.index("handle_tools_call")
+    position = 0
+    for hop in hops:                       # each hop is called, after the one before it
+        if hop in ("StdioServer.serve", "dispatch", "handle_message"):
+            assert hop in calls[:start], hop          # the hops before the call's own
+            continue
+        assert hop in calls[position:], "%s does not follow %s" % (hop, calls[position - 1])
+        position = calls.index(hop, position) + 1
 
 
 def test_every_name_in_the_reading_guide_exists():
-    guide = mcp_exec.__doc__.split("One tools/call over stdio, hop by hop:")[1]
+    guide = mcp_exec.__doc__.split("HOPS OF ONE CALL")[1]
     names = re.findall(r"\b([A-Za-z_][A-Za-z_0-9]*(?:\.[A-Za-z_]+)?)\(\)", guide)
-    assert len(names) >= 6, names
+    assert len(names) >= 10, names
     for name in names:
         owner, _, attribute = name.partition(".")
         assert hasattr(mcp_exec, owner), name
         assert not attribute or hasattr(getattr(mcp_exec, owner), attribute), name
+
+
+def test_the_parts_are_built_in_one_place_and_take_fakes():
+    real = {name: getattr(mcp_exec, name) for name in mcp_exec.PARTS}
+    assert {"EXEC_SLOTS", "RUN_DIR", "ENVIRONMENTS", "TEMPLATES", "SANDBOX", "MONITOR",
+            "OUTPUTS", "KERNELS", "JOBS"} <= set(real)
+    fake = object()
+    try:
+        mcp_exec.build_parts(JOBS=fake)
+        assert mcp_exec.JOBS is fake
+        assert mcp_exec.KERNELS is not real["KERNELS"]       # the others are built anew
+    finally:
+        for name, part in real.items():
+            setattr(mcp_exec, name, part)
+
+
+def test_a_call_is_one_typed_object_that_sections_cannot_add_to():
+    call, problem = mcp_exec.validate_arguments({"code": "1", "files": [
+        {"path": "a.txt", "content": "x"}], "session": "new"})
+    assert problem is None and isinstance(call, mcp_exec.Call)
+    assert call.files == [("a.txt", b"x")] and call.session == "new"
+    with pytest.raises(AttributeError):
+        call.something_new = 1
 
 
 # ===== 2. The wire format: JSON-RPC framing =====
@@ -984,21 +1125,19 @@ def test_crlf_terminated_line_is_accepted(start_wire):
     assert s.recv() == {"jsonrpc": "2.0", "id": 13, "result": {}}
 
 
-def test_stdout_carries_only_json_lines(start_server):
-    s = start_server()
-    s.initialize()
-    s.send(b"not json at all")
-    s.send(b"3")
-    s.send({"jsonrpc": "2.0", "id": 20, "method": "nope"})
+def test_stdout_carries_only_json_lines(own_server):
+    own_server.send(b"not json at all")
+    own_server.send(b"3")
+    own_server.send({"jsonrpc": "2.0", "id": 20, "method": "nope"})
     code = ("import os, sys\nprint('plain text from the code')\nprint('to stderr', file=sys.stderr)\n"
             "os.write(1, b'raw fd 1 write\\n')\nos.write(2, b'raw fd 2 write\\n')\n")
-    result, out = s.run(code)
+    result, out = own_server.run(code)
     assert "plain text from the code" in out["stdout"] and "raw fd 1 write" in out["stdout"]
-    s.notify("no/such/notification")
-    s.request("ping")
-    assert s.close() == 0
-    assert_all_json(s.lines)
-    assert len(s.lines) >= 6
+    own_server.notify("no/such/notification")
+    own_server.request("ping")
+    assert own_server.close() == 0
+    assert_all_json(own_server.lines)
+    assert len(own_server.lines) >= 6
 
 
 # ===== 2. The wire format: lifecycle and versions =====
@@ -1166,18 +1305,16 @@ def test_tools_list_with_unknown_cursor_is_invalid_params(wire):
     assert_error(wire.request("tools/list", {"cursor": "abc"}, request_id=5), INVALID_PARAMS, 5)
 
 
-def test_tools_call_2025_03_26_has_no_structured_content(start_server):
-    s = start_server()
-    s.initialize("2025-03-26")
+def test_tools_call_2025_03_26_has_no_structured_content(start_initialized):
+    s = start_initialized(version="2025-03-26")
     result = s.call("print('hi')")
     assert "structuredContent" not in result
     assert tool_output(result)["stdout"] == "hi\n"
 
 
 @pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
-def test_tools_call_structured_content_equals_text_content(start_server, version):
-    s = start_server()
-    s.initialize(version)
+def test_tools_call_structured_content_equals_text_content(start_initialized, version):
+    s = start_initialized(version=version)
     result = s.call("print('hi')")
     assert result["structuredContent"] == json.loads(result["content"][0]["text"])
     assert result["structuredContent"]["stdout"] == "hi\n"
@@ -1249,9 +1386,8 @@ PROGRESS_CODE = ("import time\nfor i in range(4):\n    print('step', i, flush=Tr
                  "    time.sleep(0.25)\n")
 
 
-def test_progress_notifications_report_output_until_the_response(start_server):
-    s = start_server(PROGRESS_INTERVAL=0.1)
-    s.initialize("2025-06-18")
+def test_progress_notifications_report_output_until_the_response(start_initialized):
+    s = start_initialized(PROGRESS_INTERVAL=0.1, version="2025-06-18")
     reply, notes = call_with_progress(s, 71, PROGRESS_CODE, "tok-1")
     assert tool_output(reply["result"])["stdout"] == "step 0\nstep 1\nstep 2\nstep 3\n"
     assert notes, "no notifications/progress during a 1 s call"
@@ -1265,11 +1401,10 @@ def test_progress_notifications_report_output_until_the_response(start_server):
 TICK_CODE = "import time\nfor i in range(8):\n    print('tick', i)\n    time.sleep(0.1)\n"
 
 
-def test_progress_messages_are_whole_lines(start_server):
+def test_progress_messages_are_whole_lines(start_initialized):
     # print('tick', i) under python -u reaches the server as "tick", " ", "2", "\n":
     # a message must never be one of those pieces.
-    s = start_server(PROGRESS_INTERVAL=0.1)
-    s.initialize("2025-06-18")
+    s = start_initialized(PROGRESS_INTERVAL=0.1, version="2025-06-18")
     reply, notes = call_with_progress(s, 73, TICK_CODE, "tok-2")
     assert tool_output(reply["result"])["stdout"].count("tick") == 8
     shown = [n["message"].split(": ", 1)[1] for n in notes]
@@ -1277,9 +1412,8 @@ def test_progress_messages_are_whole_lines(start_server):
     assert all(m == "started" or re.fullmatch(r"tick \d", m) for m in shown), shown
 
 
-def test_progress_has_no_message_under_2024_11_05(start_server):
-    s = start_server(PROGRESS_INTERVAL=0.1)
-    s.initialize("2024-11-05")
+def test_progress_has_no_message_under_2024_11_05(start_initialized):
+    s = start_initialized(PROGRESS_INTERVAL=0.1, version="2024-11-05")
     reply, notes = call_with_progress(s, 72, PROGRESS_CODE, 99)
     assert notes and all(n["progressToken"] == 99 and "message" not in n for n in notes), notes
 
@@ -1383,28 +1517,23 @@ def test_cancelling_an_unknown_request_is_ignored(wire):
     assert wire.request("ping", request_id=1)["result"] == {}
 
 
-def test_eof_exits_with_status_zero(start_server):
-    s = start_server()
-    s.initialize()
-    s.proc.stdin.close()
-    assert s.proc.wait(5) == 0   # hang guard only
+def test_eof_exits_with_status_zero(own_server):
+    own_server.proc.stdin.close()
+    assert own_server.proc.wait(5) == 0   # hang guard only
 
 
-def test_eof_lets_a_running_call_finish_and_answer(start_server):
-    s = start_server()
-    s.initialize()
-    s.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call",
-            "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(1)\nprint('done')"}}})
-    s.proc.stdin.close()
-    reply = s.recv()
+def test_eof_lets_a_running_call_finish_and_answer(own_server):
+    own_server.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call",
+                     "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(1)\nprint('done')"}}})
+    own_server.proc.stdin.close()
+    reply = own_server.recv()
     assert reply["id"] == 51 and tool_output(reply["result"])["stdout"] == "done\n"
-    assert s.proc.wait(10) == 0
+    assert own_server.proc.wait(10) == 0
 
 
 @pytest.mark.skipif(not POSIX, reason="SIGTERM")
-def test_sigterm_during_a_call_exits_and_kills_the_child(start_server, tmp_path):
-    server = start_server()                      # its own process: the test ends it
-    server.initialize()
+def test_sigterm_during_a_call_exits_and_kills_the_child(start_initialized, tmp_path):
+    server = start_initialized()                 # its own process: the test ends it
     pid_path = out_dir(tmp_path) / "child.pid"
     server.send({"jsonrpc": "2.0", "id": 61, "method": "tools/call",
                  "params": {"name": TOOL, "arguments": {"code": pid_file_code(pid_path)}}})
@@ -1418,9 +1547,8 @@ def test_sigterm_during_a_call_exits_and_kills_the_child(start_server, tmp_path)
     assert wait_gone(pid), "the running call's process %d survived SIGTERM" % pid
 
 
-def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_server):
-    s = start_server(MCP_TRACE=1)
-    s.initialize()
+def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_initialized):
+    s = start_initialized(MCP_TRACE=1)
     s.request("ping", request_id="traced-ping")
     assert s.close() == 0
     assert_all_json(s.lines)
@@ -1431,61 +1559,71 @@ def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_server):
 
 # ===== 4. Executor =====
 
+# The grandchild says it runs (on a pipe of its own: it keeps the call's stdout and stderr),
+# then the code prints and leaves `printed`: a line printed before the timeout.
 GRANDCHILD_CODE = """\
 import os, subprocess, sys, time
-p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]{kwargs})
-time.sleep(0.2)
-assert p.poll() is None
+up, up_end = os.pipe()
+p = subprocess.Popen([sys.executable, "-c", "import os, time; os.write(%d, b'up'); time.sleep(60)" % up_end],
+                     pass_fds=(up_end,){kwargs})
+os.close(up_end)
+assert os.read(up, 2) == b"up" and p.poll() is None
 print("before", p.pid, os.getsid(p.pid) != os.getsid(0), flush=True)
+open({printed!r}, "w").close()
 time.sleep(60)
 """
 
 
-def run_grandchild_timeout(server, new_session):
-    code = GRANDCHILD_CODE.format(kwargs=", start_new_session=True" if new_session else "")
-    result, out = server.run(code, timeout=1)
-    assert out["timed_out"] is True
-    assert result["isError"] is True
-    assert "timed out" in out["stderr"].lower()
+def run_grandchild_timeout(server, tmp_path, new_session):
+    # The timeout must come after the code printed (well within 1 s on an idle machine): a
+    # run whose timeout came first, as it may on a loaded one, left no `printed` file and
+    # shows nothing. It runs again, with twice the time (1 + 2 + 4 + 8 s at most).
+    for attempt, timeout in enumerate((1, 2, 4, 8)):
+        printed = out_dir(tmp_path) / ("printed-%d" % attempt)
+        code = GRANDCHILD_CODE.format(kwargs=", start_new_session=True" if new_session else "",
+                                      printed=str(printed))
+        result, out = server.run(code, timeout=timeout)
+        assert out["timed_out"] is True
+        assert result["isError"] is True
+        assert "timed out" in out["stderr"].lower()
+        if out["stdout"] or printed.exists():
+            break
     words = out["stdout"].split()
-    assert words[0] == "before", out
+    assert words and words[0] == "before", out
     assert words[2] == str(new_session), out   # the grandchild did (or did not) leave the session
     pid = int(words[1])
     assert wait_gone(pid), "grandchild %d survived the timeout" % pid
 
 
-def test_timeout_kills_grandchild_holding_the_pipe(server):
-    run_grandchild_timeout(server, new_session=False)
+def test_timeout_kills_grandchild_holding_the_pipe(server, tmp_path):
+    run_grandchild_timeout(server, tmp_path, new_session=False)
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="escaped sessions are found through /proc")
-def test_timeout_kills_grandchild_in_a_new_session(server):
-    run_grandchild_timeout(server, new_session=True)
+def test_timeout_kills_grandchild_in_a_new_session(server, tmp_path):
+    run_grandchild_timeout(server, tmp_path, new_session=True)
 
 
-def test_timeout_argument_is_clamped_to_exec_timeout_max(start_server):
-    s = start_server(EXEC_TIMEOUT=0.5, EXEC_TIMEOUT_MAX=1)
-    s.initialize()
+def test_timeout_argument_is_clamped_to_exec_timeout_max(start_initialized):
+    s = start_initialized(EXEC_TIMEOUT=0.5, EXEC_TIMEOUT_MAX=1)
     result, out = s.run("while True: pass", guard=30, timeout=100)
     assert out["timed_out"] is True and result["isError"] is True
     assert "Timed out after 1 s" in out["stderr"]
 
 
-def test_exec_timeout_max_alone_caps_the_timeout(start_server):
+def test_exec_timeout_max_alone_caps_the_timeout(start_initialized):
     # Only EXEC_TIMEOUT_MAX is set (EXEC_TIMEOUT keeps its default): a call asking for
     # 100 s must still be stopped at the operator's 1 s cap. The code stops by itself
     # after 8 s so that a missing cap shows up as a failure, not as a long wait.
-    s = start_server(EXEC_TIMEOUT_MAX=1)
-    s.initialize()
+    s = start_initialized(EXEC_TIMEOUT_MAX=1)
     code = "import time\nend = time.monotonic() + 8\nwhile time.monotonic() < end: pass\nprint('ran past the cap')\n"
     result, out = s.run(code, guard=30, timeout=100)
     assert out["timed_out"] is True, out
     assert "ran past the cap" not in out["stdout"]
 
 
-def test_output_truncation_keeps_head_and_tail(start_server):
-    s = start_server(OUTPUT_LIMIT=1000)
-    s.initialize()
+def test_output_truncation_keeps_head_and_tail(start_initialized):
+    s = start_initialized(OUTPUT_LIMIT=1000)
     code = ("import sys\nsys.stdout.write('HEAD-MARKER\\n')\nline = 'x' * 99 + '\\n'\n"
             "for _ in range(50000):\n    sys.stdout.write(line)\nsys.stdout.write('TAIL-MARKER\\n')\n")
     result, out = s.run(code)
@@ -1499,22 +1637,20 @@ def test_output_truncation_keeps_head_and_tail(start_server):
     assert "of %d bytes" % (12 + 50000 * 100 + 12) in stdout
 
 
-def test_output_within_limit_is_not_truncated(start_server):
-    s = start_server(OUTPUT_LIMIT=1000)
-    s.initialize()
+def test_output_within_limit_is_not_truncated(start_initialized):
+    s = start_initialized(OUTPUT_LIMIT=1000)
     result, out = s.run("print('z' * 900)")
     assert out["truncated"] is False and out["stdout"] == "z" * 900 + "\n"
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="needs /proc/<pid>/status")
-def test_server_memory_stays_flat_with_huge_output(start_server):
-    server = start_server()                      # its own process: the peak is this test's
-    server.initialize()
+def test_server_memory_stays_flat_with_huge_output(start_initialized):
+    server = start_initialized()                 # its own process: the peak is this test's
     code = "import sys\nchunk = 'y' * (1 << 20)\nfor _ in range(200):\n    sys.stdout.write(chunk)\n"
     result, out = server.run(code, guard=60)
     assert out["returncode"] == 0 and out["truncated"] is True
     assert "of %d bytes" % (200 << 20) in out["stdout"]
-    with open("/proc/%d/status" % server.proc.pid) as f:
+    with open("/proc/%d/status" % server.proc.pid, errors="replace") as f:
         status = dict(line.split(":", 1) for line in f if ":" in line)
     peak_kb = int(status["VmHWM"].split()[0])
     assert peak_kb < 100 * 1024, "server peak RSS %d kB after printing 200 MB" % peak_kb
@@ -1523,9 +1659,8 @@ def test_server_memory_stays_flat_with_huge_output(start_server):
 ENV_DUMP = "import json, os\nprint(json.dumps(dict(os.environ)))\n"
 
 
-def test_code_sees_no_server_secrets(start_server):
-    s = start_server(API_KEY="topsecret", SOME_TOKEN="x")
-    s.initialize()
+def test_code_sees_no_server_secrets(start_initialized):
+    s = start_initialized(API_KEY="topsecret", SOME_TOKEN="x")
     result, out = s.run(ENV_DUMP)
     env = json.loads(out["stdout"])
     assert "PATH" in env   # the allow-list works at all
@@ -1533,9 +1668,8 @@ def test_code_sees_no_server_secrets(start_server):
     assert "topsecret" not in out["stdout"]
 
 
-def test_env_passthrough_exposes_only_the_named_variables(start_server):
-    s = start_server(API_KEY="topsecret", SOME_TOKEN="x", EXEC_ENV_PASSTHROUGH="SOME_TOKEN")
-    s.initialize()
+def test_env_passthrough_exposes_only_the_named_variables(start_initialized):
+    s = start_initialized(API_KEY="topsecret", SOME_TOKEN="x", EXEC_ENV_PASSTHROUGH="SOME_TOKEN")
     env = json.loads(s.run(ENV_DUMP)[1]["stdout"])
     assert env.get("SOME_TOKEN") == "x"
     assert "API_KEY" not in env
@@ -1576,26 +1710,22 @@ def leftovers(tmp_path):
     return (os.listdir(run) if os.path.isdir(run) else []), pids
 
 
-def test_idle_server_exit_leaves_nothing(start_server, tmp_path):
-    s = start_server()
-    s.initialize()
-    s.run("print(1)")                        # a template now runs, in the run directory
+def test_idle_server_exit_leaves_nothing(own_server, tmp_path):
+    own_server.run("print(1)")               # a template now runs, in the run directory
     assert leftovers(tmp_path)[0], "no run directory while the server runs"
-    assert s.close() == 0
+    assert own_server.close() == 0
     assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="finds processes through /proc")
-def test_exit_during_a_call_leaves_no_directory_or_process(start_server, tmp_path):
+def test_exit_during_a_call_leaves_no_directory_or_process(own_server, tmp_path):
     # stdin closes while a call runs: the call finishes within EOF_GRACE, then the server
     # exits. Nothing it created for running code may outlive it.
-    s = start_server()
-    s.initialize()
-    s.send({"jsonrpc": "2.0", "id": 81, "method": "tools/call",
-            "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(0.5)\nprint('done')"}}})
-    s.proc.stdin.close()
-    assert tool_output(s.recv()["result"])["stdout"] == "done\n"
-    assert s.close() == 0
+    own_server.send({"jsonrpc": "2.0", "id": 81, "method": "tools/call",
+                     "params": {"name": TOOL, "arguments": {"code": "import time\ntime.sleep(0.5)\nprint('done')"}}})
+    own_server.proc.stdin.close()
+    assert tool_output(own_server.recv()["result"])["stdout"] == "done\n"
+    assert own_server.close() == 0
     assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
 
 
@@ -1617,12 +1747,11 @@ def test_code_has_empty_stdin(server):
     ["a; rm -rf /"],
     ["-r", "x"],
 ])
-def test_package_injection_is_rejected_before_pip_runs(start_server, tmp_path, packages):
+def test_package_injection_is_rejected_before_pip_runs(start_initialized, tmp_path, packages):
     empty = tmp_path / "empty-wheelhouse"
     empty.mkdir()
-    s = start_server(PIP_FIND_LINKS=empty, PIP_NO_INDEX=1, MCP_EXEC_INSTALLER="pip",
-                     PIP_LOG=tmp_path / "pip.log")
-    s.initialize()
+    s = start_initialized(PIP_FIND_LINKS=empty, PIP_NO_INDEX=1, MCP_EXEC_INSTALLER="pip",
+                          PIP_LOG=tmp_path / "pip.log")
     response = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(1)", "packages": packages}})
     assert "error" not in response, response
     result = response["result"]
@@ -1634,9 +1763,8 @@ def test_package_injection_is_rejected_before_pip_runs(start_server, tmp_path, p
     assert not workspace(tmp_path, ".installed").exists()
 
 
-def test_hermetic_install_into_the_workspace(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_hermetic_install_into_the_workspace(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     code = "import mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE)\n"
     result, out = s.run(code, guard=120, packages=["mcpexec_testpkg"])
     assert out["returncode"] == 0, out
@@ -1651,9 +1779,8 @@ def test_hermetic_install_into_the_workspace(start_server, tmp_path, wheelhouse)
     assert probe.returncode != 0, "the package leaked into the server's interpreter"
 
 
-def test_install_failure_is_reported_as_tool_error(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_install_failure_is_reported_as_tool_error(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     result, out = s.run("print('never')", guard=120, packages=["mcpexec-does-not-exist"])
     assert result["isError"] is True
     assert out["returncode"] != 0
@@ -1662,9 +1789,8 @@ def test_install_failure_is_reported_as_tool_error(start_server, tmp_path, wheel
     assert out["stdout"] == ""
 
 
-def test_use_temp_dir_with_packages_imports_them(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_use_temp_dir_with_packages_imports_them(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     result, out = s.run(IMPORT_PROBE, guard=120, packages=["mcpexec_testpkg"], use_temp_dir=True)
     assert out["returncode"] == 0, out
     found = json.loads(out["stdout"])
@@ -1673,9 +1799,8 @@ def test_use_temp_dir_with_packages_imports_them(start_server, tmp_path, wheelho
     assert not workspace(tmp_path, ".installed").exists()   # the workspace was not touched
 
 
-def test_use_temp_dir_hides_workspace_and_server_packages(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_use_temp_dir_hides_workspace_and_server_packages(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     result, out = s.run(IMPORT_PROBE, guard=120, packages=["mcpexec_testpkg"])
     assert json.loads(out["stdout"])["mcpexec_testpkg"] is True, out   # now in the workspace
     result, out = s.run(IMPORT_PROBE, guard=120, use_temp_dir=True)
@@ -1692,9 +1817,8 @@ def test_default_mode_sees_the_server_packages(server):
 
 
 @pytest.mark.skipif(not POSIX, reason="memory limits are POSIX only")
-def test_memory_limit_raises_memory_error(start_server):
-    s = start_server(EXEC_MEMORY_MB=200)
-    s.initialize()
+def test_memory_limit_raises_memory_error(start_initialized):
+    s = start_initialized(EXEC_MEMORY_MB=200)
     result, out = s.run("b = bytearray(500 * 2**20)\nprint('allocated')")
     assert result["isError"] is True
     assert "MemoryError" in out["stderr"], out
@@ -1704,9 +1828,8 @@ def test_memory_limit_raises_memory_error(start_server):
 
 
 @pytest.mark.skipif(not POSIX, reason="file size limits are POSIX only")
-def test_file_size_limit_stops_big_writes(start_server):
-    s = start_server(EXEC_FILE_MB=1)
-    s.initialize()
+def test_file_size_limit_stops_big_writes(start_initialized):
+    s = start_initialized(EXEC_FILE_MB=1)
     result, out = s.run("with open('big.bin', 'wb') as f:\n    f.write(b'0' * (2 << 20))\nprint('wrote')")
     assert result["isError"] is True
     assert "File too large" in out["stderr"], out
@@ -1714,9 +1837,8 @@ def test_file_size_limit_stops_big_writes(start_server):
 
 
 @pytest.mark.skipif(not POSIX, reason="descriptor limits are POSIX only")
-def test_open_file_limit_applies_to_code(start_server):
-    s = start_server(EXEC_MAX_FILES=40)
-    s.initialize()
+def test_open_file_limit_applies_to_code(start_initialized):
+    s = start_initialized(EXEC_MAX_FILES=40)
     code = "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE))\nfiles = [open('f%d' % i, 'w') for i in range(100)]\n"
     result, out = s.run(code)
     assert out["stdout"] == "(40, 40)\n", out
@@ -1733,9 +1855,8 @@ def test_concurrent_calls_overlap(server):
     assert start1 < end2 and start2 < end1, spans   # the two runs overlapped in time
 
 
-def test_exec_concurrency_one_runs_calls_one_after_another(start_server):
-    s = start_server(EXEC_CONCURRENCY=1)
-    s.initialize()
+def test_exec_concurrency_one_runs_calls_one_after_another(start_initialized):
+    s = start_initialized(EXEC_CONCURRENCY=1)
     code = "import json, time\nstart = time.time()\ntime.sleep(0.5)\nprint(json.dumps([start, time.time()]))\n"
     for request_id in (33, 34):
         s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
@@ -1788,11 +1909,10 @@ def test_server_works_under_the_distributions_python(tmp_path):
 @pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON) or
                     os.path.realpath(SYSTEM_PYTHON) == os.path.realpath(sys.executable),
                     reason="needs a system Python besides the one running the tests")
-def test_two_pythons_keep_their_own_workspaces(start_server, tmp_path):
+def test_two_pythons_keep_their_own_workspaces(start_initialized, tmp_path):
     # One MCP_EXEC_DIR, servers on two interpreters: neither may rebuild (delete) the
     # other's workspace, which held packages a running server had installed.
-    ours = start_server()
-    ours.initialize()
+    ours = start_initialized()
     assert ours.run("print(1)")[1]["returncode"] == 0
     [mine] = [p for p in (tmp_path / "state").glob("workspace-*") if "." not in p.name]
     stamp = (mine / ".mcp-exec-ready").stat().st_mtime_ns
@@ -1835,7 +1955,7 @@ NONROOT_ATTACKS = r"""
 import ctypes, json, os, resource, socket
 out = {}
 template = os.getppid()
-server = int(open('/proc/%d/stat' % template).read().rsplit(')', 1)[1].split()[1])
+server = int(open('/proc/%d/stat' % template, errors='replace').read().rsplit(')', 1)[1].split()[1])
 def attempt(name, act):
     try:
         act()
@@ -1895,9 +2015,8 @@ def test_an_escaped_process_holding_stdout_cannot_hang_the_call(server, tmp_path
                 pass
 
 
-def test_calls_beyond_the_queue_are_refused_as_busy(start_server, tmp_path):
-    s = start_server(EXEC_CONCURRENCY="1", EXEC_QUEUE="0")
-    s.initialize()
+def test_calls_beyond_the_queue_are_refused_as_busy(start_initialized, tmp_path):
+    s = start_initialized(EXEC_CONCURRENCY="1", EXEC_QUEUE="0")
     pid_file, release = out_dir(tmp_path) / "busy.pid", out_dir(tmp_path) / "release"
     code = pid_file_code(pid_file, until_released(release))
     s.send({"jsonrpc": "2.0", "id": 71, "method": "tools/call",
@@ -1926,7 +2045,7 @@ cwd = os.getcwd()
 root = os.path.dirname(cwd)
 mask = os.umask(0)
 os.umask(mask)
-status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+status = dict(line.split(":", 1) for line in open("/proc/self/status", errors="replace") if ":" in line)
 try:
     open("/etc/mcp-exec-probe", "w")
     sandboxed = False
@@ -2007,14 +2126,13 @@ def test_forked_calls_share_nothing(server):
     assert second == dict(second, builtin=False, files=[], module=False, **{"global": False})
 
 
-def test_template_started_before_an_install_is_replaced(start_server, tmp_path):
+def test_template_started_before_an_install_is_replaced(start_initialized, tmp_path):
     # The package carries a .pth file, which only an interpreter started after the install
     # processes: a template started before it would report pth False.
     house = tmp_path / "wheels"
     house.mkdir()
     build_wheel(house, extra={"mcpexec_testpkg.pth": "import sys; sys.mcpexec_testpkg_pth = True\n"})
-    s = start_server(**install_env(house, tmp_path))
-    s.initialize()
+    s = start_initialized(**install_env(house, tmp_path))
     probe = ("import json, sys\nimport mcpexec_testpkg\n"
              "print(json.dumps([mcpexec_testpkg.VALUE, getattr(sys, 'mcpexec_testpkg_pth', False)]))\n")
     assert s.run("print(1)")[1]["stdout"] == "1\n"             # a template now runs for the workspace
@@ -2025,9 +2143,8 @@ def test_template_started_before_an_install_is_replaced(start_server, tmp_path):
 
 
 @pytest.mark.parametrize("fork", [0, 1])
-def test_timeout_and_cleanup_are_the_same_forked_or_spawned(start_server, tmp_path, fork):
-    s = start_server(FORK_SERVER=fork)
-    s.initialize()
+def test_timeout_and_cleanup_are_the_same_forked_or_spawned(start_initialized, tmp_path, fork):
+    s = start_initialized(FORK_SERVER=fork)
     pid_file = out_dir(tmp_path) / ("grandchild-%d.pid" % fork)
     # The code itself publishes the grandchild's pid, at once: the timeout may come before
     # the grandchild's interpreter has started, and must kill it all the same.
@@ -2046,13 +2163,13 @@ def proc_children(pid):
     """The children of pid (zombies too), from /proc."""
     found = []
     for task in os.listdir("/proc/%d/task" % pid):
-        with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+        with open("/proc/%d/task/%s/children" % (pid, task), errors="replace") as f:
             found += [int(p) for p in f.read().split()]
     return found
 
 
 def proc_state(pid):
-    with open("/proc/%d/stat" % pid) as f:
+    with open("/proc/%d/stat" % pid, errors="replace") as f:     # a name may not be UTF-8
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
@@ -2191,12 +2308,11 @@ def daemon_code(pid_file, way):
 @pytest.mark.skipif(not HAS_PROC, reason="Linux: the server is the subreaper of what calls start")
 @pytest.mark.parametrize("fork", [1, 0])
 @pytest.mark.parametrize("way", sorted(DAEMON_WAYS))
-def test_a_daemon_that_detached_is_gone_when_its_call_ends(server, start_server, tmp_path, fork,
+def test_a_daemon_that_detached_is_gone_when_its_call_ends(server, start_initialized, tmp_path, fork,
                                                            way):
     s = server                                   # FORK_SERVER=1
     if not fork:
-        s = start_server(FORK_SERVER=0)
-        s.initialize()
+        s = start_initialized(FORK_SERVER=0)
     pid_file = out_dir(tmp_path) / "daemon.pid"
     out = s.run(daemon_code(pid_file, way))[1]
     assert out["stdout"] == "parent done\n", out
@@ -2205,10 +2321,9 @@ def test_a_daemon_that_detached_is_gone_when_its_call_ends(server, start_server,
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
-def test_memory_is_bounded_for_all_of_a_calls_processes_together(start_server):
+def test_memory_is_bounded_for_all_of_a_calls_processes_together(start_initialized):
     # Each process stays below the cap (RLIMIT_AS is per process); the six together do not.
-    s = start_server(EXEC_MEMORY_MB=300)
-    s.initialize()
+    s = start_initialized(EXEC_MEMORY_MB=300)
     code = ("import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n"
             "        block = bytearray(100 << 20)\n        time.sleep(30)\n        os._exit(0)\n"
             "time.sleep(30)\n")
@@ -2218,9 +2333,8 @@ def test_memory_is_bounded_for_all_of_a_calls_processes_together(start_server):
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
-def test_a_fork_loop_is_stopped_at_exec_max_procs(start_server):
-    s = start_server(EXEC_MAX_PROCS=32)
-    s.initialize()
+def test_a_fork_loop_is_stopped_at_exec_max_procs(start_initialized):
+    s = start_initialized(EXEC_MAX_PROCS=32)
     s.send({"jsonrpc": "2.0", "id": 95, "method": "tools/call", "params": {"name": TOOL, "arguments": {
         "code": "import os, time\nwhile True:\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n",
         "timeout": 60}}})
@@ -2231,9 +2345,8 @@ def test_a_fork_loop_is_stopped_at_exec_max_procs(start_server):
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
-def test_disk_use_is_bounded_for_a_call(start_server):
-    s = start_server(EXEC_DISK_MB=20)
-    s.initialize()
+def test_disk_use_is_bounded_for_a_call(start_initialized):
+    s = start_initialized(EXEC_DISK_MB=20)
     code = ("for n in range(3):\n    with open('f%d' % n, 'wb') as f:\n"
             "        for _ in range(10):\n"
             "            f.write(b'x' * (1 << 20))\n            f.flush()\n"
@@ -2244,7 +2357,7 @@ def test_disk_use_is_bounded_for_a_call(start_server):
 
 
 @pytest.mark.skipif(LANDLOCK < 4, reason="TCP rules need Landlock ABI 4 (Linux 6.7+); this kernel has %d" % LANDLOCK)
-def test_exec_network_off_refuses_tcp(start_server):
+def test_exec_network_off_refuses_tcp(start_initialized):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(5)
@@ -2252,8 +2365,7 @@ def test_exec_network_off_refuses_tcp(start_server):
                                         % listener.getsockname()[1])
     try:
         for network, expected in (("on", "ALLOWED"), ("off", "denied")):
-            s = start_server(EXEC_NETWORK=network)
-            s.initialize()
+            s = start_initialized(EXEC_NETWORK=network)
             assert s.run(code)[1]["stdout"].startswith(expected), network
     finally:
         listener.close()
@@ -2272,13 +2384,11 @@ def slow_uv(tmp_path):
 
 @pytest.mark.skipif(not HAS_PROC, reason="finds processes through /proc")
 @pytest.mark.parametrize("fork, during", [(1, "call"), (0, "call"), (1, "install")])
-def test_a_restart_after_kill_9_removes_what_the_dead_server_left(start_server, tmp_path, fork, during):
-    live = start_server(MCP_EXEC_DIR=tmp_path / "state")              # a server that stays alive
-    live.initialize()
+def test_a_restart_after_kill_9_removes_what_the_dead_server_left(start_initialized, tmp_path, fork, during):
+    live = start_initialized(MCP_EXEC_DIR=tmp_path / "state")         # a server that stays alive
     handle = live.run("x = 'alive'", session="new")[1]["session"]
     env = {"FORK_SERVER": fork, "PATH": slow_uv(tmp_path)} if during == "install" else {"FORK_SERVER": fork}
-    doomed = start_server(**env)
-    doomed.initialize()
+    doomed = start_initialized(**env)
     if during == "call":
         # Its name is not UTF-8 (PR_SET_NAME): /proc/PID/stat must still be read to recover it.
         victim = start_victim(doomed, tmp_path, "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
@@ -2292,8 +2402,7 @@ def test_a_restart_after_kill_9_removes_what_the_dead_server_left(start_server, 
     runs = set(os.listdir(tmp_path / "state" / "run"))
     doomed.proc.kill()
     doomed.proc.wait()
-    restarted = start_server()
-    restarted.initialize()
+    restarted = start_initialized()
     assert wait_until(lambda: not alive(victim)), "the dead server's process survived the restart"
     left_runs = set(os.listdir(tmp_path / "state" / "run"))
     assert len(runs - left_runs) == 1, (runs, left_runs)             # the dead one's, and only that
@@ -2349,23 +2458,23 @@ def call_dirs(tmp_path):
 STATUS_PROBE = ("import json, subprocess\n"
                 "def fields(text):\n"
                 "    return dict((k, v.strip()) for k, _, v in (l.partition(':') for l in text.splitlines()))\n"
-                "mine = fields(open('/proc/self/status').read())\n"
-                "execd = fields(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout)\n"
+                "mine = fields(open('/proc/self/status', errors='replace').read())\n"
+                "execd = fields(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True,\n"
+                "                              errors='replace').stdout)\n"
                 "print(json.dumps([mine, execd]))\n")
 CAPS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="reads /proc/self/status")
 @pytest.mark.parametrize("how", ["fork", "spawn", "session"])
-def test_code_has_no_capabilities_and_a_seccomp_filter(server, start_server, how):
+def test_code_has_no_capabilities_and_a_seccomp_filter(server, start_initialized, how):
     # A root server's children would keep every capability, and an execve as root would
     # get them back unless the bounding set is empty and the securebits locked.
     if not (os.geteuid() == 0 or SECCOMP):
         pytest.skip("needs root (capabilities to drop) or seccomp (a filter to see)")
     s = server                                   # FORK_SERVER=1
     if how == "spawn":
-        s = start_server(FORK_SERVER=0)
-        s.initialize()
+        s = start_initialized(FORK_SERVER=0)
     out = s.run(STATUS_PROBE, **({"session": "new"} if how == "session" else {}))[1]
     for status in json.loads(out["stdout"]):
         if os.geteuid() == 0:
@@ -2429,7 +2538,7 @@ def processes_named(name):
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open("/proc/%s/comm" % pid) as f:
+            with open("/proc/%s/comm" % pid, errors="replace") as f:     # a name may not be UTF-8
                 if f.read().strip() == name:
                     found.append(int(pid))
         except OSError:
@@ -2439,19 +2548,18 @@ def processes_named(name):
 
 @pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the subreaper and /proc are Linux's")
 @pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "spawned"])
-def test_processes_that_keep_forking_new_pids_die_with_their_call(start_server, fork):
+def test_processes_that_keep_forking_new_pids_die_with_their_call(start_initialized, fork):
     """Each hopper forks and exits, again and again, so a new pid keeps coming up under the
     reaper: a single pass over the reaper's children would miss some. None may outlive the
     call, or leave a zombie behind."""
-    s = start_server(FORK_SERVER=fork)
-    s.initialize()
+    s = start_initialized(FORK_SERVER=fork)
     assert s.run(HOPPERS)[1]["stdout"] == "hopping\n"
     assert processes_named("mcpexec-hopper") == []
     assert s.run("print('next')")[1]["stdout"] == "next\n"
 
 
 def limits_of(pid):
-    with open("/proc/%d/limits" % pid) as f:
+    with open("/proc/%d/limits" % pid, errors="replace") as f:
         return f.read()
 
 
@@ -2477,13 +2585,12 @@ print(json.dumps([os.getppid(), got]))
 
 @needs_seccomp
 @pytest.mark.parametrize("fork", [1, 0])
-def test_code_cannot_change_the_limits_or_cpus_of_the_server_or_its_template(server, start_server,
+def test_code_cannot_change_the_limits_or_cpus_of_the_server_or_its_template(server, start_initialized,
                                                                              fork):
     # A server (or template) left with 3 file descriptors could start no call again.
     s = server                                   # FORK_SERVER=1
     if not fork:
-        s = start_server(FORK_SERVER=0)
-        s.initialize()
+        s = start_initialized(FORK_SERVER=0)
     before = limits_of(s.proc.pid)
     out = s.run("SERVER = %d\n" % s.proc.pid + RESOURCE_ATTACK)[1]
     parent, got = json.loads(out["stdout"])
@@ -2502,9 +2609,8 @@ DEEP_TREE = ("import os\nstart = os.getcwd()\nfor _ in range(17):\n"
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="finds processes through /proc")
-def test_a_tree_deeper_than_path_max_is_removed_even_after_a_crash(start_server, tmp_path):
-    s = start_server()
-    s.initialize()
+def test_a_tree_deeper_than_path_max_is_removed_even_after_a_crash(start_initialized, tmp_path):
+    s = start_initialized()
     out = s.run(DEEP_TREE)[1]
     length, cwd = out["stdout"].split()
     assert out["returncode"] == 0 and int(length) > 4096, out
@@ -2516,8 +2622,7 @@ def test_a_tree_deeper_than_path_max_is_removed_even_after_a_crash(start_server,
     wait_for_file(made)
     s.proc.kill()
     s.proc.wait()
-    restarted = start_server()
-    restarted.initialize()
+    restarted = start_initialized()
     assert restarted.run("print('ok')")[1]["stdout"] == "ok\n"
     assert wait_gone(pid) and not os.path.exists(cwd)
     assert wait_until(lambda: call_dirs(tmp_path) == []), call_dirs(tmp_path)
@@ -2573,20 +2678,17 @@ print(flags() & 0x30)
 """
 
 
-def test_code_cannot_make_a_file_immutable(start_server, tmp_path):
-    s = start_server()
-    s.initialize()
-    out = s.run(IMMUTABLE_ATTACK, timeout=60, guard=60)[1]
+def test_code_cannot_make_a_file_immutable(own_server, tmp_path):
+    out = own_server.run(IMMUTABLE_ATTACK, timeout=60, guard=60)[1]
     assert out["stdout"].split() == ["denied"] * 3 + ["0"], out
     assert call_dirs(tmp_path) == []
-    assert s.close() == 0
+    assert own_server.close() == 0
     assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
-def test_a_session_whose_thread_spawns_past_exec_max_procs_between_calls_is_ended(start_server, tmp_path):
-    s = start_server(EXEC_MAX_PROCS=16)
-    s.initialize()
+def test_a_session_whose_thread_spawns_past_exec_max_procs_between_calls_is_ended(start_initialized, tmp_path):
+    s = start_initialized(EXEC_MAX_PROCS=16)
     go, sleep = out_dir(tmp_path) / "go", ["sleep", "30.%d" % os.getpid()]     # a command line of our own
     code = ("import os, subprocess, threading, time\n"
             "def spawn():\n"
@@ -2619,9 +2721,8 @@ def test_code_cannot_stop_being_the_reaper_of_its_orphans(server):
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="the totals are polled through /proc")
-def test_3000_threads_are_stopped_at_exec_max_procs(start_server):
-    s = start_server()                                  # EXEC_MAX_PROCS=256
-    s.initialize()
+def test_3000_threads_are_stopped_at_exec_max_procs(start_initialized):
+    s = start_initialized()                             # EXEC_MAX_PROCS=256
     code = ("import threading, time\nthreading.stack_size(64 * 1024)\nfor _ in range(3000):\n"
             "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\ntime.sleep(30)\n")
     result, out = s.run(code, timeout=60, guard=60)
@@ -2634,9 +2735,8 @@ def test_3000_threads_are_stopped_at_exec_max_procs(start_server):
     "for n in range(5000):\n    open('f%d' % n, 'w').close()\n",       # EXEC_MAX_ENTRIES=2000
     "import os\nfd = os.open('big', os.O_WRONLY | os.O_CREAT)\nos.posix_fallocate(fd, 0, 300 << 20)\n",
 ], ids=["5000-empty-files", "300-MB"])
-def test_a_disk_flood_is_stopped(start_server, flood):
-    s = start_server(EXEC_DISK_MB=100, EXEC_MAX_ENTRIES=2000)
-    s.initialize()
+def test_a_disk_flood_is_stopped(start_initialized, flood):
+    s = start_initialized(EXEC_DISK_MB=100, EXEC_MAX_ENTRIES=2000)
     result, out = s.run(flood + "import time\ntime.sleep(30)\n", timeout=60, guard=60)
     assert result["isError"] and out["returncode"] != 0 and not out["timed_out"], out
     assert s.run("print('next')")[1]["stdout"] == "next\n"
@@ -2674,7 +2774,7 @@ print(json.dumps({f.__name__: attempt(f) for f in (udp, fast_open, mptcp, tcp)})
 
 
 @needs_seccomp
-def test_exec_network_off_refuses_every_ip_socket_and_on_allows_tcp(start_server, tmp_path):
+def test_exec_network_off_refuses_every_ip_socket_and_on_allows_tcp(start_initialized, tmp_path):
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tcp = socket.socket()
     try:
@@ -2683,8 +2783,7 @@ def test_exec_network_off_refuses_every_ip_socket_and_on_allows_tcp(start_server
         tcp.bind(("127.0.0.1", 0))
         tcp.listen(16)
         code = "UDP, TCP = %d, %d\n" % (udp.getsockname()[1], tcp.getsockname()[1]) + NETWORK_PROBE
-        off = start_server(EXEC_NETWORK="off", MCP_EXEC_DIR=tmp_path / "state-off")
-        off.initialize()
+        off = start_initialized(EXEC_NETWORK="off", MCP_EXEC_DIR=tmp_path / "state-off")
         got = json.loads(off.run(code)[1]["stdout"])
         assert got == dict.fromkeys(("udp", "fast_open", "mptcp", "tcp"), "denied"), got
         tcp.setblocking(False)
@@ -2693,8 +2792,7 @@ def test_exec_network_off_refuses_every_ip_socket_and_on_allows_tcp(start_server
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as control:
             control.sendto(b"control", udp.getsockname())
         assert udp.recvfrom(100)[0] == b"control"       # loopback delivers in order: nothing came first
-        on = start_server(EXEC_NETWORK="on")
-        on.initialize()
+        on = start_initialized(EXEC_NETWORK="on")
         got = json.loads(on.run(code)[1]["stdout"])
         assert got["udp"] == got["tcp"] == "ALLOWED", got
         assert udp.recvfrom(100)[0] == b"from the code"
@@ -2828,9 +2926,8 @@ def isolated_prefix(s, packages=("mcpexec_testpkg",), code=PREFIX_PROBE):
     return out["stdout"].split()[-1]
 
 
-def test_isolated_env_is_built_once_and_reused(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_isolated_env_is_built_once_and_reused(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     first = isolated_prefix(s)
     log_size = os.path.getsize(str(tmp_path / "pip.log"))
     assert log_size > 0
@@ -2843,39 +2940,36 @@ def test_isolated_env_is_built_once_and_reused(start_server, tmp_path, wheelhous
 
 @pytest.mark.parametrize("installer", ["pip", pytest.param("auto", marks=pytest.mark.skipif(
     shutil.which("uv") is None, reason="uv is not on PATH"))])
-def test_installed_packages_come_with_their_bytecode(start_server, tmp_path, wheelhouse,
+def test_installed_packages_come_with_their_bytecode(start_initialized, tmp_path, wheelhouse,
                                                      installer):
     # The code cannot write into its environment: without bytecode compiled at install, each
     # call would compile its imports again (uv compiles none unless asked). Here the child
     # would not write it anyway.
     env = dict(install_env(wheelhouse, tmp_path), MCP_EXEC_INSTALLER=installer,
                UV_CACHE_DIR=tmp_path / "uv-cache")
-    s = start_server(EXEC_ENV_PASSTHROUGH="PYTHONDONTWRITEBYTECODE", PYTHONDONTWRITEBYTECODE=1,
-                     **env)
-    s.initialize()
+    s = start_initialized(EXEC_ENV_PASSTHROUGH="PYTHONDONTWRITEBYTECODE", PYTHONDONTWRITEBYTECODE=1,
+                          **env)
     code = ("import importlib.util, os, mcpexec_testpkg\n"
             "print(os.path.exists(importlib.util.cache_from_source(mcpexec_testpkg.__file__)))")
     _, out = s.run(code, guard=120, packages=["mcpexec_testpkg"], use_temp_dir=True)
     assert out["stdout"] == "True\n", out
 
 
-def test_pip_settings_cannot_send_an_install_to_another_interpreter(start_server, tmp_path,
+def test_pip_settings_cannot_send_an_install_to_another_interpreter(start_initialized, tmp_path,
                                                                      wheelhouse):
     # PIP_PYTHON (or "python =" in pip.conf) would make pip start itself again under another
     # interpreter and install there: the server's own, say. The call's environment gets it.
     other = tmp_path / "other"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
     other_python = other / "bin" / "python"
-    s = start_server(PIP_PYTHON=other_python, **install_env(wheelhouse, tmp_path))
-    s.initialize()
+    s = start_initialized(PIP_PYTHON=other_python, **install_env(wheelhouse, tmp_path))
     _, out = s.run(PREFIX_PROBE, guard=120, packages=["mcpexec_testpkg"], use_temp_dir=True)
     assert out["returncode"] == 0 and out["stdout"].startswith("42 "), out
     assert not list(other.glob("lib/*/site-packages/mcpexec_testpkg*")), "installed elsewhere"
 
 
-def test_isolated_env_for_the_same_set_at_the_same_moment_is_built_once(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_isolated_env_for_the_same_set_at_the_same_moment_is_built_once(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     for request_id in (1, 2):
         s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
                 "params": {"name": TOOL, "arguments": {"code": PREFIX_PROBE, "packages": ["mcpexec_testpkg"],
@@ -2888,16 +2982,14 @@ def test_isolated_env_for_the_same_set_at_the_same_moment_is_built_once(start_se
     assert len(pointers) == 1 and dirs == [os.path.basename(prefixes.pop())], (pointers, dirs)
 
 
-def test_isolated_env_cache_key_is_the_normalized_set(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_isolated_env_cache_key_is_the_normalized_set(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     assert isolated_prefix(s, ["MCPEXEC_TestPkg"]) == isolated_prefix(s, ["mcpexec-testpkg"])
     assert len(venv_cache(tmp_path)[0]) == 1
 
 
-def test_isolated_env_cache_evicts_the_least_recently_used(start_server, tmp_path, wheelhouse):
-    s = start_server(VENV_CACHE_SIZE=1, **install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_isolated_env_cache_evicts_the_least_recently_used(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(VENV_CACHE_SIZE=1, **install_env(wheelhouse, tmp_path))
     with_pkg = isolated_prefix(s)
     empty = isolated_prefix(s, [], "import sys\nprint(sys.prefix)\n")
     assert empty != with_pkg
@@ -2912,9 +3004,8 @@ def test_isolated_env_cache_evicts_the_least_recently_used(start_server, tmp_pat
     assert len(pointers) == 1 and dirs == [os.path.basename(again)], (pointers, dirs)
 
 
-def test_failed_isolated_build_leaves_nothing_behind(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_failed_isolated_build_leaves_nothing_behind(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     result, out = s.run("print('never')", guard=120, packages=["mcpexec-does-not-exist"], use_temp_dir=True)
     assert result["isError"] is True
     assert out["stderr"].startswith("Dependency install failed"), out["stderr"]
@@ -2924,9 +3015,8 @@ def test_failed_isolated_build_leaves_nothing_behind(start_server, tmp_path, whe
     assert not cache.exists() or os.listdir(str(cache)) == []
 
 
-def test_isolated_build_that_times_out_is_not_cached(start_server, tmp_path, wheelhouse):
-    s = start_server(INSTALL_TIMEOUT=0.01, **install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_isolated_build_that_times_out_is_not_cached(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(INSTALL_TIMEOUT=0.01, **install_env(wheelhouse, tmp_path))
     result, out = s.run(PREFIX_PROBE, guard=60, packages=["mcpexec_testpkg"], use_temp_dir=True)
     assert result["isError"] is True
     assert out["timed_out"] is True, out
@@ -2934,15 +3024,13 @@ def test_isolated_build_that_times_out_is_not_cached(start_server, tmp_path, whe
     assert "INSTALL_TIMEOUT" in out["stderr"]
     assert venv_cache(tmp_path) == ([], [])
     s.close()
-    s = start_server(**install_env(wheelhouse, tmp_path))     # same MCP_EXEC_DIR, normal timeout
-    s.initialize()
+    s = start_initialized(**install_env(wheelhouse, tmp_path))  # same MCP_EXEC_DIR, normal timeout
     assert os.path.basename(isolated_prefix(s)) in venv_cache(tmp_path)[1]
 
 
-def test_cached_isolated_env_is_read_only(start_server, tmp_path, wheelhouse):
+def test_cached_isolated_env_is_read_only(start_initialized, tmp_path, wheelhouse):
     # A property of the tree, not a write attempt: root could write anyway.
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     prefix = isolated_prefix(s)
     paths = [prefix]
     for root, dirs, files in os.walk(prefix):
@@ -2954,11 +3042,10 @@ def test_cached_isolated_env_is_read_only(start_server, tmp_path, wheelhouse):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pytest") is None, reason="pytest is not importable")
-def test_pip_is_not_started_for_a_package_the_server_has(start_server, tmp_path):
+def test_pip_is_not_started_for_a_package_the_server_has(start_initialized, tmp_path):
     empty = tmp_path / "empty-wheelhouse"
     empty.mkdir()
-    s = start_server(**install_env(empty, tmp_path))
-    s.initialize()
+    s = start_initialized(**install_env(empty, tmp_path))
     result, out = s.run("import pytest\nprint('have pytest')", guard=60, packages=["pytest"])
     assert out["returncode"] == 0, out
     assert out["stdout"] == "have pytest\n"
@@ -2976,30 +3063,27 @@ def fake_uv(tmp_path):
 
 
 @pytest.mark.skipif(not POSIX, reason="the fake uv is a shell script")
-def test_mcp_exec_installer_pip_ignores_uv_on_path(start_server, tmp_path, wheelhouse):
+def test_mcp_exec_installer_pip_ignores_uv_on_path(start_initialized, tmp_path, wheelhouse):
     path = fake_uv(tmp_path)
     env = install_env(wheelhouse, tmp_path)
-    auto = start_server(PATH=path, MCP_EXEC_DIR=tmp_path / "state-auto", **dict(env, MCP_EXEC_INSTALLER="auto"))
-    auto.initialize()
+    auto = start_initialized(PATH=path, MCP_EXEC_DIR=tmp_path / "state-auto", **dict(env, MCP_EXEC_INSTALLER="auto"))
     result, out = auto.run(PREFIX_PROBE, guard=60, packages=["mcpexec_testpkg"], use_temp_dir=True)
     assert result["isError"] is True and out["stderr"].startswith("Dependency install failed"), out
     assert (tmp_path / "uv.log").exists(), "auto did not pick the uv on PATH (the control failed)"
     os.unlink(str(tmp_path / "uv.log"))
-    s = start_server(PATH=path, **env)              # MCP_EXEC_INSTALLER=pip
-    s.initialize()
+    s = start_initialized(PATH=path, **env)         # MCP_EXEC_INSTALLER=pip
     assert isolated_prefix(s)
     assert not (tmp_path / "uv.log").exists(), "uv ran although MCP_EXEC_INSTALLER=pip"
     assert (tmp_path / "pip.log").exists()
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
-def test_hermetic_install_through_uv(start_server, tmp_path, wheelhouse):
+def test_hermetic_install_through_uv(start_initialized, tmp_path, wheelhouse):
     # Only PIP_* settings are set: the server translates them for uv. The index is a closed
     # port, so an install that consulted it instead of the wheelhouse would fail.
     env = dict(install_env(wheelhouse, tmp_path), MCP_EXEC_INSTALLER="auto", UV_CACHE_DIR=tmp_path / "uv-cache",
                PIP_INDEX_URL="http://127.0.0.1:9/simple")
-    s = start_server(**env)
-    s.initialize()
+    s = start_initialized(**env)
     _, out = s.run(PREFIX_PROBE, guard=120, packages=["mcpexec_testpkg"], use_temp_dir=True)
     assert "127.0.0.1:9" not in out["stderr"], "uv consulted the index although PIP_NO_INDEX=1:\n" + out["stderr"]
     assert out["returncode"] == 0, out
@@ -3032,9 +3116,8 @@ def test_an_expression_that_raises_points_at_the_users_line(server):
     assert "ZeroDivisionError" in out["stderr"] and "mcp_exec" not in out["stderr"]
 
 
-def test_a_huge_repr_is_capped_head_and_tail(start_server):
-    s = start_server(OUTPUT_LIMIT=1024)
-    s.initialize()
+def test_a_huge_repr_is_capped_head_and_tail(start_initialized):
+    s = start_initialized(OUTPUT_LIMIT=1024)
     value = s.run("'<' + 'x' * 100000 + '>'")[1]["value"]
     assert value.startswith("'<xxx") and value.endswith("xx>'") and "bytes truncated" in value
     assert len(value) < 1300
@@ -3209,17 +3292,15 @@ def test_a_big_file_comes_as_a_link_and_reads_back_the_same(server):
     assert info["uri"] in [r["uri"] for r in listed]
 
 
-def test_no_resource_link_before_2025_06_18(start_server):
-    s = start_server()
-    s.initialize("2025-03-26")
+def test_no_resource_link_before_2025_06_18(start_initialized):
+    s = start_initialized(version="2025-03-26")
     result, out = s.run("open('big.txt', 'w').write('y' * 400_000)")
     assert [b["type"] for b in result["content"]] == ["text"] and out["files"][0]["uri"]
     assert s.request("resources/read", {"uri": out["files"][0]["uri"]})["result"]["contents"][0]["text"] == "y" * 400_000
 
 
-def test_an_expired_uri_is_resource_not_found(start_server):
-    s = start_server(OUTPUT_TTL=1)
-    s.initialize()
+def test_an_expired_uri_is_resource_not_found(start_initialized):
+    s = start_initialized(OUTPUT_TTL=1)
     uri = s.run("open('x.txt', 'w').write('soon gone')")[1]["files"][0]["uri"]
     assert wait_until(lambda: "error" in s.request("resources/read", {"uri": uri})), "never expired"
     response = s.request("resources/read", {"uri": uri}, request_id=31)
@@ -3229,11 +3310,10 @@ def test_an_expired_uri_is_resource_not_found(start_server):
                  -32002, 32)
 
 
-def test_a_uri_cannot_climb_out_of_the_output_store(start_server, tmp_path):
+def test_a_uri_cannot_climb_out_of_the_output_store(start_initialized, tmp_path):
     """The token of an output URI is one name of the store's: `..` is no token, so the rest
     of the server's state directory (other calls' directories among it) stays unreadable."""
-    s = start_server()
-    s.initialize()
+    s = start_initialized()
     s.run("open('kept.txt', 'w').write('kept')")    # the store holds a file now
     secret = tmp_path / "state" / "secret.txt"
     secret.write_text("not for the client")
@@ -3251,9 +3331,8 @@ def test_a_symlink_the_code_made_is_listed_not_read(server):
     assert "root:" not in json.dumps(result)
 
 
-def test_a_file_too_big_to_return_is_listed_and_memory_stays_flat(start_server):
-    server = start_server()                      # its own process: the peak is this test's
-    server.initialize()
+def test_a_file_too_big_to_return_is_listed_and_memory_stays_flat(start_initialized):
+    server = start_initialized()                 # its own process: the peak is this test's
     before = rss_kb(server.proc.pid)
     result, out = server.run("f = open('huge.bin', 'wb')\nfor _ in range(500):\n    f.write(b'z' * (1 << 20))\n",
                              guard=120, timeout=120)
@@ -3264,7 +3343,7 @@ def test_a_file_too_big_to_return_is_listed_and_memory_stays_flat(start_server):
 
 
 def rss_kb(pid, field="VmRSS"):
-    with open("/proc/%d/status" % pid) as f:
+    with open("/proc/%d/status" % pid, errors="replace") as f:
         return int(next(line for line in f if line.startswith(field + ":")).split()[1])
 
 
@@ -3334,9 +3413,8 @@ def test_end_session_ends_it(server):
     assert server.call("1", end_session=True)["isError"]               # end_session needs a session
 
 
-def test_session_limit_and_idle_expiry(start_server, tmp_path):
-    s = start_server(SESSION_LIMIT=2, SESSION_IDLE=1)
-    s.initialize()
+def test_session_limit_and_idle_expiry(start_initialized, tmp_path):
+    s = start_initialized(SESSION_LIMIT=2, SESSION_IDLE=1)
     # The reaper looks every 0.25 s: a first call taken for idle would die by 1.25 s.
     first, out = new_session(s, "import time\ntime.sleep(1.6)\nprint('done')")    # busy, not idle
     assert out["stdout"] == "done\n" and not out.get("session_ended"), out
@@ -3363,22 +3441,20 @@ FORGED_RECORD = (
     "os.dup2(os.open(os.devnull, os.O_WRONLY), fd)\n")
 
 
-def test_a_new_session_whose_first_call_forges_its_record_still_ends_when_idle(start_server):
+def test_a_new_session_whose_first_call_forges_its_record_still_ends_when_idle(start_initialized):
     # A new kernel's first call holds its turn; a first call that failed in the server once kept
     # it for good: the kernel was never idle and held its SESSION_LIMIT place until a restart.
-    s = start_server(SESSION_LIMIT=1, SESSION_IDLE=1)
-    s.initialize()
+    s = start_initialized(SESSION_LIMIT=1, SESSION_IDLE=1)
     result, out = s.run(FORGED_RECORD, session="new")
     assert not result["isError"] and not out.get("images"), out       # the forged fields ignored
     assert wait_until(lambda: not s.call("1", session="new")["isError"], seconds=15), \
         "the session whose first call was forged never ended: its SESSION_LIMIT place stays taken"
 
 
-def test_a_cancelled_first_call_ends_its_session_whose_handle_nobody_got(start_server, tmp_path):
+def test_a_cancelled_first_call_ends_its_session_whose_handle_nobody_got(start_initialized, tmp_path):
     # A cancelled call gets no response (cancellation.mdx): nobody learns the new session's
     # handle, so it must not keep its SESSION_LIMIT place for SESSION_IDLE.
-    s = start_server(SESSION_LIMIT=1, SESSION_IDLE=600)
-    s.initialize()
+    s = start_initialized(SESSION_LIMIT=1, SESSION_IDLE=600)
     started = out_dir(tmp_path) / "started"
     s.send({"jsonrpc": "2.0", "id": 61, "method": "tools/call", "params": {"name": TOOL, "arguments": {
         "code": "open(%r, 'w').close()\nimport time\ntime.sleep(30)" % str(started), "session": "new"}}})
@@ -3388,11 +3464,10 @@ def test_a_cancelled_first_call_ends_its_session_whose_handle_nobody_got(start_s
         "the session of a cancelled first call kept its SESSION_LIMIT place"
 
 
-def test_an_error_while_adding_packages_to_a_session_gives_its_turn_back(start_server, tmp_path):
+def test_an_error_while_adding_packages_to_a_session_gives_its_turn_back(start_initialized, tmp_path):
     # An OSError where the install takes its lock (ENOSPC, EMFILE ...): the session's turn
     # was kept for good, and every later call to it waited forever.
-    s = start_server(SESSION_LIMIT=1, CALL_WAIT=4)
-    s.initialize()
+    s = start_initialized(SESSION_LIMIT=1, CALL_WAIT=4)
     handle = s.run("x = 1", session="new")[1]["session"]
     for lock in (tmp_path / "state").rglob("workspace-*.lock"):
         lock.unlink()
@@ -3402,11 +3477,10 @@ def test_an_error_while_adding_packages_to_a_session_gives_its_turn_back(start_s
     assert out.get("value") == "2", out                    # not a job still waiting for its turn
 
 
-def test_task_calls_to_one_session_run_in_the_order_they_came(start_server):
+def test_task_calls_to_one_session_run_in_the_order_they_came(start_initialized):
     # A 2025-11-25 task took its place at its session when its job's thread started, not when
     # its request came: six tasks sent in a row could run as 0, 1, 3, 2, 4, 5.
-    s = start_server()
-    s.initialize("2025-11-25")
+    s = start_initialized(version="2025-11-25")
     handle = s.run("log = []", session="new")[1]["session"]
     for attempt in range(10):
         ids = [s.new_id() for _ in range(6)]
@@ -3458,34 +3532,30 @@ def test_a_session_over_streamable_http_stateful_stateless_and_modern(web, start
         server.mcp(ended, sid, extra=version)                      # web is shared: leave no kernel
 
 
-def test_a_handle_from_another_server_is_refused(server, start_server):
-    second = start_server()
-    second.initialize()
+def test_a_handle_from_another_server_is_refused(server, start_initialized):
+    second = start_initialized()
     handle, _ = new_session(server)
     result = second.call("1", session=handle)
     assert result["isError"] and "valid only on the server process that made it" in result["content"][0]["text"]
 
 
 @pytest.mark.parametrize("how", ["eof", "sigterm"])
-def test_server_exit_ends_every_session(start_server, tmp_path, how):
-    s = start_server()
-    s.initialize()
+def test_server_exit_ends_every_session(own_server, tmp_path, how):
     pids = []
     for _ in range(2):
-        handle, _ = new_session(s)
-        pids.append(int(s.run("import os, subprocess, sys\n"
-                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-                              "print(os.getpid())", session=handle)[1]["stdout"]))
+        handle, _ = new_session(own_server)
+        pids.append(int(own_server.run("import os, subprocess, sys\n"
+                                       "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                                       "print(os.getpid())", session=handle)[1]["stdout"]))
     if how == "sigterm":
-        s.proc.send_signal(signal.SIGTERM)
-    assert s.close() == 0
+        own_server.proc.send_signal(signal.SIGTERM)
+    assert own_server.close() == 0
     assert all(wait_gone(pid) for pid in pids)
     assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
 
 
-def test_packages_in_a_session(start_server, tmp_path, wheelhouse):
-    s = start_server(**install_env(wheelhouse, tmp_path))
-    s.initialize()
+def test_packages_in_a_session(start_initialized, tmp_path, wheelhouse):
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
     handle, _ = new_session(s, "import sys")
     out = s.run("import mcpexec_testpkg\nmcpexec_testpkg.VALUE", session=handle, packages=["mcpexec_testpkg"],
                 guard=120)[1]
@@ -3530,15 +3600,14 @@ def burn():
 """
 
 
-def test_a_sessions_cpu_time_adds_up_without_killing_it(start_server):
+def test_a_sessions_cpu_time_adds_up_without_killing_it(start_initialized):
     # A plain call's RLIMIT_CPU is EXEC_TIMEOUT_MAX + 5 s; a kernel, whose CPU time adds up
     # over calls, must have none. Each call burns until its 1 s timeout interrupts it (the
     # state is kept) or the kernel has used 7.5 s: however busy the machine, the CPU time
     # grows past the backstop without a guess of how much CPU a wall-clock second gives.
     # Threads hash without the GIL, so the process's CPU time grows on every core; each call
     # adds two that spin on between calls (harmless: all stop at 7.5 s).
-    s = start_server(EXEC_TIMEOUT_MAX=2)                   # the per-call CPU backstop is 7 s
-    s.initialize()
+    s = start_initialized(EXEC_TIMEOUT_MAX=2)              # the per-call CPU backstop is 7 s
     handle, _ = new_session(s, BURN_THREADS)              # 2 s to start the kernel
     burn = "burn()\ntime.process_time()"
     for _ in range(100):                                   # a hang guard: 4 calls on 2 idle cores
@@ -3558,9 +3627,8 @@ def test_names_that_are_not_utf_8_are_refused_not_crashed_on(server):
     assert_error(server.request("resources/read", {"uri": "mcp-exec://output/abc/\ud800"}, request_id=41), -32002, 41)
 
 
-def test_a_store_too_small_for_a_call_still_answers_it(start_server):
-    s = start_server(OUTPUT_STORE_MB=0)
-    s.initialize()
+def test_a_store_too_small_for_a_call_still_answers_it(start_initialized):
+    s = start_initialized(OUTPUT_STORE_MB=0)
     result, out = s.run("for i in range(3):\n    open('f%d.txt' % i, 'w').write('x' * 1000)")
     assert not result["isError"] and len(out["files"]) == 3
 
@@ -3574,13 +3642,20 @@ MISSING_CAPABILITY = -32021
 FIELDS = {"returncode", "stdout", "stderr", "timed_out", "truncated"}
 JOB_GUARD = 60.0     # seconds: a job that is not over by then fails the test instead of hanging it
 
-# 6 lines, one a second, then a file, then a value: what a job returns in pieces.
-SIX_LINES = ("import time\n"
-             "for i in range(6):\n"
-             "    print('line', i, flush=True)\n"
-             "    time.sleep(0.25)\n"
-             "open('report.txt', 'w').write('done')\n"
-             "6 * 7\n")
+
+def six_lines(release):
+    """6 lines, one every quarter second, the last three once the test creates `release`, then
+    a file, then a value: what a job returns in pieces."""
+    return ("import os, time\n"
+            "for i in range(6):\n"
+            "    while i == 3 and not os.path.exists(%r):\n"
+            "        time.sleep(0.02)\n"
+            "    print('line', i, flush=True)\n"
+            "    time.sleep(0.25)\n"
+            "open('report.txt', 'w').write('done')\n"
+            "6 * 7\n" % str(release))
+
+
 SIX_LINES_OUT = "".join("line %d\n" % i for i in range(6))
 
 # A process tree: the code's own interpreter and a `sleep 60.321` under it; both pids first.
@@ -3617,11 +3692,13 @@ def check_schema(value, schema, where="structuredContent"):
     assert set(schema) <= known, "%s: schema keywords this validator does not know: %s" % (
         where, set(schema) - known)
     kind = schema.get("type")
-    if kind is not None:
-        ok = {"object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
-              "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
-              "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-              "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}[kind](value)
+    if kind is not None:          # one type, or a list of them (a value may be any of those)
+        test = {"object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
+                "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+                "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+                "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+                "null": lambda v: v is None}
+        ok = any(test[k](value) for k in (kind if isinstance(kind, list) else [kind]))
         assert ok, "%s: %r is not of type %s" % (where, value, kind)
     if "enum" in schema:
         assert value in schema["enum"], "%s: %r is not one of %r" % (where, value, schema["enum"])
@@ -3699,7 +3776,7 @@ def running(result):
     """A "running" answer -> its handle, after checking the shape the model sees."""
     out = result["structuredContent"]
     assert out["status"] == "running" and result["isError"] is False, result
-    assert out["returncode"] == 0 and out["job"].startswith("j-"), out
+    assert out["returncode"] is None and out["job"].startswith("j-"), out
     assert "value" not in out and "files" not in out, out
     hint = result["content"][-1]["text"]   # the second text block: how to go on
     assert '{"job": "%s"}' % out["job"] in hint and "cancel" in hint, hint
@@ -3726,7 +3803,7 @@ def wait_pids(tool, answer, guard=HANG):
 def cmdline(pid):
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode()
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         return ""
 
@@ -3734,15 +3811,17 @@ def cmdline(pid):
 # --- Jobs over stdio ---
 
 
-def test_a_long_run_answers_running_then_each_line_once_then_the_result(start_server):
+def test_a_long_run_answers_running_then_each_line_once_then_the_result(start_initialized, tmp_path):
     # The model must see every line exactly once, whatever the polls' timing, and the
-    # end (value, files, exit status) on the last answer only.
-    s = start_server(CALL_WAIT=1)
-    s.initialize()
+    # end (value, files, exit status) on the last answer only. The code runs on until the
+    # first answer is in (it waits for `release`): that answer cannot be its end.
+    s = start_initialized(CALL_WAIT=2)
+    release = out_dir(tmp_path) / "release"
     tool = Tool(s)
-    first = tool.call(code=SIX_LINES)
+    first = tool.call(code=six_lines(release))
     handle = running(first)
     assert first["structuredContent"]["stdout"].startswith("line 0\n"), first   # the first lines come at once
+    release.touch()
     answers = [first] + tool.poll_to_end(handle)
     assert all(a["structuredContent"]["job"] == handle for a in answers)
     assert all(a["structuredContent"]["status"] == "running" for a in answers[:-1])
@@ -3755,11 +3834,10 @@ def test_a_long_run_answers_running_then_each_line_once_then_the_result(start_se
     assert any(b.get("type") in ("resource", "resource_link") for b in last["content"][1:]), last["content"]
 
 
-def test_cancel_kills_the_whole_process_tree(start_server):
+def test_cancel_kills_the_whole_process_tree(start_initialized):
     # {"job": h, "cancel": true} must stop the code and everything it started, not only
     # stop reporting on it.
-    s = start_server(CALL_WAIT=0.3)              # TREE runs until cancelled
-    s.initialize()
+    s = start_initialized(CALL_WAIT=0.3)         # TREE runs until cancelled
     tool = Tool(s)
     first = tool.call(code=TREE)
     handle = running(first)
@@ -3788,10 +3866,9 @@ def test_an_unknown_handle_is_a_tool_error_that_says_to_run_the_code_again(start
     assert "status" not in result["structuredContent"], result
 
 
-def test_a_short_call_is_answered_as_before_jobs_existed(start_server):
+def test_a_short_call_is_answered_as_before_jobs_existed(start_initialized):
     # A call that ends within CALL_WAIT is never a job: no status, no handle, one block.
-    s = start_server(CALL_WAIT=2)
-    s.initialize()
+    s = start_initialized(CALL_WAIT=2)
     result = Tool(s).call(code="import time\ntime.sleep(0.1)\nprint('hi')")
     assert set(result) == {"content", "isError", "structuredContent"}, result
     assert result["structuredContent"] == {"returncode": 0, "stdout": "hi\n", "stderr": "", "timed_out": False,
@@ -3799,11 +3876,10 @@ def test_a_short_call_is_answered_as_before_jobs_existed(start_server):
     assert len(result["content"]) == 1 and result["isError"] is False
 
 
-def test_every_job_answer_fits_the_output_schema(start_server):
+def test_every_job_answer_fits_the_output_schema(start_initialized):
     # A client that validates structuredContent (the Python SDK does) must accept the
     # running, completed, cancelled and unknown-handle answers alike, in both eras.
-    s = start_server(CALL_WAIT=0.5)
-    s.initialize()
+    s = start_initialized(CALL_WAIT=0.5)
     tool = Tool(s)                                   # Tool.call checks each answer against the schema
     code = "import time\nprint('a', flush=True)\ntime.sleep(1)\nprint('b')\n1"
     handle = running(tool.call(code=code))
@@ -3823,11 +3899,10 @@ def test_every_job_answer_fits_the_output_schema(start_server):
     assert called["resultType"] == "complete"
 
 
-def test_a_job_over_the_memory_cap_ends_with_the_usual_message_on_the_next_poll(start_server):
+def test_a_job_over_the_memory_cap_ends_with_the_usual_message_on_the_next_poll(start_initialized):
     # The cap still applies to a run that outlived its request, and the poll after the
     # end carries the same message an ordinary call would have shown.
-    s = start_server(EXEC_MEMORY_MB=200, CALL_WAIT=0.5)
-    s.initialize()
+    s = start_initialized(EXEC_MEMORY_MB=200, CALL_WAIT=0.5)
     tool = Tool(s)
     code = ("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(1)\n"
             "block = bytearray(400 * 2**20)\nprint('allocated')\n")
@@ -3842,8 +3917,7 @@ def test_a_job_over_the_memory_cap_ends_with_the_usual_message_on_the_next_poll(
     assert out["returncode"] != 0 and "allocated" not in out["stdout"], out
     assert "MemoryError" in out["stderr"] or "(EXEC_MEMORY_MB)" in out["stderr"], out
     # ...and it is the message an ordinary call gets (CALL_WAIT=0: no job at all)
-    plain = start_server(EXEC_MEMORY_MB=200, CALL_WAIT=0)
-    plain.initialize()
+    plain = start_initialized(EXEC_MEMORY_MB=200, CALL_WAIT=0)
     _, usual = plain.run(code.replace("time.sleep(1)", "time.sleep(0)"))
     assert usual["stderr"].strip().splitlines()[-1] == out["stderr"].strip().splitlines()[-1], (usual, out)
 
@@ -3919,11 +3993,10 @@ def test_2025_tasks_are_declared_on_the_server_and_the_tool(start_wire):
     assert "execution" not in older.request("tools/list")["result"]["tools"][0]
 
 
-def test_2025_task_call_get_result_blocks_until_the_end(start_server, tmp_path):
+def test_2025_task_call_get_result_blocks_until_the_end(start_initialized, tmp_path):
     # tasks/result must not answer before the task ends: the code waits for a file only
     # the test creates, after it saw tasks/get say "working" while tasks/result was pending.
-    s = start_server()
-    s.initialize(LATEST)
+    s = start_initialized(version=LATEST)
     release = out_dir(tmp_path) / "release"
     code = ("import os, time\nprint('waiting', flush=True)\n"
             "while not os.path.exists(%r):\n    time.sleep(0.05)\nprint('released')\n6 * 7\n" % str(release))
@@ -3950,9 +4023,8 @@ def test_2025_task_call_get_result_blocks_until_the_end(start_server, tmp_path):
     assert again["structuredContent"] == result["structuredContent"]
 
 
-def test_2025_tasks_list_shows_this_sessions_tasks(start_server):
-    s = start_server()
-    s.initialize(LATEST)
+def test_2025_tasks_list_shows_this_sessions_tasks(start_initialized):
+    s = start_initialized(version=LATEST)
     ids = {task_call(s, "print(%d)" % i, 40 + i)["taskId"] for i in range(2)}
     for handle in ids:
         s.request("tasks/result", {"taskId": handle})
@@ -3964,9 +4036,8 @@ def test_2025_tasks_list_shows_this_sessions_tasks(start_server):
     assert_error(s.request("tasks/list", {"cursor": "nope"}, request_id=44), INVALID_PARAMS, 44)
 
 
-def test_2025_tasks_cancel_kills_the_tree_and_a_terminal_task_cannot_be_cancelled(start_server, tmp_path):
-    s = start_server()
-    s.initialize(LATEST)
+def test_2025_tasks_cancel_kills_the_tree_and_a_terminal_task_cannot_be_cancelled(start_initialized, tmp_path):
+    s = start_initialized(version=LATEST)
     pid_file = out_dir(tmp_path) / "tree.pids"
     handle = task_call(s, tree_with_pid_file(pid_file), 50)["taskId"]
     python_pid, sleep_pid = pids_in(pid_file)
@@ -3985,11 +4056,10 @@ def test_2025_tasks_cancel_kills_the_tree_and_a_terminal_task_cannot_be_cancelle
     check_task(s.request("tasks/get", {"taskId": done}, request_id=56)["result"], "completed")
 
 
-def test_2025_a_tool_error_completes_the_task_with_the_error_result(start_server):
+def test_2025_a_tool_error_completes_the_task_with_the_error_result(start_initialized):
     # The filed issue's choice (research/tasks.md §4): "completed", so that every client
     # can still fetch the isError result.
-    s = start_server()
-    s.initialize(LATEST)
+    s = start_initialized(version=LATEST)
     handle = task_call(s, "raise ValueError('boom')", 60)["taskId"]
     result = s.request("tasks/result", {"taskId": handle}, request_id=61)["result"]
     assert result["isError"] is True and "ValueError: boom" in result["structuredContent"]["stderr"]
@@ -4011,10 +4081,9 @@ def test_tasks_methods_do_not_exist_before_2025_11_25(start_wire, method):
     assert_error(s.request(method, {"taskId": "j-x"}, request_id=80), METHOD_NOT_FOUND, 80)
 
 
-def test_a_task_param_before_2025_11_25_is_ignored(start_server):
+def test_a_task_param_before_2025_11_25_is_ignored(start_initialized):
     # A receiver that did not declare tasks processes the request normally (tasks.mdx).
-    s = start_server()
-    s.initialize("2025-06-18")
+    s = start_initialized(version="2025-06-18")
     response = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(1)"}, "task": {}},
                          request_id=81)
     assert "task" not in response["result"] and response["result"]["structuredContent"]["stdout"] == "1\n"
@@ -4069,13 +4138,19 @@ def test_2026_discover_declares_the_extension_and_not_the_legacy_capability(web)
     assert "execution" not in body["result"]["tools"][0]
 
 
-def test_2026_a_declared_long_call_becomes_a_task_that_completes_with_the_result_inline(web):
-    status, body = modern(web, "tools/call", 3, name=TOOL, arguments={"code": PAST_TASK_WAIT})
+def test_2026_a_declared_long_call_becomes_a_task_that_completes_with_the_result_inline(web, tmp_path):
+    # The code runs on until the test has seen its task working (it waits for `release`).
+    release = web.out / (tmp_path.name + ".release")
+    code = "print('start', flush=True)\n" + until_released(release) + "print('end')\n6 * 7\n"
+    status, body = modern(web, "tools/call", 3, name=TOOL, arguments={"code": code})
     assert status == 200, body
     task = check_modern_task(body["result"], "working")
     assert task["resultType"] == "task" and task["taskId"].startswith("j-")
     assert "content" not in task and "structuredContent" not in task
-    answers = modern_get_until(web, task["taskId"], ("completed", "failed", "cancelled"))
+    # one tasks/get while the code waits, then the rest once it may end
+    answers = modern_get_until(web, task["taskId"], ("working", "completed", "failed", "cancelled"))
+    release.touch()
+    answers += modern_get_until(web, task["taskId"], ("completed", "failed", "cancelled"))
     assert answers[0]["status"] == "working" and "result" not in answers[0]
     done = answers[-1]
     assert done["status"] == "completed", done
@@ -4110,9 +4185,17 @@ def test_2026_an_undeclared_request_never_gets_a_task(web):
 
 
 def test_2026_a_declared_call_that_ends_within_a_second_is_no_task(web):
-    # Creation is the server's choice: a quick run is simply answered.
-    status, body = modern(web, "tools/call", 12, name=TOOL, arguments={"code": "print(3)"})
-    result = body["result"]
+    # Creation is the server's choice: a quick run is simply answered. A task is right only
+    # for a run that did not end within the second (TASK_WAIT), which its answer then took
+    # too: on a loaded machine, it is followed to its end and the call made again.
+    for attempt in range(5):
+        sent = time.monotonic()
+        status, body = modern(web, "tools/call", 12, name=TOOL, arguments={"code": "print(3)"})
+        result = body["result"]
+        if "taskId" not in result:
+            break
+        assert time.monotonic() - sent >= mcp_exec.TASK_WAIT, ("a task before the run's first second", body)
+        modern_get_until(web, result["taskId"], ("completed", "failed", "cancelled"))
     assert status == 200 and result["resultType"] == "complete" and "taskId" not in result, body
     assert result["structuredContent"] == {"returncode": 0, "stdout": "3\n", "stderr": "", "timed_out": False,
                                            "truncated": False}
@@ -4160,7 +4243,7 @@ def test_2026_a_declared_call_becomes_a_task_over_stdio_too(start_server):
 
 
 @pytest.mark.skipif(not POSIX, reason="the fake uv is a shell script")
-def test_a_job_whose_install_fails_after_call_wait_still_says_why(start_server, tmp_path):
+def test_a_job_whose_install_fails_after_call_wait_still_says_why(start_initialized, tmp_path):
     # What the server itself puts in stderr (here "Dependency install failed ...") is not
     # output the code streamed: the last poll must still carry it, as an ordinary call does.
     # The fake uv fails only when the test releases it, so the call is a job for sure.
@@ -4170,9 +4253,8 @@ def test_a_job_whose_install_fails_after_call_wait_still_says_why(start_server, 
     uv.write_text("#!/bin/sh\nwhile [ ! -e %s ]; do sleep 0.05; done\necho 'uv: no such package' >&2\nexit 3\n"
                   % release)
     uv.chmod(0o755)
-    s = start_server(CALL_WAIT=0.3, MCP_EXEC_INSTALLER="auto",
-                     PATH=str(bin_dir) + os.pathsep + os.environ.get("PATH", ""))
-    s.initialize()
+    s = start_initialized(CALL_WAIT=0.3, MCP_EXEC_INSTALLER="auto",
+                          PATH=str(bin_dir) + os.pathsep + os.environ.get("PATH", ""))
     tool = Tool(s)
     handle = running(tool.call(code="print(1)", packages=["mcpexec_nosuchpkg"], use_temp_dir=True))
     release.write_text("go")
@@ -4192,41 +4274,73 @@ AUTH = {"Authorization": "Bearer " + KEY}
 ACCEPT_BOTH = "application/json, text/event-stream"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A port for a server to come is a race: bind, close, hand the number over, and another
+# process may take it in between (or answer /health on it). The server cannot report a port
+# it picked itself (`--port 0` logs "http://127.0.0.1:0"), so on Linux the test keeps the
+# port taken while the server starts: a socket bound with SO_REUSEADDR that never listens.
+# bind(0) and connect() elsewhere skip that port, a bind without SO_REUSEADDR is refused,
+# and waitress (SO_REUSEADDR, as is the server's probe) may still bind and listen on it.
+# Elsewhere (BSD rules: a second bind of the same address fails even so) the port is only
+# free, and a start that finds it taken is retried on another.
+RESERVE_PORTS = LINUX
+START_ATTEMPTS = 1 if RESERVE_PORTS else 5
+
+
+def reserve_port():
+    """-> (port, the socket that holds it, or None where ports cannot be held); close the
+    socket once the server listens."""
+    hold = socket.socket()
+    try:
+        if RESERVE_PORTS:
+            hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        hold.bind(("127.0.0.1", 0))
+        port = hold.getsockname()[1]
+    except BaseException:
+        hold.close()
+        raise
+    if not RESERVE_PORTS:
+        hold.close()
+        hold = None
+    return port, hold
+
+
+def port_was_taken(log_text):
+    """Did a server fail to start because its port was in use (its one line, or waitress's)?"""
+    return "is in use" in log_text or "Address already in use" in log_text or "EADDRINUSE" in log_text
 
 
 class HttpProcess:
-    """`python mcp_exec.py --http` on a free loopback port, stopped by stop()."""
+    """`python mcp_exec.py --http` on a loopback port held for it (reserve_port), stopped by stop()."""
 
-    def __init__(self, tmp_path, argv=None, waitress=None, **env):
-        """waitress: run `python -m waitress WAITRESS... mcp_exec:app` instead of --http."""
-        self.port = free_port()
+    def __init__(self, tmp_path, argv=None, waitress=None, app="mcp_exec:app", cwd=HERE, **env):
+        """waitress: run `python -m waitress WAITRESS... APP` (in `cwd`) instead of --http."""
         full_env = {k: v for k, v in os.environ.items()
                     if k not in ("API_KEY", "MCP_STATELESS", "STDIO_MODE_ONLY", "WEB_CONCURRENCY")}
         self.out = out_dir(tmp_path)          # the code of tests may write here (EXEC_WRITE_PATHS)
         full_env.update({"API_KEY": KEY, "MCP_EXEC_DIR": str(tmp_path / "state"), "HOST": "127.0.0.1",
-                         "PORT": str(self.port), "EXEC_WRITE_PATHS": str(self.out)})
+                         "EXEC_WRITE_PATHS": str(self.out)})
         full_env.update({k: str(v) for k, v in env.items()})
-        argv = argv or SERVER_COMMAND + ["--http"]
-        if waitress is not None:
-            argv = [sys.executable, "-m", "waitress", "--host=127.0.0.1", "--port=%d" % self.port] + waitress + [
-                "mcp_exec:app"]
-        self.log = open(tmp_path / ("http-%d.log" % self.port), "w+b")
-        self.proc = subprocess.Popen(argv, cwd=HERE, env=full_env, stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 20
-        while True:
+        for attempt in range(START_ATTEMPTS):
+            self.port, hold = reserve_port()
+            full_env["PORT"] = str(self.port)
+            command = argv or SERVER_COMMAND + ["--http"]
+            if waitress is not None:
+                command = [sys.executable, "-m", "waitress", "--host=127.0.0.1", "--port=%d" % self.port] + \
+                    waitress + [app]
+            self.log = open(tmp_path / ("http-%d.log" % self.port), "w+b")
+            self.proc = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=self.log, stderr=self.log)
             try:
-                if self.request("GET", "/health", headers={})[0] == 200:
-                    return
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.log.seek(0)
-                raise RuntimeError("server did not start:\n" + self.log.read().decode())
-            time.sleep(0.05)
+                started = wait_until(lambda: _health(self) or self.proc.poll() is not None, seconds=20)
+            finally:
+                if hold is not None:
+                    hold.close()             # the server listens on it now (or never will)
+            if started and self.proc.poll() is None:
+                return
+            self.stop()
+            with open(self.log.name, "rb") as f:
+                text = f.read().decode("utf-8", "replace")
+            if not (port_was_taken(text) and attempt + 1 < START_ATTEMPTS):
+                raise RuntimeError("server did not start:\n" + text)
 
     def connect(self, timeout=20):
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -4361,6 +4475,261 @@ def web(tmp_path_factory):
 
 
 SLEEPER = ("import os, time\nopen(%r, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+
+
+# --- HTTP+SSE (2024-11-05): GET /sse, POST /messages/ ------------------------------------
+
+class SseClient:
+    """A legacy HTTP+SSE client: GET /sse, then POST to the announced endpoint."""
+
+    def __init__(self, server, timeout=20):
+        self.server = server
+        self.conn = server.connect(timeout)
+        self.conn.request("GET", "/sse", headers=dict(AUTH, Accept="text/event-stream"))
+        self.sock = self.conn.sock        # the response takes it over; keep it for kill()
+        self.resp = self.conn.getresponse()
+        self.endpoint = None
+        if self.resp.status == 200:
+            kind, data = read_events(self.resp, limit=1)[0]
+            assert kind == "endpoint"
+            self.endpoint = data
+
+    def post(self, message, path=None):
+        return self.server.request("POST", path or self.endpoint, message,
+                                   dict(AUTH, **{"Content-Type": "application/json"}))
+
+    def next_message(self):
+        """The next `message` event's JSON, skipping keep-alive comments."""
+        while True:
+            events = read_events(self.resp, limit=1)
+            assert events, "stream ended"
+            if events[0][0] == "message":
+                return json.loads(events[0][1])
+
+    def kill(self):
+        """Vanish like a crashed client: no goodbye, the socket just closes."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.resp.close()
+
+    def leave(self):
+        """kill(), then wait until the server has dropped the session (a POST to it is 404):
+        once the server stops, waitress would wait 5 s for a stream thread it never saw end."""
+        self.kill()
+        ping = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert wait_until(lambda: self.post(ping)[0] == 404), "the server kept the session"
+
+
+def test_auth_is_required_on_sse_and_messages(web):
+    assert web.request("GET", "/sse", headers={})[0] == 401
+    assert web.request("POST", "/messages/?session_id=x", {"jsonrpc": "2.0"}, headers={})[0] == 401
+
+
+@pytest.mark.skipif(not POSIX, reason="SIGTERM")
+def test_sigterm_ends_an_open_sse_stream_with_its_last_chunk(tmp_path):
+    """Shutting down ends each HTTP+SSE stream properly: the client reads the stream's end,
+    not a cut connection (http.client raises IncompleteRead for that), and waitress has no
+    stream thread left running to wait for."""
+    server = HttpProcess(tmp_path)
+    try:
+        client = SseClient(server)
+        server.proc.send_signal(signal.SIGTERM)
+        rest = client.resp.read()          # to the end of the chunked body
+        assert b"event: message" not in rest
+        assert server.proc.wait(HANG) == 0
+    finally:
+        server.stop()
+
+
+def test_sse_endpoint_event_comes_first_with_a_relative_uri(web):
+    client = SseClient(web)
+    assert client.resp.status == 200
+    assert client.resp.getheader("Content-Type").startswith("text/event-stream")
+    assert client.endpoint.startswith("/messages/?session_id=")
+    assert len(client.endpoint.split("=", 1)[1]) == 32
+    client.kill()
+
+
+def test_sse_post_is_202_and_the_answer_arrives_on_the_stream(web):
+    client = SseClient(web)
+    status, _, body = client.post(init_message("2024-11-05"))
+    assert status == 202 and body == b"Accepted"
+    reply = client.next_message()
+    assert reply["id"] == 1 and reply["result"]["protocolVersion"] == "2024-11-05"
+    assert client.post({"jsonrpc": "2.0", "method": "notifications/initialized"})[0] == 202
+    assert client.post(call_message("print(6*7)"))[0] == 202
+    reply = client.next_message()
+    assert reply["id"] == 2
+    assert json.loads(reply["result"]["content"][0]["text"])["stdout"] == "42\n"
+    assert "structuredContent" not in reply["result"]          # 2024-11-05 has none
+    client.kill()
+
+
+def test_sse_post_errors(web):
+    client = SseClient(web)
+    status, _, body = web.request("POST", "/messages/", {"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert status == 400 and b"session_id" in body
+    status, _, _ = web.request("POST", "/messages/?session_id=" + "0" * 32, {"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert status == 404
+    status, _, body = client.post(b"{not json")
+    assert status == 400 and json.loads(body)["error"]["code"] == -32700
+    client.kill()
+
+
+def test_sse_stream_sends_keep_alive_comments(web):
+    client = SseClient(web)   # SSE_KEEPALIVE=0.5 on this server
+    events = read_events(client.resp, limit=1)
+    assert events == [("comment", "keep-alive")]
+    client.kill()
+
+
+def test_sse_tool_call_does_not_block_the_post(web, tmp_path):
+    release = web.out / (tmp_path.name + ".release")       # the call runs until the ping's answer
+    client = SseClient(web)
+    client.post(init_message())
+    client.next_message()
+    assert client.post(call_message(until_released(release) + "print('late')"))[0] == 202
+    assert client.post({"jsonrpc": "2.0", "id": 3, "method": "ping"})[0] == 202
+    assert client.next_message()["id"] == 3                # ping overtook the running call
+    release.touch()
+    assert client.next_message()["id"] == 2
+    client.kill()
+
+
+def test_disconnect_kills_the_sessions_running_execution(web, tmp_path):
+    client = SseClient(web)
+    client.post(init_message())
+    client.next_message()
+    pid_file = web.out / (tmp_path.name + ".pid")
+    client.post(call_message(SLEEPER % str(pid_file)))
+    assert wait_until(pid_file.exists, seconds=15)
+    pid = int(pid_file.read_text())
+    assert alive(pid)
+    client.kill()
+    assert wait_until(lambda: not alive(pid), seconds=10), "execution survived its session"
+
+
+def test_legacy_sse_stays_handshake_only(web):
+    client = SseClient(web)
+    client.post(modern_message("server/discover", 1))
+    reply = client.next_message()
+    assert reply["error"]["code"] == -32601
+    client.kill()
+
+
+def test_progress_flows_on_the_legacy_sse_stream(web):
+    server = web                                     # PROGRESS_INTERVAL=0.2
+    client = SseClient(server)
+    client.post(init_message("2025-03-26"))
+    client.next_message()
+    message = call_message(HTTP_PROGRESS_CODE, 8)
+    message["params"]["_meta"] = {"progressToken": 8}
+    client.post(message)
+    events = []
+    while True:
+        event = read_events(client.resp, limit=1)[0]
+        events.append(event)
+        if event[0] == "message" and json.loads(event[1]).get("id") == 8:
+            break
+    client.post({"jsonrpc": "2.0", "id": 9, "method": "ping"})   # the next thing on the stream
+    events.append(("message", json.dumps(client.next_message())))
+    events = [e for e in events if not (e[0] == "message" and json.loads(e[1]).get("id") == 9)]
+    check_progress(events, 8, 8)
+    client.kill()
+
+
+def test_an_sse_stream_slot_is_free_as_soon_as_its_client_is_gone(start_http):
+    server = start_http(WEB_CONCURRENCY="4")            # 4 threads: 2 may be held
+    keeper = SseClient(server)
+    refused = 0
+    for _ in range(60):
+        client = SseClient(server, timeout=10)
+        refused += client.resp.status != 200
+        client.kill()                                   # and reconnect at once
+    assert refused == 0, "%d of 60 reconnects were refused" % refused
+    keeper.leave()
+
+
+def test_x_api_key_and_trailing_slashes_work_on_sse(web):
+    conn = web.connect()
+    conn.request("GET", "/sse/", headers={"X-API-Key": KEY, "Accept": "text/event-stream"})
+    resp = conn.getresponse()
+    kind, endpoint = read_events(resp, limit=1)[0]
+    assert resp.status == 200 and kind == "endpoint"
+    path = endpoint.replace("/messages/", "/messages")           # the original's 307 target
+    status, _, _ = web.request("POST", path, init_message(), {"X-API-Key": KEY})
+    assert status == 202
+    assert json.loads(read_events(resp, until_id=1)[-1][1])["id"] == 1
+    conn.close()
+
+
+def test_sse_cancel_stops_the_call_and_it_gets_no_answer(web, tmp_path):
+    client = SseClient(web)
+    client.post(init_message(LATEST))
+    client.next_message()
+    pid_file = web.out / (tmp_path.name + ".pid")
+    client.post(call_message(pid_file_code(pid_file), 2))
+    pid = int(wait_for_file(pid_file))
+    client.post({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}})
+    assert wait_gone(pid), "the cancelled call's process lives on"
+    client.post({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+    assert client.next_message()["id"] == 3        # the next message: no answer to the call
+    client.kill()
+
+
+def test_a_2025_task_over_sse_reports_its_status_on_the_stream(web, tmp_path):
+    client = SseClient(web)
+    client.post(init_message(LATEST))
+    client.next_message()
+    release = web.out / (tmp_path.name + ".release")
+    message = call_message(until_released(release) + "print('done')", 2)
+    message["params"]["task"] = {"ttl": 60000}
+    client.post(message)
+    task = client.next_message()["result"]["task"]
+    assert task["status"] == "working"
+    release.touch()
+    status = client.next_message()
+    assert status["method"] == "notifications/tasks/status", status
+    assert status["params"]["taskId"] == task["taskId"] and status["params"]["status"] == "completed"
+    client.post({"jsonrpc": "2.0", "id": 3, "method": "tasks/result",
+                 "params": {"taskId": task["taskId"]}})
+    assert client.next_message()["result"]["structuredContent"]["stdout"] == "done\n"
+    client.kill()
+
+
+def test_open_sse_streams_beyond_the_thread_budget_get_503(start_http):
+    server = start_http(WEB_CONCURRENCY="4")            # 4 threads: 2 may be held
+    held = [SseClient(server), SseClient(server)]
+    refused = SseClient(server)
+    assert refused.resp.status == 503 and refused.resp.getheader("Retry-After") == "2"
+    assert "WEB_CONCURRENCY" in json.loads(refused.resp.read())["error"]["message"]
+    assert server.request("GET", "/health", headers={})[0] == 200     # the reserve answers
+    for client in held:
+        client.leave()
+
+
+def test_a_client_that_never_reads_its_sse_stream_loses_the_session_not_the_memory(start_http):
+    # One call at a time, so that what the calls themselves hold stays small beside what
+    # would wait unbounded: 24 answers of 8 MB (the output twice: text and structured).
+    server = start_http(OUTPUT_LIMIT=str(4 << 20), EXEC_CONCURRENCY="1", EXEC_QUEUE="32")
+    client = SseClient(server)
+    client.post(init_message())
+    code = "import sys\nsys.stdout.write('x' * 4000000)"
+    for n in range(24):
+        assert client.post(call_message(code, 100 + n))[0] == 202
+    ping = {"jsonrpc": "2.0", "id": 99, "method": "ping"}
+    assert wait_until(lambda: client.post(ping)[0] == 404, seconds=60), "the session lives on"
+    waiting = re.findall(r"stopped reading its stream: (\d+) bytes wait",
+                         open(server.log.name, errors="replace").read())
+    assert len(waiting) == 1 and int(waiting[0]) <= 16 << 20, waiting     # SSE_BACKLOG_BYTES
+    client.sock.settimeout(HANG)
+    while client.sock.recv(1 << 20):           # the server hung up: the stream ends, and the
+        pass                                   # thread waitress held in its write is free
+    client.kill()
+
 
 
 # --- In-process: the routes of an HttpServer, no Flask, no socket -------------------
@@ -4521,7 +4890,7 @@ def test_a_batch_under_2025_11_25_is_400_over_http(routes):
 
 def test_http_refuses_to_start_without_api_key(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "API_KEY"}
-    proc = subprocess.run([sys.executable, "mcp_exec.py", "--http", "--port", str(free_port())], cwd=HERE,
+    proc = subprocess.run([sys.executable, "mcp_exec.py", "--http", "--port", "0"], cwd=HERE,
                           env=env, capture_output=True, timeout=30)
     assert proc.returncode != 0
     assert b"API_KEY" in proc.stderr and b"secrets.token_urlsafe" in proc.stderr
@@ -4534,11 +4903,34 @@ def test_health_needs_no_key_and_reveals_nothing(web):
     assert json.loads(body) == {"status": "ok", "sandbox": "+".join(layers) or "off"}
 
 
-def test_http_sse_is_not_served_and_its_404_says_where_to_go(web):
-    for method, path in (("GET", "/sse"), ("POST", "/messages/?session_id=x")):
-        assert web.request(method, path, {"jsonrpc": "2.0"}, headers={})[0] == 401   # the key first
-        status, _, body = web.request(method, path, {"jsonrpc": "2.0"})
-        assert status == 404 and "/mcp" in json.loads(body)["error"]["message"], body
+def test_mcp_with_a_trailing_slash_is_served_as_mcp(web):
+    status, headers, body = web.request("POST", "/mcp/", init_message(), dict(
+        AUTH, **{"Content-Type": "application/json", "Accept": "application/json"}))
+    assert status == 200 and headers.get("mcp-session-id"), body
+    assert json.loads(body)["result"]["serverInfo"]["name"] == "mcp-exec"
+
+
+def test_a_post_without_a_session_is_answered_as_a_stateless_request(web):
+    status, headers, body = web.mcp({"jsonrpc": "2.0", "id": 5, "method": "tools/list"})
+    assert status == 200 and "mcp-session-id" not in headers
+    assert json.loads(body)["result"]["tools"][0]["name"] == TOOL
+    status, _, body = web.mcp(call_message("print(2 + 2)"))
+    result = json.loads(body)["result"]
+    assert "structuredContent" not in result            # 2025-03-26, the default version
+    assert json.loads(result["content"][0]["text"])["stdout"] == "4\n"
+    status, _, body = web.mcp(call_message("print(3)"), extra={"MCP-Protocol-Version": LATEST})
+    assert json.loads(body)["result"]["structuredContent"]["stdout"] == "3\n"
+
+
+def test_a_low_web_concurrency_warns_in_one_line_and_still_runs_calls(start_http):
+    server = start_http(WEB_CONCURRENCY="1")
+    log_text = open(server.log.name, errors="replace").read()
+    warnings = [line for line in log_text.splitlines() if "WEB_CONCURRENCY=1" in line]
+    assert len(warnings) == 1 and "set WEB_CONCURRENCY=32" in warnings[0], log_text
+    assert SseClient(server).resp.status == 503       # no thread would be left for its POSTs
+    sid, _ = server.initialize()
+    _, _, body = server.mcp(call_message("print(5)"), sid)
+    assert json.loads(body)["result"]["structuredContent"]["stdout"] == "5\n"
 
 
 def test_well_known_probes_get_404_without_auth(web):
@@ -4687,8 +5079,6 @@ def test_streamable_tool_call_answers_with_sse_when_the_client_accepts_it(web):
 
 
 def test_streamable_http_status_codes(web):
-    status, _, body = web.mcp({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
-    assert status == 400 and b"Mcp-Session-Id" in body
     status, _, _ = web.mcp({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, "no-such-session")
     assert status == 404
     status, headers, _ = web.request("GET", "/mcp", headers=dict(AUTH, Accept="text/event-stream"))
@@ -4742,14 +5132,18 @@ def test_waitress_serve_runs_the_procfile_app(tmp_path):
     command = line[4:].strip().replace("--host=0.0.0.0", "--host=127.0.0.1").replace(
         "waitress-serve", "%s -m waitress" % sys.executable)
     server = HttpProcess.__new__(HttpProcess)
-    server.port = free_port()
+    server.port, hold = reserve_port()             # held until waitress listens on it
     env = dict(os.environ, API_KEY=KEY, MCP_EXEC_DIR=str(tmp_path / "s"), PORT=str(server.port))
     env.pop("WEB_CONCURRENCY", None)
     server.proc = subprocess.Popen(["sh", "-c", "exec " + command], cwd=HERE, env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server.log = open(os.devnull, "wb")
     try:
-        assert wait_until(lambda: _health(server), seconds=20)
+        try:
+            assert wait_until(lambda: _health(server), seconds=20)
+        finally:
+            if hold is not None:
+                hold.close()
         sid, reply = server.initialize()
         assert reply["result"]["serverInfo"]["name"] == "mcp-exec"
         status, _, body = server.mcp(call_message("print(6*7)"), sid)
@@ -5070,7 +5464,7 @@ def test_http_on_a_port_in_use_says_so_in_one_line(tmp_path):
 def test_a_bad_http_number_stops_only_the_http_server(tmp_path):
     """HTTP's settings are read at import, by every mode: one that is not a number stops
     --http with one line, and the stdio server, which does not use it, serves on."""
-    err = start_refused(tmp_path, [sys.executable], free_port(), WEB_CONCURRENCY="8/tcp")
+    err = start_refused(tmp_path, [sys.executable], 0, WEB_CONCURRENCY="8/tcp")   # any port: it never binds
     assert err.strip() == "mcp-exec: WEB_CONCURRENCY must be a number, got '8/tcp'"
     ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
     done = subprocess.run([sys.executable, SERVER], input=ping, cwd=REPO, capture_output=True,
@@ -5083,7 +5477,7 @@ def test_http_without_flask_names_the_command_that_installs_it(tmp_path):
     python = [sys.executable, "-I", "-S"]
     if subprocess.run(python + ["-c", "import flask, waitress"], capture_output=True).returncode == 0:
         pytest.skip("flask and waitress import even without site-packages: no Python that lacks them")
-    err = start_refused(tmp_path, python, free_port())
+    err = start_refused(tmp_path, python, 0)                      # any port: it never binds
     assert "flask and waitress" in err and "pip install -r requirements.txt" in err
 
 
@@ -5187,8 +5581,9 @@ def test_client_speaks_2026_07_28_over_streamable_http(web, tmp_path):
     assert reply["result"]["resultType"] == "complete"
 
 
-def test_client_with_a_wrong_key_exits_two_and_says_why(web, tmp_path):
-    url = "http://127.0.0.1:%d/mcp" % web.port
+@pytest.mark.parametrize("path", ["/mcp", "/sse"])
+def test_client_with_a_wrong_key_exits_two_and_says_why(web, tmp_path, path):
+    url = "http://127.0.0.1:%d%s" % (web.port, path)
     done = run_client(tmp_path, "--url", url, "--api-key", "wrong-key", "call", "print(1)")
     assert done.returncode == 2 and done.stdout == ""
     assert "401" in done.stderr and "API key" in done.stderr, done.stderr
@@ -5215,6 +5610,34 @@ def test_client_progress_goes_to_stderr(tmp_path):
 def test_client_adds_http_to_a_url_without_a_scheme(web, tmp_path):
     done = run_client(tmp_path, "--url", "127.0.0.1:%d/mcp" % web.port, "call", "print(4)", API_KEY=KEY)
     assert client_result(done)["stdout"] == "4\n"
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:%d", "http://127.0.0.1:%d/"])
+def test_client_fills_in_the_scheme_and_mcp_of_a_base_url(web, tmp_path, url):
+    done = run_client(tmp_path, "--url", url % web.port, "--trace", "call", "print(5)",
+                      API_KEY=KEY)
+    assert client_result(done)["stdout"] == "5\n"
+
+
+def test_client_reads_a_base_url_from_mcp_server_url(web, tmp_path):
+    done = run_client(tmp_path, "call", "print(6)", API_KEY=KEY,
+                      MCP_SERVER_URL="http://127.0.0.1:%d/" % web.port)
+    assert client_result(done)["stdout"] == "6\n"
+
+
+def test_client_over_http_sse(web, tmp_path):
+    url = "http://127.0.0.1:%d/sse" % web.port
+    out = client_result(run_client(tmp_path, "--url", url, "call", "print('over sse')", API_KEY=KEY))
+    assert out["stdout"] == "over sse\n"
+
+
+def test_client_sse_close_does_not_wait_for_the_next_keep_alive(start_http, tmp_path):
+    # A client that sat in close() until the next keep-alive (10 minutes away here) would hit
+    # run_client's hang guard instead of exiting.
+    web = start_http(SSE_KEEPALIVE="600")
+    done = run_client(tmp_path, "--url", "http://127.0.0.1:%d/sse" % web.port, "call", "print(3)",
+                      API_KEY=KEY, guard=60)
+    assert client_result(done)["stdout"] == "3\n"
 
 
 @pytest.mark.parametrize("args, says", [
@@ -5293,7 +5716,7 @@ def test_client_follows_a_job_to_its_end(tmp_path, form):
 def test_client_no_follow_prints_the_handle(tmp_path):
     code = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
     out = client_result(run_client(tmp_path, "call", "--no-follow", code, CALL_WAIT=0.3))
-    assert out["status"] == "running" and out["job"].startswith("j-") and out["returncode"] == 0
+    assert out["status"] == "running" and out["job"].startswith("j-") and out["returncode"] is None
     text = run_client(tmp_path, "--format", "text", "call", "--no-follow", code, CALL_WAIT=0.3)
     assert text.returncode == 0, text.stderr[-2000:]
     status = r"\n\[still running as job (j-\S+): `client job \1` follows it\]\n"   # its own line
@@ -5360,12 +5783,18 @@ def test_unknown_argument_exits_two(tmp_path):
     assert b"--bogus" in done.stderr and done.stdout == b""
 
 
+def test_a_port_without_http_suggests_http(tmp_path):
+    done = subprocess.run([sys.executable, SERVER, "--port", "9000"], cwd=REPO, timeout=HANG,
+                          env=make_env(tmp_path), capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "--http --port N" in done.stderr, done.stderr
+
+
 @pytest.mark.skipif(not (POSIX and HAS_PROC), reason="exec and /proc/PID/cmdline are POSIX/Linux")
-def test_a_server_started_as_a_script_serves_as_an_import_in_the_same_process(start_server):
+def test_a_server_started_as_a_script_serves_as_an_import_in_the_same_process(start_initialized):
     """CPython keeps a script's syntax tree (12 MB for this file) until the script ends: the
     server replaces itself, same pid and pipes, by an import that reads cached bytecode."""
-    server = start_server(argv=[sys.executable, SERVER])
-    server.initialize()
+    server = start_initialized(argv=[sys.executable, SERVER])
     with open("/proc/%d/cmdline" % server.proc.pid, "rb") as f:
         argv = f.read().split(b"\0")
     command = argv[argv.index(b"-c") + 1]
