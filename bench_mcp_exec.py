@@ -3,16 +3,25 @@
 
     python bench_mcp_exec.py           the full run (a few minutes)
     python bench_mcp_exec.py --quick   fewer repetitions (a smoke test, about a minute)
+    python bench_mcp_exec.py --python ~/.pyenv/versions/3.13.0/bin/python --server /tmp/snap/mcp_exec.py
 
 Every figure is printed beside a baseline measured in the same run, with their ratio:
 absolute times on a shared machine are noise, ratios much less so. It prints numbers and
-never fails on a threshold. Standard library only; the HTTP figures need Flask and
-waitress (requirements.txt) and are skipped without them. Nothing leaves 127.0.0.1.
+never fails on a threshold. The baseline "a clean spawn" is `python -c` of the same
+interpreter in a clean virtual environment that the bench makes (python -m venv
+--without-pip): the .pth files of the interpreter's own site-packages, which may import
+certifi or setuptools at every start, do not inflate it (the servers' children run in a venv
+too). "The floor" of a call is what no server can avoid: a fork and exit of a template-sized
+process, the child's own work, and the sandbox, timed in a process that imported mcp_exec
+as a template does. Standard library only; the HTTP figures need Flask and waitress
+(requirements.txt) in the interpreter benchmarked, and are skipped without them. Nothing
+leaves 127.0.0.1.
 """
 
 import http.client
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -24,7 +33,9 @@ import time
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SERVER = os.path.join(HERE, "mcp_exec.py")
+SERVER = os.path.join(HERE, "mcp_exec.py")    # --server
+PYTHON = sys.executable                       # --python: runs the servers
+CLEAN = sys.executable                        # the clean venv's python: the baseline spawns
 KEY = "bench-key"
 
 
@@ -64,8 +75,8 @@ def rss_kb(pid, field="VmRSS"):
 
 class Stdio:
     def __init__(self, env, argv=None):
-        self.proc = subprocess.Popen(argv or [sys.executable, SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, cwd=HERE)
+        self.proc = subprocess.Popen(argv or [PYTHON, SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env, cwd=os.path.dirname(SERVER))
         self.lock = threading.Lock()
         self.waiting = {}
         self.next_id = 0
@@ -116,7 +127,7 @@ class Http:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         env = dict(env, API_KEY=KEY, PORT=str(self.port), HOST="127.0.0.1")
-        self.proc = subprocess.Popen([sys.executable, SERVER, "--http"], env=env,
+        self.proc = subprocess.Popen([PYTHON, SERVER, "--http"], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -162,9 +173,15 @@ class Http:
         self.proc.wait(30)
 
 
+_HAVE_HTTP = {}
+
+
 def have_http():
-    import importlib.util
-    return all(importlib.util.find_spec(name) for name in ("flask", "waitress"))
+    """Can the interpreter benchmarked (not necessarily this one) import Flask and waitress?"""
+    if PYTHON not in _HAVE_HTTP:
+        _HAVE_HTTP[PYTHON] = subprocess.run([PYTHON, "-c", "import flask, waitress"],
+                                            capture_output=True).returncode == 0
+    return _HAVE_HTTP[PYTHON]
 
 
 def make_wheel(folder, name="mcpexec_benchpkg", version="1.0"):
@@ -186,13 +203,14 @@ def make_wheel(folder, name="mcpexec_benchpkg", version="1.0"):
 def bench_startup(env, n):
     """A script is compiled on every start; a module imported with -m uses cached bytecode."""
     cached = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    runs = [("python mcp_exec.py", env, [sys.executable, SERVER]),
-            ("python -m mcp_exec (bytecode cached)", cached, [sys.executable, "-m", "mcp_exec"])]
+    module = os.path.splitext(os.path.basename(SERVER))[0]
+    runs = [("python mcp_exec.py", env, [PYTHON, SERVER]),
+            ("python -m mcp_exec (bytecode cached)", cached, [PYTHON, "-m", module])]
     Stdio(cached, runs[1][2]).close()            # writes __pycache__ once
     base, ours = [], {name: [] for name, _, _ in runs}
     for _ in range(n):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"])
+        subprocess.run([CLEAN, "-c", "pass"])
         base.append(time.perf_counter() - t)
         for name, run_env, argv in runs:
             t = time.perf_counter()
@@ -200,17 +218,17 @@ def bench_startup(env, n):
             server.initialize()
             ours[name].append(time.perf_counter() - t)
             server.close()
-    print("1. stdio spawn -> initialize answer (median of %d; baseline: python -c pass)" % n)
+    print("1. stdio spawn -> initialize answer (median of %d; baseline: a clean spawn, python -c pass)" % n)
     for name, times in ours.items():
         row(name, ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)))
 
 
-def spawn_times(n, code="print(2+2)"):
-    """The baseline: seconds to spawn `python -c CODE` and wait for it, n times."""
+def spawn_times(n, code="print(2+2)", python=None):
+    """The baseline: seconds to spawn `python -c CODE` (a clean spawn) and wait for it, n times."""
     times = []
     for _ in range(n):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], capture_output=True)
+        subprocess.run([python or CLEAN, "-c", code], capture_output=True)
         times.append(time.perf_counter() - t)
     return times
 
@@ -229,23 +247,28 @@ def call_times(server, n, **arguments):
 
 def bench_round_trip(env, n, compare=None):
     base = spawn_times(n)
-    print("2. tools/call print(2+2) round trip, %d calls (baseline: spawning python -c \"print(2+2)\")" % n)
-    runs = [("stdio, forked from a template", dict(env), Stdio, None),
-            ("stdio, spawned (FORK_SERVER=0)", dict(env, FORK_SERVER="0"), Stdio, None),
-            ("stdio, no sandbox (EXEC_SANDBOX=off)", dict(env, EXEC_SANDBOX="off"), Stdio, None)]
+    floor = the_floor(env)
+    print("2. tools/call print(2+2) round trip, %d calls (baseline: a clean spawn of python -c \"print(2+2)\")" % n)
+    runs = [("stdio, forked from a template", dict(env), Stdio, None, "sandboxed", "goal <= 0.45x"),
+            ("stdio, spawned (FORK_SERVER=0)", dict(env, FORK_SERVER="0"), Stdio, None, None, ""),
+            ("stdio, no sandbox (EXEC_SANDBOX=off)", dict(env, EXEC_SANDBOX="off"), Stdio, None, "unsandboxed", "")]
     if compare:
-        runs.append(("stdio, %s" % os.path.basename(compare), dict(env), Stdio, [sys.executable, compare]))
+        runs.append(("stdio, %s" % os.path.basename(compare), dict(env), Stdio, [PYTHON, compare], "sandboxed", ""))
     if have_http():
-        runs.append(("Streamable HTTP (JSON)", dict(env), Http, None))
-    for name, run_env, kind, argv in runs:
+        runs.append(("Streamable HTTP (JSON)", dict(env), Http, None, None, ""))
+    for name, run_env, kind, argv, floor_kind, goal in runs:
         server = kind(run_env, argv) if argv else kind(run_env)
         if kind is Stdio:
             server.initialize()
         times = call_times(server, n)
         server.close()
-        row(name + " median", ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)))
+        over = floor["kinds"].get(floor_kind)
+        note = "; ".join(filter(None, [goal, over and "%s over its floor" % ms(median(times) - over["wall"])]))
+        note = note and "(%s)" % note
+        row(name + " median", ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)), note)
         row(name + " p95", ms(p95(times)), ms(p95(base)), "%.2fx" % (p95(times) / p95(base)))
     sandbox_cost(env, n)
+    floor_rows(floor, "wall", median(base))
     server = Stdio(env)
     server.initialize()
     stateless = call_times(server, n)
@@ -256,42 +279,64 @@ def bench_round_trip(env, n, compare=None):
         "%.2fx" % (median(in_session) / median(stateless)), "(baseline: a stateless call, same server; target <= 2 ms)")
 
 
-def children_cpu():
-    """CPU seconds (user + system) of every child this process has reaped, and of theirs."""
-    import resource
+def children_usage():
+    """(CPU seconds, user + system; minor page faults) of every child this process has reaped,
+    and of theirs."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime + usage.ru_stime, usage.ru_minflt
 
 
 def server_cpu(env, n, code="print(1)"):
-    """CPU of a whole stdio server tree (server, templates, children, all reaped) that
-    answers initialize and n calls, then exits."""
-    before = children_cpu()
+    """(CPU seconds, minor faults) of a whole stdio server tree (server, templates, children,
+    all reaped) that answers initialize and n calls, then exits."""
+    cpu, faults = children_usage()
     server = Stdio(env)
     server.initialize()
     for _ in range(n):
         assert server.call(code)["returncode"] == 0
     server.close()
-    return children_cpu() - before
+    after = children_usage()
+    return after[0] - cpu, after[1] - faults
+
+
+def spawn_usage(n, python=None, code="print(1)"):
+    """(mean CPU seconds, mean minor faults) of a spawn of `python -c CODE`, a clean one by default."""
+    cpu, faults = children_usage()
+    for _ in range(n):
+        subprocess.run([python or CLEAN, "-c", code], capture_output=True)
+    after = children_usage()
+    return (after[0] - cpu) / n, (after[1] - faults) / n
 
 
 def bench_cpu(env, n):
     """CPU per call, the whole server tree counted: a run of n calls minus a run of 3, over
-    n - 3 calls. Baseline: one bare `python -c "print(1)"` spawn, also by rusage."""
-    before = children_cpu()
-    for _ in range(n):
-        subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True)
-    bare = (children_cpu() - before) / n
-    print("3. CPU per print(1) call, server tree with reaped descendants (%d calls; baseline: a bare "
-          "python -c \"print(1)\" spawn)" % n)
-    per_call = {}
-    for name, run_env in (("stdio, sandboxed (default)", env), ("stdio, EXEC_SANDBOX=off", dict(env, EXEC_SANDBOX="off"))):
+    n - 3 calls. Baseline: one clean `python -c "print(1)"` spawn, also by rusage. The minor page
+    faults, counted the same way, are mostly copy-on-write faults of the forked children."""
+    bare, bare_faults = spawn_usage(n)
+    floor = the_floor(env)
+    print("3. CPU per print(1) call, server tree with reaped descendants (%d calls; baseline: a clean "
+          "spawn of python -c \"print(1)\")" % n)
+    per_call, faults = {}, {}
+    for name, run_env, floor_kind in (("stdio, sandboxed (default)", env, "sandboxed"),
+                                      ("stdio, EXEC_SANDBOX=off", dict(env, EXEC_SANDBOX="off"), "unsandboxed")):
         server_cpu(run_env, 3)                        # the workspace and bytecode exist
-        per_call[name] = (server_cpu(run_env, n) - server_cpu(run_env, 3)) / (n - 3)
-        row(name, ms(per_call[name]), ms(bare), "%.2fx" % (per_call[name] / bare), "(goal <= 0.30x)")
+        many, few = server_cpu(run_env, n), server_cpu(run_env, 3)
+        per_call[name], faults[name] = [(a - b) / (n - 3) for a, b in zip(many, few)]
+        over = floor["kinds"].get(floor_kind)
+        row(name, ms(per_call[name]), ms(bare), "%.2fx" % (per_call[name] / bare),
+            "(goal <= 0.30x%s)" % ("; %s over its floor" % ms(per_call[name] - over["cpu"]) if over else ""))
     sandbox = per_call["stdio, sandboxed (default)"] - per_call["stdio, EXEC_SANDBOX=off"]
     row("the sandbox's own cost per call", ms(sandbox), ms(per_call["stdio, EXEC_SANDBOX=off"]),
         "%.2fx" % (sandbox / per_call["stdio, EXEC_SANDBOX=off"]), "(goal <= 1 ms)")
+    floor_rows(floor, "cpu", bare)
+    for name in faults:
+        row("minor faults per call, %s" % name.split(", ")[1], "%.0f" % faults[name], "%.0f" % bare_faults,
+            "%.2fx" % (faults[name] / bare_faults), "(a forked child's are mostly copy-on-write)")
+    for kind, label in (("fork_exit", "fork + exit"), ("sandboxed", "the whole, sandboxed")):
+        if kind in floor["kinds"]:
+            value = floor["kinds"][kind]["faults"]
+            row("minor faults, floor: %s" % label, "%.0f" % value, "%.0f" % bare_faults,
+                "%.2fx" % (value / bare_faults))
 
 
 def sandbox_cost(env, n):
@@ -314,6 +359,204 @@ def sandbox_cost(env, n):
     cost, bare = median([a - b for a, b in pairs]), median([b for _, b in pairs])
     row("the sandbox's own cost (median of paired calls)", ms(cost), ms(bare), "%.2fx" % (cost / bare),
         "(Landlock + capabilities + seccomp, against EXEC_SANDBOX=off; goal <= 1 ms)")
+
+
+# --- the baseline and the floor -------------------------------------------------------
+
+def clean_python(python, folder):
+    """A clean virtual environment of `python`, made in folder -> (its python, None), or
+    (python itself, why there is none)."""
+    venv = os.path.join(folder, "clean-venv")
+    try:
+        made = subprocess.run([python, "-m", "venv", "--without-pip", venv], capture_output=True,
+                              text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return python, str(exc)
+    for clean in (os.path.join(venv, "bin", "python"), os.path.join(venv, "Scripts", "python.exe")):
+        if made.returncode == 0 and os.path.exists(clean):
+            return clean, None
+    return python, ((made.stderr or "").strip().splitlines() or ["no python in it"])[-1]
+
+
+def bench_baseline(n, why_not):
+    """Say which baseline this run uses, and what a bare start costs with and without it: the
+    interpreter itself (outside any venv: its site-packages' .pth files run) and, if --python is
+    a venv, in that venv."""
+    others = [("outside any venv", os.path.realpath(PYTHON))]
+    if os.path.exists(os.path.join(os.path.dirname(os.path.dirname(PYTHON)), "pyvenv.cfg")):
+        others.append(("in the venv of --python", PYTHON))
+    times = {python: [] for python in [CLEAN] + [python for _, python in others]}
+    for _ in range(n):                          # in turn: all see the same noise
+        for python, got in times.items():
+            got += spawn_times(1, "pass", python)
+    cpu = {python: spawn_usage(n, python, "pass")[0] for python in times}
+    clean = median(times[CLEAN])
+    if why_not:
+        print("baseline, a clean spawn: %s -c pass, %s wall, %s CPU (median of %d) -- NOT in a clean venv: "
+              "`-m venv --without-pip` failed (%s)" % (CLEAN, ms(clean), ms(cpu[CLEAN]), n, why_not))
+        return
+    print("baseline, a clean spawn: %s -c pass, %s wall, %s CPU (median of %d; a venv made by the bench, "
+          "without pip, of %s)" % (CLEAN, ms(clean), ms(cpu[CLEAN]), n, PYTHON))
+    for label, python in others:
+        ratio = median(times[python]) / clean
+        print("  without the clean venv, %s, %s -c pass: %s wall, %s CPU (%.2fx%s)" % (
+            label, python, ms(median(times[python])), ms(cpu[python]), ratio,
+            ": its site-packages' .pth files run at each start" if ratio > 1.1 else ", the same within 10%"))
+
+
+# Run by the clean venv's python as `python -u -c FLOOR_PROBE SERVER_DIR MODULE N CODE`: like a
+# template (section 6 of mcp_exec.py), it imports mcp_exec as a module, prepares itself and
+# forgets the modules imported since its start; then it times N rounds, in turn, of
+#   fork_exit    os.fork(), os._exit(0) in the child, waitpid
+#   unsandboxed  a call's child as the template forks it, without a sandbox: its pipes and
+#                environment (adopt_fds), limits (child_setup), CODE run, reported, exited
+#   sandboxed    the same with the sandbox of a stdio call (capabilities, Landlock, seccomp)
+# and prints, as its last line, JSON: per kind the median wall and mean CPU seconds and minor
+# faults (this process's and its reaped children's). It uses the server's own functions: where
+# they changed, only fork_exit is timed and "notes" says why.
+FLOOR_PROBE = r'''
+import sys; fresh = set(sys.modules); sys.path.insert(0, sys.argv[1]); m = __import__(sys.argv[2]); del sys.path[0]
+import gc, json, os, resource, statistics, tempfile, time, types
+n, code = int(sys.argv[3]), sys.argv[4].encode()
+notes, errors, configs = [], {}, {}
+root = tempfile.mkdtemp(prefix="call-", dir=os.getcwd())     # in a folder the bench removes
+try:
+    m.SANDBOX = m.PARTS["SANDBOX"]()                 # the one part a child's config asks
+    env = types.SimpleNamespace(python=sys.executable, generation=0)
+    directory = types.SimpleNamespace(root=root, work=root, tmp=root)
+    config = m.child_config("run", env, directory, True)     # as over stdio (a local session)
+    configs["unsandboxed"] = dict(config, sandbox=None)
+    if config.get("sandbox"):
+        configs["sandboxed"] = config
+    else:
+        notes.append("no sandbox here (EXEC_SANDBOX=off, or neither Landlock nor seccomp)")
+    m._prepare_template(bool(config.get("sandbox")))
+except Exception as exc:
+    notes.append("only fork + exit: a child's config could not be made (%s: %s)" % (type(exc).__name__, exc))
+    configs = {}
+try:
+    m.forget_modules(fresh)
+except Exception as exc:
+    notes.append("modules not forgotten (%s: %s)" % (type(exc).__name__, exc))
+template_env = dict(os.environ)
+gc.freeze()
+
+
+def usage():
+    mine, theirs = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (mine.ru_utime + mine.ru_stime + theirs.ru_utime + theirs.ru_stime, mine.ru_minflt + theirs.ru_minflt)
+
+
+def fork_exit():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    status = os.waitpid(pid, 0)[1]
+    return status == 0 or "exit status %d" % status
+
+
+def read_all(fd):
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            os.close(fd)
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def call(config):
+    (r_in, w_in), (r_out, w_out), (r_err, w_err), (r_res, w_res) = [os.pipe() for _ in range(4)]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in (w_in, r_out, r_err, r_res):
+                os.close(fd)
+            config = dict(config)
+            m.adopt_fds(config, [r_in, w_out, w_err, w_res], template_env)
+            m.child_setup(config)
+            m.run_in_child(config)
+        finally:
+            os._exit(99)
+    for fd in (r_in, w_out, w_err, w_res):
+        os.close(fd)
+    os.write(w_in, code)
+    os.close(w_in)
+    out, err, _ = read_all(r_out), read_all(r_err), read_all(r_res)
+    status = os.waitpid(pid, 0)[1]
+    return (status == 0 and out == b"4\n") or "exit status %d, stdout %r, stderr %r" % (status, out, err[-300:])
+
+
+kinds = {"fork_exit": fork_exit}
+kinds.update((name, lambda config=config: call(config)) for name, config in configs.items())
+times = {name: [] for name in kinds}
+for i in range(3 + n):                                  # 3 rounds of warming up
+    for name in list(kinds):
+        t, (cpu, faults) = time.perf_counter(), usage()
+        ok = kinds[name]()
+        wall, (cpu2, faults2) = time.perf_counter() - t, usage()
+        if ok is not True:
+            errors[name] = ok
+            del kinds[name]
+        elif i >= 3:
+            times[name].append((wall, cpu2 - cpu, faults2 - faults))
+with open("/proc/self/status") as f:
+    rss = [int(line.split()[1]) for line in f if line.startswith("VmRSS:")][0]
+print(json.dumps({"rss_kb": rss, "notes": notes, "errors": errors, "kinds": {
+    name: {"wall": statistics.median(t[0] for t in got), "cpu": sum(t[1] for t in got) / len(got),
+           "faults": sum(t[2] for t in got) / len(got)} for name, got in times.items() if got}}))
+'''
+
+_FLOOR = {}
+
+
+def the_floor(env):
+    """The floor of a call, timed once a run by FLOOR_PROBE in the clean venv's python (a template
+    runs in its workspace's venv) -> {"kinds": {kind: {"wall", "cpu", "faults"}}, ...}."""
+    if not _FLOOR:
+        module = os.path.splitext(os.path.basename(SERVER))[0]
+        folder = tempfile.mkdtemp(prefix="bench-floor-cwd-")
+        argv = [CLEAN, "-u", "-c", FLOOR_PROBE, os.path.dirname(SERVER), module, str(FLOOR_ROUNDS[0]), "print(2+2)"]
+        stdout = stderr = ""
+        try:
+            done = subprocess.run(argv, env=env, cwd=folder, capture_output=True, text=True, timeout=600)
+            stdout, stderr = done.stdout, done.stderr
+            _FLOOR.update(json.loads(stdout.strip().splitlines()[-1]))
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
+            _FLOOR.update(kinds={}, errors={"the probe": "%s: %s %s" % (
+                type(exc).__name__, exc, (stderr or stdout)[-300:].strip())})
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return _FLOOR
+
+
+_FLOOR = {}
+FLOOR_ROUNDS = [200]       # rounds of the probe; --quick: fewer
+
+
+def floor_rows(floor, what, base):
+    """The floor's rows: `what` "wall" (medians) or "cpu" (means), each against `base`, a clean
+    spawn's."""
+    kinds = floor["kinds"]
+    size = " (%.0f MB)" % (floor["rss_kb"] / 1024) if floor.get("rss_kb") else ""
+    whole = "sandboxed" if "sandboxed" in kinds else "unsandboxed"
+    parts = [("floor: fork + exit of a template%s" % size, "fork_exit", None,
+              "(a process that imported mcp_exec as a template does: os.fork, os._exit, waitpid)"),
+             ("floor: + the child's setup, print(2+2)", "unsandboxed", "fork_exit",
+              "(pipes, environment, limits; the code run, reported; exit)"),
+             ("floor: + the sandbox", "sandboxed", "unsandboxed",
+              "(capabilities, Landlock, seccomp, applied in the child)"),
+             ("floor: the whole, %s" % whole, whole, None,
+              "(what no server can avoid per call; %s of %d)" % ("median" if what == "wall" else "mean",
+                                                                  FLOOR_ROUNDS[0]))]
+    for name, kind, minus, note in parts:
+        if kind in kinds and (minus is None or minus in kinds):
+            seconds = kinds[kind][what] - (kinds[minus][what] if minus else 0)
+            row(name, ms(seconds), ms(base), "%.2fx" % (seconds / base), note)
+    for why in floor.get("notes", []):
+        print("  (floor: %s)" % why)
+    for kind, why in floor.get("errors", {}).items():
+        print("  (floor: %s not timed: %s)" % (kind, why))
 
 
 def wall_time_of_calls_together(server, n, code="import time; time.sleep(1)"):
@@ -353,7 +596,7 @@ def bench_packages(env, wheels, compare=None):
     installers = [("pip", dict(env, MCP_EXEC_INSTALLER="pip"), None)]
     if compare:
         old = "pip, %s" % os.path.basename(compare)
-        installers.append((old, dict(env, MCP_EXEC_INSTALLER="pip"), [sys.executable, compare]))
+        installers.append((old, dict(env, MCP_EXEC_INSTALLER="pip"), [PYTHON, compare]))
     if shutil.which("uv", path=env.get("PATH")):
         installers.append(("uv", dict(env, MCP_EXEC_INSTALLER="auto"), None))
     else:
@@ -389,7 +632,7 @@ def bench_packages(env, wheels, compare=None):
 
 def bench_http_throughput(env, seconds):
     if not have_http():
-        print("5. skipped: Flask/waitress not installed")
+        print("6. skipped: Flask/waitress not installed in %s" % PYTHON)
         return
     server = Http(env)
     counts = {"/health": 0, "tools/list": 0}
@@ -430,7 +673,7 @@ def run_clients(n, client, stop, seconds):
 def bench_http_calls(env, seconds):
     """16 clients calling print(1) over Streamable HTTP, against spawning Python one at a time."""
     if not have_http():
-        print("6. skipped: Flask/waitress not installed")
+        print("7. skipped: Flask/waitress not installed in %s" % PYTHON)
         return
     spawned = spawn_times(20, "print(1)")
     spawn_rate = len(spawned) / sum(spawned)
@@ -464,7 +707,7 @@ def bench_http_calls(env, seconds):
 
 def bench_memory(env):
     if not os.path.exists("/proc/self/status"):
-        print("7. skipped: no /proc")
+        print("8. skipped: no /proc")
         return
     print("8. server memory (RSS) idle, and its peak while a call prints 200 MB")
     kinds = [("stdio", Stdio)] + ([("HTTP", Http)] if have_http() else [])
@@ -555,20 +798,39 @@ def parse_arguments(argv):
     parser.add_argument("--compare", metavar="OLD_MCP_EXEC_PY",
                         help="also time print(2+2) and a first install on another copy of "
                         "mcp_exec.py, in the same run")
+    parser.add_argument("--python", metavar="PATH", default=sys.executable,
+                        help="the interpreter that runs the servers, and of which the baseline's clean "
+                        "venv is made (default: this one, %(default)s); Flask and waitress in it for HTTP")
+    parser.add_argument("--server", metavar="MCP_EXEC_PY", default=SERVER,
+                        help="the mcp_exec.py to benchmark (default: the one beside this file); copy it "
+                        "somewhere to benchmark a stable version while it is being edited")
     return parser.parse_args(argv)     # an unknown argument is an error (exit 2), not ignored
 
 
 def main(argv):
+    global PYTHON, SERVER, CLEAN
     options = parse_arguments(argv)
     quick = options.quick
     chosen = set(options.only or SECTIONS)
+    PYTHON = os.path.abspath(options.python) if os.sep in options.python else shutil.which(options.python)
+    SERVER = os.path.abspath(options.server)
+    if not PYTHON or not os.path.exists(PYTHON) or not os.path.isfile(SERVER):
+        sys.exit("bench_mcp_exec.py: no such interpreter or server: --python %s --server %s"
+                 % (options.python, options.server))
+    version = subprocess.run([PYTHON, "-c", "import sys; print(sys.version.split()[0])"],
+                             capture_output=True, text=True).stdout.strip()
+    if not version:
+        sys.exit("bench_mcp_exec.py: %s does not run" % PYTHON)
     state = tempfile.mkdtemp(prefix="bench-mcp-exec-")
     wheels = tempfile.mkdtemp(prefix="bench-wheels-")
     make_wheel(wheels)
+    CLEAN, why_not = clean_python(PYTHON, state)
+    FLOOR_ROUNDS[0] = 50 if quick else 200
     env = {k: v for k, v in os.environ.items() if k not in ("API_KEY", "FORK_SERVER", "EXEC_SANDBOX")}
-    env["MCP_EXEC_DIR"] = state
-    print("mcp_exec benchmark: Python %s, %d cores, %s%s" % (
-        sys.version.split()[0], os.cpu_count(), sys.platform, ", --quick" if quick else ""))
+    env["MCP_EXEC_DIR"] = os.path.join(state, "state")
+    print("mcp_exec benchmark: Python %s (%s), %s, %d cores, %s%s" % (
+        version, PYTHON, SERVER, os.cpu_count(), sys.platform, ", --quick" if quick else ""))
+    bench_baseline(10 if quick else 20, why_not)
     warmup = Stdio(env)
     warmup.initialize()
     warmup.call("pass")      # builds the workspace environment once

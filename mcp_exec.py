@@ -182,7 +182,8 @@ SETTINGS = [
             "the interface to listen on", "127.0.0.1; 0.0.0.0 when DYNO is set"),
     Setting(HTTP, "PORT", int, 8000, "the port to listen on"),
     Setting(HTTP, "WEB_CONCURRENCY", int, 32, "waitress threads (waitress-serve's --threads wins); "
-            "running tools/call may hold all but 2 + 1/8 of them", minimum=1),
+            "open /sse streams and running tools/call may hold all but 2 + 1/8 of them",
+            minimum=1),
     Setting(HTTP, "SSE_KEEPALIVE", float, 4.0, "seconds between keep-alive comments on event "
             "streams (under the 5 s read timeout of httpx, which the Python SDK uses)"),
     Setting(HTTP, "MCP_STATELESS", bool, False, "true = Streamable HTTP without sessions (several instances)", "false"),
@@ -330,9 +331,33 @@ def valid_id(value):
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def at_least(version, minimum):
-    """Protocol versions are dates, so they compare as strings."""
-    return version is not None and version >= minimum
+class Protocol:
+    """What one protocol version has: every section that answers differently by version asks
+    this object, the one place that knows which version brought what (each version's
+    changelog.mdx). Versions are dates, so they compare as strings; None (no initialize yet)
+    has nothing. One per version: PROTOCOLS below, and protocol(version) to find it."""
+
+    def __init__(self, version):
+        self.version = version
+
+        def since(first):
+            return version is not None and version >= first
+        self.modern = version in MODERN_VERSIONS     # the 2026-07-28 era: no handshake
+        self.annotations = since("2025-03-26")       # ToolAnnotations
+        self.progress_messages = since("2025-03-26")  # notifications/progress "message"
+        self.batches = version in ("2024-11-05", "2025-03-26")   # 2025-06-18 removed them
+        self.titles = since("2025-06-18")            # Implementation.title, Tool.title
+        self.structured_output = since("2025-06-18")  # outputSchema, structuredContent
+        self.resource_links = since("2025-06-18")    # ResourceLink content
+        self.tasks = version == "2025-11-25"         # Tasks by capability (2026: an extension)
+
+
+PROTOCOLS = {version: Protocol(version) for version in SUPPORTED_VERSIONS + (None,)}
+
+
+def protocol(version):
+    """The Protocol of a version string (or None)."""
+    return PROTOCOLS.get(version) or Protocol(version)
 
 
 # --- Registration: how later sections add to the core ------------------------------
@@ -373,12 +398,16 @@ def register_era(parse):
     ERAS.append(parse)
 
 
-def register_tool_feature(check=None, note=None, capability=None):
-    """An argument check, a sentence for the model, a capability {name: value}."""
+def register_tool_feature(check=None, note=None, capability=None, arguments=None,
+                          results=None):
+    """An argument check, a sentence for the model, a capability {name: value}, and the
+    arguments and result fields {name: JSON Schema} the feature adds to the tool's schemas."""
     for table, item in ((ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
         if item:
             table.append(item)
     CAPABILITIES.update(capability or {})
+    INPUT_SCHEMA["properties"].update(arguments or {})
+    OUTPUT_SCHEMA["properties"].update(results or {})
 
 
 def register_lifecycle(setup=None, shutdown=None):
@@ -581,8 +610,8 @@ def answer_request(request):
 
 def server_info(version):
     info = {"name": SERVER_NAME, "version": SERVER_VERSION}
-    if at_least(version, "2025-06-18"):
-        info["title"] = SERVER_TITLE           # Implementation.title, 2025-06-18
+    if protocol(version).titles:
+        info["title"] = SERVER_TITLE
     return info
 
 
@@ -658,37 +687,22 @@ register_method("tools/call", handle_tools_call, slow=True)
 register_step("call", run_call)
 
 
-# --- The tool: its whole contract -----------------------------------------------------
-# Every argument and result field, written once. The sections that implement them check
-# their arguments through register_tool_feature(); the core checks the four basic ones.
+# --- The tool: its contract -------------------------------------------------------------
+# The core's arguments and result fields, written once; a section that adds one declares it
+# with register_tool_feature(arguments=..., results=...), and checks it there too. The core
+# checks the four basic ones.
 
 INPUT_SCHEMA = {
     "type": "object",
     "properties": {
         "code": {"type": "string", "description": "Python source, run as the __main__ module. "
-                                                  "Required, except to poll a job."},
+                                                  "Required (except to poll a job)."},
         "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
                      "description": "pip requirements to install first, e.g. [\"numpy\", \"pandas==2.2.3\"]."},
         "use_temp_dir": {"type": "boolean", "default": False,
                          "description": "Run in an isolated virtual environment holding only `packages`."},
         "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the "
                     "run is killed (default %g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
-        "files": {"type": "array", "maxItems": 100,
-                  "description": "Files to put in the working directory first: [{\"path\": "
-                                 "\"data.csv\", \"content\": \"...\"}], with \"encoding\": "
-                                 "\"base64\" for binary content.",
-                  "items": {"type": "object", "required": ["path", "content"],
-                            "additionalProperties": False, "properties": {
-                                "path": {"type": "string"}, "content": {"type": "string"},
-                                "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}},
-        "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
-                    "imports and files across calls; then pass the handle the result gives you."},
-        "end_session": {"type": "boolean", "default": False,
-                        "description": "true ends the session after this call's code."},
-        "job": {"type": "string",
-                "description": 'Instead of code: the handle ("j-...") of a run still going; waits '
-                               "for it, and returns its new output and, at the end, its result."},
-        "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop it."},
     },
     "additionalProperties": False,
 }
@@ -697,26 +711,10 @@ OUTPUT_SCHEMA = {
     "type": "object",
     "properties": {
         "returncode": {"type": ["integer", "null"], "description": "Exit status; negative = "
-                       "killed by that signal; null while a job is still running."},
+                       "killed by that signal; null while the code still runs (a job)."},
         "stdout": {"type": "string"}, "stderr": {"type": "string"},
         "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
         "truncated": {"type": "boolean", "description": "Something longer than its limit was cut."},
-        "value": {"type": "string", "description": "repr() of the last expression, when the code ends with one."},
-        "images": {"type": "array", "description": "The PNG images returned as image content, in order.",
-                   "items": {"type": "object", "properties": {
-                       "mimeType": {"type": "string"}, "width": {"type": "integer"},
-                       "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
-        "files": {"type": "array", "description": "Files the code created or changed in its working directory.",
-                  "items": {"type": "object", "properties": {
-                      "path": {"type": "string"}, "size": {"type": "integer"},
-                      "uri": {"type": "string"}, "mimeType": {"type": "string"},
-                      "note": {"type": "string"}}}},
-        "session": {"type": "string", "description": "The session this call ran in: pass it on."},
-        "session_ended": {"type": "boolean",
-                          "description": "The session ended: its state is gone."},
-        "status": {"type": "string", "enum": ["running", "completed", "cancelled"],
-                   "description": "Only for a job: \"running\" = still going, call with \"job\"."},
-        "job": {"type": "string", "description": "The job's handle: pass it as \"job\" for more."},
     },
     "required": ["returncode", "stdout", "stderr", "timed_out", "truncated"],
 }
@@ -734,10 +732,12 @@ def tool_definition(version, local=True):
                    'calls; with "use_temp_dir": true the code runs in an isolated environment '
                    "holding only those packages. %s" % tool_notes(local))
     tool = {"name": TOOL_NAME, "description": description, "inputSchema": INPUT_SCHEMA}
-    if at_least(version, "2025-03-26"):        # ToolAnnotations arrived in 2025-03-26
+    has = protocol(version)
+    if has.annotations:
         tool["annotations"] = ANNOTATIONS
-    if at_least(version, "2025-06-18"):        # title and structured output in 2025-06-18
+    if has.titles:
         tool["title"] = ANNOTATIONS["title"]
+    if has.structured_output:
         tool["outputSchema"] = OUTPUT_SCHEMA
     if "tasks" in server_capabilities(version):
         tool["execution"] = {"taskSupport": "optional"}     # 2025-11-25 only (section 12)
@@ -817,7 +817,7 @@ def validate_arguments(arguments):
 class Result:
     """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError;
     `cancelled` (internal) means no response at all (cancellation.mdx); `blocks` are extra
-    content blocks (images, resources), each with the version that brought it."""
+    content blocks (images, resources), each with the Protocol feature it needs (or None)."""
 
     def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False, cancelled=False):
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
@@ -850,11 +850,12 @@ class Result:
 def tool_result(result, version):
     """CallToolResult: the Result's JSON object as text (for every client), its blocks that the
     version knows, and from 2025-06-18 the object as structuredContent (server/tools.mdx)."""
+    has = protocol(version)
     obj = result.as_dict()
     content = [{"type": "text", "text": json.dumps(obj, ensure_ascii=False)}]
-    content += [block for since, block in result.blocks if since is None or at_least(version, since)]
+    content += [block for needs, block in result.blocks if needs is None or getattr(has, needs)]
     reply = {"content": content, "isError": result.failed}
-    if at_least(version, "2025-06-18"):
+    if has.structured_output:
         reply["structuredContent"] = obj
     return reply
 
@@ -874,7 +875,8 @@ def handle_payload(payload, session, notify=None):
     metas = [m["params"].get("_meta") for m in payload
              if isinstance(m, dict) and isinstance(m.get("params"), dict)]
     modern = any(isinstance(meta, dict) and META_VERSION in meta for meta in metas)
-    if modern or at_least(session.protocol_version, "2025-06-18"):
+    negotiated = session.protocol_version     # None before initialize: batches are let in
+    if modern or (negotiated is not None and not protocol(negotiated).batches):
         return error_response(None, INVALID_REQUEST, "Invalid Request: protocol version %s has no JSON-RPC "
                               "batches (they exist only in 2025-03-26); send one message at a time"
                               % (MODERN_VERSIONS[0] if modern else session.protocol_version))
@@ -2890,6 +2892,37 @@ WAITRESS_OPTIONS = {
 # =============================================================================
 # `python mcp_exec.py` serves stdio, `--http` serves HTTP; section 14 registers the rest.
 
+def settings_help():
+    """The settings table as --help prints it."""
+    lines = []
+    for group in (EXECUTION, HTTP):
+        lines.append("%s; defaults in brackets" % group)
+        lines += ["  %-21s %s [%s]" % (s.name, s.meaning, s.shown)
+                  for s in SETTINGS if s.group == group]
+        lines.append("")
+    lines.append("  PIP_*, UV_*           passed to the installer (mirrors, find-links, ...)")
+    return "\n".join(lines) + "\n"
+
+
+CORE_HELP = """\
+usage: python %s [--http [--host H] [--port P] [--threads N] | --help]
+
+  (no arguments)   stdio MCP server: JSON-RPC lines on stdin/stdout, logs on stderr
+  --http           HTTP server (waitress): Streamable HTTP at /mcp, HTTP+SSE at /sse,
+                   GET /health. Needs API_KEY. Also: waitress-serve ... %s:app
+
+Settings are environment variables:
+
+"""
+
+
+def core_help(args):
+    """--help of the core: its modes and the settings table."""
+    name = os.path.splitext(os.path.basename(__file__))[0]
+    sys.stdout.write(CORE_HELP % (name + ".py", name) + settings_help())
+    return 0
+
+
 def main(argv=None):
     """Run the command the first word names (COMMANDS) -> its exit status."""
     args = sys.argv[1:] if argv is None else argv
@@ -2917,6 +2950,7 @@ def core_alone():
 
 register_command([""], lambda args: serve_stdio())
 register_command(["--http", "http"], serve_http)
+register_command(["-h", "--help", "help"], core_help)
 if core_alone():
     build_parts()
     if __name__ == "__main__":
@@ -4128,7 +4162,7 @@ def collect_files(result, work, before, owner, move=True):
             inline += len(data)
             result.blocks.append((None, {"type": "resource", "resource": resource_contents(uri, entry["mimeType"], data)}))
         else:   # ResourceLink content arrived in 2025-06-18; before it, the list in the text is all
-            result.blocks.append(("2025-06-18", {"type": "resource_link", "uri": uri, "name": rel,
+            result.blocks.append(("resource_links", {"type": "resource_link", "uri": uri, "name": rel,
                                                  "mimeType": entry["mimeType"], "size": size}))
     if len(changed) > FILES_LISTED_MAX:
         result.note("the code created or changed %d files; the first %d are listed" % (len(changed), FILES_LISTED_MAX))
@@ -4290,8 +4324,31 @@ register_hook("child_report", describe_value)
 register_hook("read_record", apply_record)
 register_hook("inputs", write_inputs)
 register_hook("outputs", take_outputs)
+FILES_ARGUMENT = {"type": "array", "maxItems": FILES_IN_MAX,
+                  "description": "Files to put in the working directory first: [{\"path\": "
+                                 "\"data.csv\", \"content\": \"...\"}], with \"encoding\": "
+                                 "\"base64\" for binary content.",
+                  "items": {"type": "object", "required": ["path", "content"],
+                            "additionalProperties": False, "properties": {
+                                "path": {"type": "string"}, "content": {"type": "string"},
+                                "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}}
+SEEN_RESULTS = {
+    "value": {"type": "string",
+              "description": "repr() of the last expression, when the code ends with one."},
+    "images": {"type": "array", "description": "The PNG images returned as image content, in order.",
+               "items": {"type": "object", "properties": {
+                   "mimeType": {"type": "string"}, "width": {"type": "integer"},
+                   "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
+    "files": {"type": "array",
+              "description": "Files the code created or changed in its working directory.",
+              "items": {"type": "object", "properties": {
+                  "path": {"type": "string"}, "size": {"type": "integer"},
+                  "uri": {"type": "string"}, "mimeType": {"type": "string"},
+                  "note": {"type": "string"}}}},
+}
 register_tool_feature(check=check_files, note=lambda local: FILES_NOTE,
-                      capability={"resources": {}})
+                      capability={"resources": {}}, arguments={"files": FILES_ARGUMENT},
+                      results=SEEN_RESULTS)
 register_method("resources/read", handle_resources_read)
 register_method("resources/list", handle_resources_list)
 
@@ -4579,7 +4636,15 @@ register_part("KERNELS", Kernels)
 register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
-register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE)
+register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
+    "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
+                "imports and files across calls; then pass the handle the result gives you."},
+    "end_session": {"type": "boolean", "default": False,
+                    "description": "true ends the session after this call's code."},
+}, results={
+    "session": {"type": "string", "description": "The session this call ran in: pass it on."},
+    "session_ended": {"type": "boolean", "description": "The session ended: its state is gone."},
+})
 
 
 # =============================================================================
@@ -4765,7 +4830,8 @@ class Progress:
         meta = request.params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         self.token = token if valid_id(token) and request.notify else None
-        self.notify, self.with_message = request.notify, at_least(request.version, "2025-03-26")
+        self.notify = request.notify
+        self.with_message = protocol(request.version).progress_messages
         self.started = self.last_sent = time.monotonic()
         self.last_progress, self.line, self.fresh = 0.0, "started", False
         self.latest = {"stdout": LatestLine(), "stderr": LatestLine(), "install": LatestLine()}
@@ -4970,7 +5036,7 @@ def job_call_mode(request, call):
         if wait_for_job(job, request, cancel, CALL_WAIT or None) is None:
             return CANCELLED
         return tool_result(job.answer(), request.version)
-    if request.version == "2025-11-25" and isinstance(request.params.get("task"), dict):
+    if protocol(request.version).tasks and isinstance(request.params.get("task"), dict):
         lasting = request.session.lasting_channel          # stdio, not a POST
         job = JOBS.start(call, request.session, request.notify if lasting else None)
         return {"task": job.task(False)}                        # at once (tasks.mdx)
@@ -5019,7 +5085,7 @@ def task_of(request):
         raise ProtocolError(MISSING_CAPABILITY, "Missing capability: declare the extension %s in "
                             "_meta to use tasks" % TASKS_EXTENSION,
                             {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
-    if not request.modern and request.version != "2025-11-25":
+    if not request.modern and not protocol(request.version).tasks:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s (tasks exist from 2025-11-25)"
                             % request.method)
     handle = request.params.get("taskId")
@@ -5055,7 +5121,7 @@ def handle_tasks_result(request):
 
 def handle_tasks_list(request):
     """This MCP session's tasks: with one shared key, the narrowest list we can give."""
-    if request.version != "2025-11-25":
+    if not protocol(request.version).tasks:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: tasks/list (from 2025-11-25)")
     if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
@@ -5076,12 +5142,24 @@ JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"
             "the result, or add \"cancel\": true to stop it; so a long run may use all of its "
             "\"timeout\"." % CALL_WAIT)
 # 2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension.
+JOB_CAPABILITIES = {
+    "tasks": lambda version: TASKS_CAPABILITY if protocol(version).tasks else None,
+    "extensions": lambda version: {TASKS_EXTENSION: {}} if protocol(version).modern else None}
+JOB_ARGUMENTS = {
+    "job": {"type": "string",
+            "description": 'Instead of code: the handle ("j-...") of a run still going; waits '
+                           "for it, and returns its new output and, at the end, its result."},
+    "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop it."},
+}
+JOB_RESULTS = {
+    "status": {"type": "string", "enum": ["running", "completed", "cancelled"],
+               "description": "Only for a job: \"running\" = still going, call with \"job\"."},
+    "job": {"type": "string", "description": "The job's handle: pass it as \"job\" for more."},
+}
 register_part("JOBS", Jobs)
 register_step("call", job_call_mode)
 register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
-                      capability={
-    "tasks": lambda version: TASKS_CAPABILITY if version == "2025-11-25" else None,
-    "extensions": lambda version: {TASKS_EXTENSION: {}} if version in MODERN_VERSIONS else None})
+                      capability=JOB_CAPABILITIES, arguments=JOB_ARGUMENTS, results=JOB_RESULTS)
 register_method("tasks/get", handle_tasks_get)
 register_method("tasks/cancel", handle_tasks_cancel)
 register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=True)
@@ -5485,10 +5563,10 @@ usage: python mcp_exec.py [--http [--host H] [--port P] [--threads N] | client .
 Modes
   (no arguments)   stdio MCP server: JSON-RPC lines on stdin/stdout, logs on stderr.
                    This is what Claude Desktop, Cursor and other MCP clients launch.
-  --http           HTTP server (waitress): Streamable HTTP at /mcp, GET /health. Needs
-                   API_KEY. Also: waitress-serve ... mcp_exec:app
-  client           talk to any MCP server from the command line (stdio or Streamable
-                   HTTP); `python mcp_exec.py client --help`.
+  --http           HTTP server (waitress): Streamable HTTP at /mcp, HTTP+SSE at /sse,
+                   GET /health. Needs API_KEY. Also: waitress-serve ... mcp_exec:app
+  client           talk to any MCP server from the command line (stdio, Streamable HTTP
+                   or HTTP+SSE); `python mcp_exec.py client --help`.
   demo             start a stdio server and play initialize, tools/list and two
                    tools/call requests against it, printing every frame on the wire.
   --help, --version
@@ -5496,18 +5574,6 @@ Modes
 Settings are environment variables:
 
 """
-
-
-def settings_help():
-    """The settings table as --help prints it."""
-    lines = []
-    for group in (EXECUTION, HTTP):
-        lines.append("%s; defaults in brackets" % group)
-        lines += ["  %-21s %s [%s]" % (s.name, s.meaning, s.shown)
-                  for s in SETTINGS if s.group == group]
-        lines.append("")
-    lines.append("  PIP_*, UV_*           passed to the installer (mirrors, find-links, ...)")
-    return "\n".join(lines) + "\n"
 
 
 def show_help(args):

@@ -16,8 +16,8 @@ leaves a message unread makes the next one start a fresh server. Each process th
 tests has its own shared servers, so the suite is safe to run in parallel. Timeouts in this
 file are hang guards only; nothing asserts how fast the server is.
 
-Section numbers are the server file's own, in its order: 2. The wire format, 3. stdio,
-4. Executor ... 15. Command line.
+Section numbers are the server file's own, in its order: 1-5 the core (settings, the wire
+format, the executor, stdio, HTTP), then 6. Fork server ... 14. Command line.
 """
 
 import base64
