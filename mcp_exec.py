@@ -46,16 +46,26 @@ these appear in this order):
     run_stateless()          a slot (CallSlots), an environment, then run_once():
     run_once()               a directory, the "inputs" hooks, start_child(), supervise(), finish()
     start_child()            the "start_child" step: fork_child() from a template (section 6)
-    supervise()              code in, output and results out, the "watch" step; all killed at the end
+    supervise()              code in, output and results out, the "watch" step; all killed at
+                             the end
     finish()                 the Result; the "read_record" hooks (section 9) read the results pipe
     tool_result()            the Result as content blocks and structuredContent
     StdioServer.send()       one JSON line on stdout
 
-Over Streamable HTTP, the first hops differ: create_app()'s route calls HttpServer.mcp_post(),
-which finds the session and calls HttpServer.session_post() and HttpServer.answer(); that runs
-answer_request() on the waitress thread (JSON) or through HttpServer.watch() (an event stream),
-and from handle_tools_call() on the hops are the same. Over HTTP+SSE, HttpServer.sse_post()
-hands the message to dispatch() as stdio does, and the answer goes out on the GET /sse stream.
+One tools/call over Streamable HTTP (JSON, 2025-11-25, in a session), in the full server:
+
+    add_routes()             create_app()'s routes; /mcp's POST hands its parts on
+    HttpServer.mcp_post()    parse_frame(), the envelope, the "http_post" hooks (2026-07-28)
+    HttpServer.session_post()   the session's message: parse_request() -> a Request
+    HttpServer.answer()      on the waitress thread, holding a ThreadBudget token
+    answer_request()         the method handler; from here the hops are stdio's:
+    handle_tools_call()      ... job_call_mode(), run_code(), supervise(), finish() ...
+    tool_result()            the result; create_app() made the route's reply a Flask Response
+
+An event stream (Accept: text/event-stream) runs answer_request() through HttpServer.watch()
+on a worker thread instead, with progress and keep-alives. Over HTTP+SSE,
+HttpServer.sse_post() hands the message to dispatch() as stdio does, and the answer goes out
+on the GET /sse stream (SseSession.deliver()).
 
 References such as "lifecycle.mdx" point into the MCP specification,
 docs/specification/<version>/ in github.com/modelcontextprotocol/modelcontextprotocol.
@@ -106,7 +116,10 @@ class Setting:
     function of the values read before it (derived defaults); `shown` is how --help prints it."""
 
     def __init__(self, group, name, kind, default, meaning, shown=None, minimum=None):
-        self.group, self.name, self.kind, self.default = group, name, kind, default
+        self.group = group
+        self.name = name
+        self.kind = kind
+        self.default = default
         self.meaning, self.minimum = meaning, minimum
         self.shown = shown if shown is not None else ("" if default in (None, "", []) else default)
 
@@ -133,66 +146,95 @@ class Setting:
 
 
 _CACHE_HOME = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-EXECUTION, HTTP = "Execution (all modes)", "HTTP (--http and mcp_exec:app)"
+EXECUTION = "Execution (all modes)"
+HTTP = "HTTP (--http and mcp_exec:app)"
 SETTINGS = [
-    Setting(EXECUTION, "EXEC_TIMEOUT", float, 30.0, "seconds a call may run unless it asks otherwise"),
+    Setting(EXECUTION, "EXEC_TIMEOUT", float, 30.0,
+            "seconds a call may run unless it asks otherwise"),
     Setting(EXECUTION, "EXEC_TIMEOUT_MAX", float, lambda v: max(3600.0, v["EXEC_TIMEOUT"]),
             'the largest per-call "timeout"; larger ones (and the default) are clamped', 3600),
-    Setting(EXECUTION, "CALL_WAIT", float, 50.0, "seconds a tools/call waits for its code; then it "
-            "answers with a job handle to poll, the code running on; 0 = to the end", minimum=0.0),
-    Setting(EXECUTION, "JOB_TTL", float, 900.0, "seconds a finished job's (task's) result is kept"),
-    Setting(EXECUTION, "INSTALL_TIMEOUT", float, 300.0, "seconds for creating an environment and installing packages"),
-    Setting(EXECUTION, "OUTPUT_LIMIT", int, 64 * 1024, "bytes of stdout, of stderr kept per call (head, tail)", minimum=256),
+    Setting(EXECUTION, "CALL_WAIT", float, 50.0, "seconds a tools/call waits for its code; then "
+            "it answers with a job handle to poll, the code running on; 0 = to the end",
+            minimum=0.0),
+    Setting(EXECUTION, "JOB_TTL", float, 900.0,
+            "seconds a finished job's (task's) result is kept"),
+    Setting(EXECUTION, "INSTALL_TIMEOUT", float, 300.0,
+            "seconds for creating an environment and installing packages"),
+    Setting(EXECUTION, "OUTPUT_LIMIT", int, 64 * 1024,
+            "bytes of stdout, of stderr kept per call (head, tail)", minimum=256),
     Setting(EXECUTION, "EXEC_MEMORY_MB", int, 2048,
             "memory of a call's processes together, MB (each one's address space too); 0 = none"),
-    Setting(EXECUTION, "EXEC_FILE_MB", int, 1024, "largest file the code may write, MB; 0 = none (POSIX)"),
-    Setting(EXECUTION, "EXEC_MAX_FILES", int, 1024, "open file descriptors of the code; 0 = none (POSIX)"),
-    Setting(EXECUTION, "EXEC_CONCURRENCY", int, 8, "calls that run at once; more wait for a slot", minimum=1),
+    Setting(EXECUTION, "EXEC_FILE_MB", int, 1024,
+            "largest file the code may write, MB; 0 = none (POSIX)"),
+    Setting(EXECUTION, "EXEC_MAX_FILES", int, 1024,
+            "open file descriptors of the code; 0 = none (POSIX)"),
+    Setting(EXECUTION, "EXEC_CONCURRENCY", int, 8,
+            "calls that run at once; more wait for a slot", minimum=1),
     Setting(EXECUTION, "EXEC_QUEUE", int, lambda v: 4 * v["EXEC_CONCURRENCY"],
-            "calls that may wait for a slot; more are refused as busy", "4 x EXEC_CONCURRENCY", minimum=0),
+            "calls that may wait for a slot; more are refused as busy", "4 x EXEC_CONCURRENCY",
+            minimum=0),
     Setting(EXECUTION, "EXEC_MAX_PROCS", int, 256, "processes + threads a call may run at once; "
             "0 = any"),
-    Setting(EXECUTION, "EXEC_DISK_MB", int, 2048, "bytes a call may have on disk in its directory, MB; 0 = none"),
+    Setting(EXECUTION, "EXEC_DISK_MB", int, 2048,
+            "bytes a call may have on disk in its directory, MB; 0 = none"),
     Setting(EXECUTION, "EXEC_MAX_ENTRIES", int, 20000, "files and directories a call may make; "
             "0 = any"),
-    Setting(EXECUTION, "EXEC_ENV_PASSTHROUGH", list, [], "comma-separated names of extra variables the code may see"),
+    Setting(EXECUTION, "EXEC_ENV_PASSTHROUGH", list, [],
+            "comma-separated names of extra variables the code may see"),
     Setting(EXECUTION, "EXEC_SANDBOX", str, "auto", "auto (Landlock and seccomp where the kernel "
             "has them), landlock (refuse to start without), off"),
     Setting(EXECUTION, "EXEC_NETWORK", str, "on", "off = the sandbox denies every IP socket"),
-    Setting(EXECUTION, "EXEC_READ_PATHS", list, [], "over HTTP, more paths the code may read (sandbox)"),
+    Setting(EXECUTION, "EXEC_READ_PATHS", list, [],
+            "over HTTP, more paths the code may read (sandbox)"),
     Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
-    Setting(EXECUTION, "FORK_SERVER", bool, True, "fork each call from a template interpreter (Linux); 0 = spawn", 1),
+    Setting(EXECUTION, "FORK_SERVER", bool, True,
+            "fork each call from a template interpreter (Linux); 0 = spawn", 1),
     Setting(EXECUTION, "IMAGE_LIMIT", int, 4, "images (plots) returned per call", minimum=0),
-    Setting(EXECUTION, "IMAGE_MAX_BYTES", int, 1024 * 1024, "bytes of one PNG (larger: drawn smaller)", minimum=1024),
-    Setting(EXECUTION, "FILE_INLINE_BYTES", int, 256 * 1024, "files up to this size are embedded in the result"),
-    Setting(EXECUTION, "OUTPUT_TTL", float, 3600.0, "seconds returned files stay readable (resources/read)"),
-    Setting(EXECUTION, "OUTPUT_STORE_MB", int, 512, "returned files kept together, MB; the oldest go first"),
+    Setting(EXECUTION, "IMAGE_MAX_BYTES", int, 1024 * 1024,
+            "bytes of one PNG (larger: drawn smaller)", minimum=1024),
+    Setting(EXECUTION, "FILE_INLINE_BYTES", int, 256 * 1024,
+            "files up to this size are embedded in the result"),
+    Setting(EXECUTION, "OUTPUT_TTL", float, 3600.0,
+            "seconds returned files stay readable (resources/read)"),
+    Setting(EXECUTION, "OUTPUT_STORE_MB", int, 512,
+            "returned files kept together, MB; the oldest go first"),
     Setting(EXECUTION, "SESSION_LIMIT", int, 4, "live kernels (\"session\": \"new\"); more are "
             "refused", minimum=0),
     Setting(EXECUTION, "SESSION_IDLE", float, 900.0, "seconds of idleness before a kernel ends"),
-    Setting(EXECUTION, "PROGRESS_INTERVAL", float, 3.0, "seconds between progress notifications, when a call asks"),
+    Setting(EXECUTION, "PROGRESS_INTERVAL", float, 3.0,
+            "seconds between progress notifications, when a call asks"),
     Setting(EXECUTION, "MCP_EXEC_DIR", str, os.path.join(_CACHE_HOME, "mcp-exec"),
             "state: workspace environment, isolated-environment cache", "~/.cache/mcp-exec"),
-    Setting(EXECUTION, "VENV_CACHE_SIZE", int, 8, "isolated environments kept (least recently used go)", minimum=1),
-    Setting(EXECUTION, "MCP_EXEC_INSTALLER", str, "auto", "auto (uv when on PATH, else pip) or pip"),
+    Setting(EXECUTION, "VENV_CACHE_SIZE", int, 8,
+            "isolated environments kept (least recently used go)", minimum=1),
+    Setting(EXECUTION, "MCP_EXEC_INSTALLER", str, "auto",
+            "auto (uv when on PATH, else pip) or pip"),
     Setting(EXECUTION, "MAX_MESSAGE_BYTES", int, 16 * 1024 * 1024, "the largest stdio message"),
-    Setting(EXECUTION, "MCP_TRACE", bool, False, "1 = log every frame in (-->) and out (<--) on stderr", "off"),
-    Setting(HTTP, "API_KEY", str, "", 'required; clients send "Authorization: Bearer KEY" or "X-API-Key: KEY"'),
+    Setting(EXECUTION, "MCP_TRACE", bool, False,
+            "1 = log every frame in (-->) and out (<--) on stderr", "off"),
+    Setting(HTTP, "API_KEY", str, "",
+            'required; clients send "Authorization: Bearer KEY" or "X-API-Key: KEY"'),
     Setting(HTTP, "HOST", str, lambda v: "0.0.0.0" if os.environ.get("DYNO") else "127.0.0.1",
             "the interface to listen on", "127.0.0.1; 0.0.0.0 when DYNO is set"),
     Setting(HTTP, "PORT", int, 8000, "the port to listen on"),
-    Setting(HTTP, "WEB_CONCURRENCY", int, 32, "waitress threads (waitress-serve's --threads wins); "
+    Setting(HTTP, "WEB_CONCURRENCY", int, 32,
+            "waitress threads (waitress-serve's --threads wins); "
             "open /sse streams and running tools/call may hold all but 2 + 1/8 of them",
             minimum=1),
     Setting(HTTP, "SSE_KEEPALIVE", float, 4.0, "seconds between keep-alive comments on event "
             "streams (under the 5 s read timeout of httpx, which the Python SDK uses)"),
-    Setting(HTTP, "MCP_STATELESS", bool, False, "true = Streamable HTTP without sessions (several instances)", "false"),
-    Setting(HTTP, "STDIO_MODE_ONLY", bool, False, "true = HTTP lists no tools and runs no code", "false"),
-    Setting(HTTP, "ALLOWED_ORIGINS", list, [], "comma-separated browser origins allowed besides localhost"),
+    Setting(HTTP, "MCP_STATELESS", bool, False,
+            "true = Streamable HTTP without sessions (several instances)", "false"),
+    Setting(HTTP, "STDIO_MODE_ONLY", bool, False,
+            "true = HTTP lists no tools and runs no code", "false"),
+    Setting(HTTP, "ALLOWED_ORIGINS", list, [],
+            "comma-separated browser origins allowed besides localhost"),
     Setting(HTTP, "ALLOWED_HOSTS", list, [], "comma-separated Host names allowed (* = any)"),
     Setting(HTTP, "MAX_BODY_BYTES", int, 4 << 20, "the largest request body (waitress's limit)"),
-    Setting(HTTP, "SESSION_IDLE_TIMEOUT", float, 3600.0, "seconds before an idle Streamable HTTP session is dropped"),
-    Setting(HTTP, "MAX_SESSIONS", int, 1000, "Streamable HTTP sessions kept; the oldest idle go first", minimum=1),
+    Setting(HTTP, "SESSION_IDLE_TIMEOUT", float, 3600.0,
+            "seconds before an idle Streamable HTTP session is dropped"),
+    Setting(HTTP, "MAX_SESSIONS", int, 1000,
+            "Streamable HTTP sessions kept; the oldest idle go first", minimum=1),
 ]
 
 
@@ -294,9 +336,12 @@ CANCELLED = object()   # a handler's answer for a request that must get no respo
 
 class ProtocolError(Exception):
     """Raised by a method handler to answer with a JSON-RPC error."""
+
     def __init__(self, code, message, data=None):
         super().__init__(message)
-        self.code, self.message, self.data = code, message, data
+        self.code = code
+        self.message = message
+        self.data = data
 
 
 def error_response(request_id, code, message, data=None):
@@ -321,9 +366,11 @@ def parse_frame(data):
 
 
 def encode_message(message):
-    """Compact JSON on one line (stdio framing forbids embedded newlines, transports.mdx). Non-ASCII
-    stays readable; a lone surrogate (a client sent it) becomes its \\uXXXX escape: valid JSON."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
+    """Compact JSON on one line (stdio framing forbids embedded newlines, transports.mdx).
+    Non-ASCII stays readable; a lone surrogate (a client sent it) becomes its \\uXXXX
+    escape: valid JSON."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode(
+        "utf-8", "backslashreplace")
 
 
 def valid_id(value):
@@ -374,6 +421,7 @@ def protocol(version):
 #                                                      read_record(result, record)
 #                                                      http_post(server, payload, headers, gone)
 #                                                      health() -> dict for GET /health
+#                                                      session_ended(session)
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
@@ -468,6 +516,7 @@ class Session:
         self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
         self.local = local             # true over stdio: the client is the machine's own user
         self.modern = modern           # may it serve 2026-07-28 requests? (not HTTP+SSE)
+        self.identified = True         # lasts beyond one request (false: a stateless POST)
         self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
         self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
         self.protocol_version = None
@@ -482,8 +531,8 @@ class Session:
             if self.closed:
                 raise ProtocolError(INVALID_REQUEST, "Session is closed")
             if request_id in self.calls:
-                raise ProtocolError(INVALID_REQUEST, "Request id %r is already in use by a running call"
-                                    % (request_id,))
+                raise ProtocolError(INVALID_REQUEST, "Request id %r is already in use by a "
+                                    "running call" % (request_id,))
             event = self.calls[request_id] = threading.Event()
             if self.early_cancels.pop(request_id, None) is not None:
                 event.set()
@@ -512,6 +561,13 @@ class Session:
             for event in self.calls.values():
                 event.set()
 
+    def end(self):
+        """The session is over for good (deleted, expired, its stream gone): close it, and the
+        "session_ended" hooks end what outlives its requests (jobs, tasks, kernels)."""
+        self.close()
+        for ended in HOOKS["session_ended"]:
+            ended(self)
+
     def running(self):
         with self.lock:
             return len(self.calls)
@@ -522,7 +578,10 @@ class Request:
     modern = False
 
     def __init__(self, request_id, method, params, session, version, notify):
-        self.id, self.method, self.params, self.session = request_id, method, params, session
+        self.id = request_id
+        self.method = method
+        self.params = params
+        self.session = session
         self.version, self.notify = version, notify
 
     def decorate(self, result):
@@ -541,24 +600,31 @@ def handle_message(message, session, notify=None):
 def envelope_error(message):
     """The -32600 error response for a message that is not JSON-RPC 2.0, or None."""
     if not isinstance(message, dict):
-        return error_response(None, INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
+        return error_response(None, INVALID_REQUEST,
+                              "Invalid Request: a message must be a JSON object")
     if "method" not in message and "id" in message and ("result" in message or "error" in message):
         return None   # a response
     if "id" in message and not valid_id(message["id"]):
-        return error_response(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
+        return error_response(None, INVALID_REQUEST,
+                              "Invalid Request: id must be a string or an integer")
     if message.get("jsonrpc") != "2.0":
-        return error_response(message.get("id"), INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
+        return error_response(message.get("id"), INVALID_REQUEST,
+                              'Invalid Request: "jsonrpc" must be "2.0"')
     if not isinstance(message.get("method"), str):
-        return error_response(message.get("id"), INVALID_REQUEST, 'Invalid Request: "method" must be a string')
+        return error_response(message.get("id"), INVALID_REQUEST,
+                              'Invalid Request: "method" must be a string')
     return None
 
 
 def parse_request(message, session, notify=None):
-    """Check the JSON-RPC envelope -> a Request for a method handler, an error response, or None."""
+    """Check the JSON-RPC envelope -> a Request for a method handler, an error
+    response, or None."""
     error = envelope_error(message)
     if error or "method" not in message:
         return error   # a response returns None: this server sends no requests to match it with
-    request_id, method, params = message.get("id"), message["method"], message.get("params", {})
+    request_id = message.get("id")
+    method = message["method"]
+    params = message.get("params", {})
     if "id" not in message:
         # Never answered, not even with an error (basic/index.mdx). Only a cancel acts: it sets its
         # call's Event, which stops the code (cancellation.mdx); others (initialized) are ignored.
@@ -599,7 +665,8 @@ def answer_request(request):
         return error_response(request.id, exc.code, exc.message, exc.data)
     except Exception:
         log("internal error in %s:\n%s" % (request.method, traceback.format_exc()))
-        return error_response(request.id, INTERNAL_ERROR, "Internal error (details are in the server's log)")
+        return error_response(request.id, INTERNAL_ERROR,
+                              "Internal error (details are in the server's log)")
     if result is CANCELLED:
         return None
     request.decorate(result)
@@ -621,7 +688,8 @@ def handle_initialize(request):
         raise ProtocolError(INVALID_REQUEST, "Already initialized")
     requested = params.get("protocolVersion")
     if not isinstance(requested, str):
-        raise ProtocolError(INVALID_PARAMS, 'Invalid params: "protocolVersion" (a string) is required')
+        raise ProtocolError(INVALID_PARAMS,
+                            'Invalid params: "protocolVersion" (a string) is required')
     # Echo a handshake version we speak, else our latest (lifecycle.mdx); never 2026-07-28.
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
@@ -652,8 +720,9 @@ def handle_tools_call(request):
     if name != TOOL_NAME:
         raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s" % name)
     if not session.allow_exec:
-        raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s. Code execution is disabled over HTTP on "
-                            "this server (STDIO_MODE_ONLY=true); it runs only over stdio." % name)
+        raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s. Code execution is disabled over "
+                            "HTTP on this server (STDIO_MODE_ONLY=true); it runs only over stdio."
+                            % name)
     arguments = {} if params.get("arguments") is None else params["arguments"]
     if not isinstance(arguments, dict):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
@@ -698,9 +767,11 @@ INPUT_SCHEMA = {
         "code": {"type": "string", "description": "Python source, run as the __main__ module. "
                                                   "Required (except to poll a job)."},
         "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
-                     "description": "pip requirements to install first, e.g. [\"numpy\", \"pandas==2.2.3\"]."},
+                     "description": "pip requirements to install first, e.g. "
+                                    "[\"numpy\", \"pandas==2.2.3\"]."},
         "use_temp_dir": {"type": "boolean", "default": False,
-                         "description": "Run in an isolated virtual environment holding only `packages`."},
+                         "description": "Run in an isolated virtual environment holding only "
+                                        "`packages`."},
         "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the "
                     "run is killed (default %g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
     },
@@ -713,8 +784,10 @@ OUTPUT_SCHEMA = {
         "returncode": {"type": ["integer", "null"], "description": "Exit status; negative = "
                        "killed by that signal; null while the code still runs (a job)."},
         "stdout": {"type": "string"}, "stderr": {"type": "string"},
-        "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
-        "truncated": {"type": "boolean", "description": "Something longer than its limit was cut."},
+        "timed_out": {"type": "boolean",
+                      "description": "The run (or the install) hit its timeout."},
+        "truncated": {"type": "boolean",
+                      "description": "Something longer than its limit was cut."},
     },
     "required": ["returncode", "stdout", "stderr", "timed_out", "truncated"],
 }
@@ -726,11 +799,12 @@ ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHi
 def tool_definition(version, local=True):
     """The one tool, with only the fields the negotiated version knows (tools.mdx)."""
     description = ("Run Python code and return its exit status, stdout and stderr as JSON "
-                   "{returncode, stdout, stderr, timed_out, truncated}. Print what you want to see. "
+                   "{returncode, stdout, stderr, timed_out, truncated}. "
+                   "Print what you want to see. "
                    '"packages" installs pip requirements first (names, extras and versions only, '
-                   'e.g. ["numpy", "requests>=2.31"]) into a workspace environment shared by later '
-                   'calls; with "use_temp_dir": true the code runs in an isolated environment '
-                   "holding only those packages. %s" % tool_notes(local))
+                   'e.g. ["numpy", "requests>=2.31"]) into a workspace environment shared by '
+                   'later calls; with "use_temp_dir": true the code runs in an isolated '
+                   "environment holding only those packages. %s" % tool_notes(local))
     tool = {"name": TOOL_NAME, "description": description, "inputSchema": INPUT_SCHEMA}
     has = protocol(version)
     if has.annotations:
@@ -792,18 +866,21 @@ def validate_arguments(arguments):
             ", ".join(unknown), ", ".join(names[:-1]), names[-1])
     code = arguments.get("code")
     if not isinstance(code, str) and not (code is None and "job" in arguments):
-        return None, '"code" is required and must be a string of Python source, e.g. {"code": "print(1 + 1)"}'
+        return None, ('"code" is required and must be a string of Python source, e.g. '
+                      '{"code": "print(1 + 1)"}')
     packages = [] if arguments.get("packages") is None else arguments["packages"]
     if not isinstance(packages, list) or len(packages) > MAX_PACKAGES:
-        return None, ('"packages" must be a list of at most %d requirement strings, e.g. ["numpy", '
-                      '"requests>=2.31"]' % MAX_PACKAGES)
+        return None, ('"packages" must be a list of at most %d requirement strings, e.g. '
+                      '["numpy", "requests>=2.31"]' % MAX_PACKAGES)
     use_temp_dir = arguments.get("use_temp_dir", False)
     if not isinstance(use_temp_dir, bool):
         return None, '"use_temp_dir" must be true or false'
     timeout = EXEC_TIMEOUT if arguments.get("timeout") is None else arguments["timeout"]
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        return None, '"timeout" must be a positive number of seconds (at most %g)' % EXEC_TIMEOUT_MAX
-    timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)   # no float() of 10**400
+        return None, ('"timeout" must be a positive number of seconds (at most %g)'
+                      % EXEC_TIMEOUT_MAX)
+    # no float() of 10**400
+    timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)
     call = Call(code, packages, use_temp_dir, timeout)
     for check in ARGUMENT_CHECKS:
         problem = check(arguments, call)
@@ -819,11 +896,19 @@ class Result:
     `cancelled` (internal) means no response at all (cancellation.mdx); `blocks` are extra
     content blocks (images, resources), each with the Protocol feature it needs (or None)."""
 
-    def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False, cancelled=False):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-        self.timed_out, self.truncated, self.cancelled = timed_out, truncated, cancelled
+    def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False,
+                 cancelled=False):
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.timed_out = timed_out
+        self.truncated = truncated
+        self.cancelled = cancelled
         self.value = self.session = self.status = self.job = None
-        self.images, self.files, self.blocks, self.notes = [], [], [], []
+        self.images = []
+        self.files = []
+        self.blocks = []
+        self.notes = []
         self.session_ended = self.value_truncated = False
 
     @classmethod
@@ -839,7 +924,8 @@ class Result:
     def note(self, text):
         """Add a line from the server (not from the code) to stderr."""
         self.notes.append(text)
-        self.stderr += ("" if not self.stderr or self.stderr.endswith("\n") else "\n") + "[mcp-exec] " + text
+        self.stderr += (("" if not self.stderr or self.stderr.endswith("\n") else "\n")
+                        + "[mcp-exec] " + text)
 
     def as_dict(self):
         """OUTPUT_SCHEMA's fields, in its order; an optional one only when set."""
@@ -867,7 +953,8 @@ def tool_result(result, version):
 
 
 def handle_payload(payload, session, notify=None):
-    """A parsed frame -> its response or None; a batch -> its answers (None: none), or one error."""
+    """A parsed frame -> its response or None; a batch -> its answers (None:
+    none), or one error."""
     if not isinstance(payload, list):
         return handle_message(payload, session, notify)
     if not payload:
@@ -877,15 +964,16 @@ def handle_payload(payload, session, notify=None):
     modern = any(isinstance(meta, dict) and META_VERSION in meta for meta in metas)
     negotiated = session.protocol_version     # None before initialize: batches are let in
     if modern or (negotiated is not None and not protocol(negotiated).batches):
-        return error_response(None, INVALID_REQUEST, "Invalid Request: protocol version %s has no JSON-RPC "
-                              "batches (they exist only in 2025-03-26); send one message at a time"
+        return error_response(None, INVALID_REQUEST, "Invalid Request: protocol version %s has "
+                              "no JSON-RPC batches (they exist only in 2025-03-26); send one "
+                              "message at a time"
                               % (MODERN_VERSIONS[0] if modern else session.protocol_version))
     replies = []
     for message in payload:
         if isinstance(message, dict) and message.get("method") == "initialize" and "id" in message:
             # initialize MUST NOT be part of a batch (2025-03-26 lifecycle.mdx).
-            reply = error_response(message["id"] if valid_id(message["id"]) else None, INVALID_REQUEST,
-                                   "initialize must not be part of a batch")
+            reply = error_response(message["id"] if valid_id(message["id"]) else None,
+                                   INVALID_REQUEST, "initialize must not be part of a batch")
         else:
             reply = handle_message(message, session, notify)
         if reply is not None:
@@ -907,8 +995,9 @@ def needs_worker(payload):
 # output and results from three more, and kills all it started when it ends, fails or times out;
 # finish() makes a Result; run_once() leaves no trace. The child's half is at this section's end.
 
+
 EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
-KERNEL_INTERRUPT_GRACE = 2.0  # seconds interrupted code has to stop (a kernel, section 10)
+KERNEL_INTERRUPT_GRACE = 2.0  # seconds interrupted code has to stop, or its kernel dies (10)
 LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
 RESULTS_LIMIT = 2 * OUTPUT_LIMIT + IMAGE_LIMIT * (IMAGE_MAX_BYTES * 4 // 3 + 1024) + 65536
 
@@ -1012,18 +1101,18 @@ class CallSlots:
                 self.running -= 1
                 return
             half = (self.max_running + 1) // 2
-            turn, taker = next((w for w in self.waiters if self.held[w[1]] < half), self.waiters[0])
+            turn, taker = next((w for w in self.waiters if self.held[w[1]] < half),
+                               self.waiters[0])
             self.waiters.remove((turn, taker))
             self.held[taker] += 1
             turn.set()                           # the slot changes hands: running stays
 
     def refusal(self, slot):
         """The Result of a call that got no slot ("busy" or "cancelled")."""
-        return Result.refusal("Server busy: %d calls are running and %d waiting; try again shortly."
-                              % (self.max_running, self.max_waiting) if slot == "busy" else "cancelled",
+        return Result.refusal("Server busy: %d calls are running and %d waiting; try again "
+                              "shortly." % (self.max_running, self.max_waiting)
+                              if slot == "busy" else "cancelled",
                               returncode=-1, cancelled=slot == "cancelled")
-
-
 
 
 def child_config(mode, env, directory, local):
@@ -1033,7 +1122,7 @@ def child_config(mode, env, directory, local):
     cpu = int(EXEC_TIMEOUT_MAX) + 5      # a backstop; the wall clock is the real limit
     limits = {"RLIMIT_AS": EXEC_MEMORY_MB << 20, "RLIMIT_FSIZE": EXEC_FILE_MB << 20,
               "RLIMIT_NOFILE": EXEC_MAX_FILES,
-              "RLIMIT_CPU": cpu if mode != "kernel" else 0}      # a kernel's CPU adds up over calls
+              "RLIMIT_CPU": cpu if mode != "kernel" else 0}  # a kernel's CPU adds up over calls
     limits = dict({name: value for name, value in limits.items() if value > 0}, RLIMIT_CORE=0)
     config = {"mode": mode, "limits": limits, "cwd": directory.work}
     extra = {"TMPDIR": directory.tmp, "TEMP": directory.tmp, "TMP": directory.tmp}
@@ -1066,7 +1155,8 @@ _CHILD_ENV = {}      # the code's environment, filled on first use
 # The child sees only these server variables, LC_* and EXEC_ENV_PASSTHROUGH: no secret (API_KEY).
 CHILD_ENV_ALLOW = """PATH HOME USER LOGNAME SHELL LANG LANGUAGE TZ TERM TMPDIR TEMP TMP SYSTEMROOT
     SYSTEMDRIVE WINDIR COMSPEC PATHEXT USERPROFILE APPDATA LOCALAPPDATA PROGRAMDATA""".split()
-# The installer also sees pip/uv settings, proxies and CA bundles, so mirrors and local wheels work.
+# The installer also sees pip/uv settings, proxies and CA bundles, so mirrors
+# and local wheels work.
 INSTALLER_ENV_PREFIXES = ("PIP_", "UV_")
 INSTALLER_ENV_ALLOW = """HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy
     SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE""".split()
@@ -1097,7 +1187,8 @@ class Pipes:
 class Child:
     """What supervise() needs of a running child: `pid`, `pipes`, `directory` (its CallDir), and
     exit_code() (None while running), wait(seconds), kill() of it and all it started. SpawnedChild,
-    ForkedChild (section 6) and Kernel (section 10) have it; the defaults fit a one-call process."""
+    ForkedChild (section 6) and Kernel (section 10) have it; the defaults fit a
+    one-call process."""
     pid = pipes = directory = None
 
     def call_over(self, reading):
@@ -1142,7 +1233,8 @@ def spawn_child(env, config, pipes, extra_fds=()):
 
 
 class SpawnedChild(Child):
-    """Spawned by subprocess: the code's interpreter (no template) or an installer (run_process)."""
+    """Spawned by subprocess: the code's interpreter (no template) or an
+    installer (run_process)."""
 
     def __init__(self, argv, environment, cwd, pipes, pass_fds=()):
         self.proc = spawn(argv, environment, cwd, pipes.child[:3], pass_fds)
@@ -1177,7 +1269,8 @@ def supervise(child, code, timeout, cancel, on_output):
     """Feed a started child its code, collect its output and results, leave no process behind ->
     Result. One thread, one poll(); the timeout starts now. The call is over when child.call_over()
     says so and its pipes are closed; a background process still holding them gets EXIT_GRACE."""
-    out, err, results = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT), bytearray()
+    out, err = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT)
+    results = bytearray()
     pipes, poller = child.pipes, select.poll()
     names = {pipes.code: "code", pipes.stdout: "stdout", pipes.stderr: "stderr",
              pipes.results: "results"}
@@ -1185,7 +1278,8 @@ def supervise(child, code, timeout, cancel, on_output):
         poller.register(fd, select.POLLOUT if name == "code" else select.POLLIN)
     os.set_blocking(pipes.code, False)         # a write takes what the pipe has room for
     code = memoryview(code)
-    watch = STEPS["watch"](child.pid, child.directory.root) if child.directory else None     # section 7
+    # section 7
+    watch = STEPS["watch"](child.pid, child.directory.root) if child.directory else None
     deadline = time.monotonic() + timeout
     stop = finished_at = interrupted = None
     try:
@@ -1220,7 +1314,8 @@ def supervise(child, code, timeout, cancel, on_output):
             elif not stop and time.monotonic() >= deadline:    # once interrupted, the grace's end
                 stop = "unresponsive" if interrupted else "timeout"
             if stop in ("cancelled", "timeout") and not interrupted and child.interrupt():
-                interrupted, stop, deadline = stop, None, time.monotonic() + KERNEL_INTERRUPT_GRACE
+                interrupted, stop = stop, None
+                deadline = time.monotonic() + KERNEL_INTERRUPT_GRACE
             if stop:
                 break
     finally:
@@ -1244,10 +1339,12 @@ def finish(child, stop, interrupted, out, err, results, timeout):
     result = Result(status if isinstance(status, int) else -9, out.text(), err.text(),
                     ended_by == "timeout", out.truncated or err.truncated, ended_by == "cancelled")
     if ended_by == "timeout":
-        result.note("Timed out after %g s: %s Pass a larger \"timeout\" (at most %g s) or make the code faster."
+        result.note("Timed out after %g s: %s Pass a larger \"timeout\" (at most %g s) or make "
+                    "the code faster."
                     % (timeout, "the process and its children were killed." if not interrupted else
                        "the code was interrupted (KeyboardInterrupt)%s." % (
-                           "; the session's state was kept" if not stop else ""), EXEC_TIMEOUT_MAX))
+                           "; the session's state was kept" if not stop else ""),
+                       EXEC_TIMEOUT_MAX))
     if stop not in (None, "cancelled", "timeout", "unresponsive"):
         result.returncode = result.returncode or -9
         result.note(stop)                      # a per-call total of section 7 ended it
@@ -1280,12 +1377,15 @@ def _close(poller, names, fd):
 
 
 class OutputBuffer:
-    """Keep the first and last `limit // 2` bytes of a stream, count the rest: the middle is dropped
-    as it arrives (memory stays flat however much the code prints), a marker says how much."""
+    """Keep the first and last `limit // 2` bytes of a stream, count the rest: the middle is
+    dropped as it arrives (memory stays flat however much the code prints), a
+    marker says how much."""
 
     def __init__(self, limit):
         self.head_limit, self.tail_limit = limit // 2, limit - limit // 2
-        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
 
     def add(self, chunk):
         self.total += len(chunk)
@@ -1306,13 +1406,14 @@ class OutputBuffer:
         if not self.truncated:
             return (bytes(self.head) + tail).decode("utf-8", "replace")
         cut = self.total - len(self.head) - len(tail)
-        marker = "\n[... %d bytes truncated: showing the first %d and the last %d of %d bytes ...]\n" % (
-            cut, len(self.head), len(tail), self.total)
+        marker = ("\n[... %d bytes truncated: showing the first %d and the last %d of %d bytes "
+                  "...]\n" % (cut, len(self.head), len(tail), self.total))
         return self.head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
 
 
 # --- Starting, finding and killing processes ---------------------------------------------
-# spawn() records what the server starts; its other children are calls' orphans, for reap_orphans().
+# spawn() records what the server starts; its other children are calls'
+# orphans, for reap_orphans().
 
 _SPAWNED = weakref.WeakSet()        # Popen objects of the server's own children
 _SPAWN_LOCK = threading.Lock()
@@ -1323,8 +1424,8 @@ def spawn(argv, env, cwd, stdio=(subprocess.PIPE,) * 3, pass_fds=()):
     popen_args = {"start_new_session": True} if POSIX else {
         "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
     with _SPAWN_LOCK:
-        proc = subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=cwd, env=env,
-                                pass_fds=pass_fds, **popen_args)
+        proc = subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], cwd=cwd,
+                                env=env, pass_fds=pass_fds, **popen_args)
         _SPAWNED.add(proc)
     RUN_DIR.record(proc.pid)
     return proc
@@ -1351,7 +1452,8 @@ def descendants(pid):
 
 
 def stop_all(find, rounds=100):
-    """SIGSTOP what find() lists till a round finds none new (a stopped one cannot fork) -> them."""
+    """SIGSTOP what find() lists till a round finds none new (a stopped one
+    cannot fork) -> them."""
     stopped = set()
     for _ in range(rounds):
         found = set(find()) - stopped
@@ -1407,7 +1509,9 @@ def kill_orphans(ours):
 # Every call gets a fresh directory under the server's own, STATE_DIR/run/<pid>-<random>/, and
 # leaves nothing there. What a crash leaves, the next server removes (section 7, recovery).
 
-FS_IOC_GETFLAGS, FS_IOC_SETFLAGS = 0x80086601, 0x40086602    # _IOR/_IOW('f', 1|2, long)
+
+FS_IOC_GETFLAGS = 0x80086601                                 # _IOR/_IOW('f', 1|2, long)
+FS_IOC_SETFLAGS = 0x40086602
 UNDELETABLE_FLAGS = 0x10 | 0x20                              # FS_IMMUTABLE_FL, FS_APPEND_FL
 
 
@@ -1425,7 +1529,9 @@ def remove_tree(path):
         return
     with contextlib.suppress(OSError):        # read-only (a cached venv): its entries must go
         os.fchmod(top, stat.S_IRWXU)
-    pending, moved, left = [None], 0, 0       # None: the top itself; else a name under it
+    pending = [None]                          # None: the top itself; else a name under it
+    moved = 0
+    left = 0
     try:
         while pending:
             name = pending.pop()
@@ -1490,8 +1596,11 @@ def _remove_at(remove, parent, name):
 
 class CallDir:
     """A call's directory: root/work (the working directory) and root/tmp (TMPDIR)."""
+
     def __init__(self, root):
-        self.root, self.work, self.tmp = root, os.path.join(root, "work"), os.path.join(root, "tmp")
+        self.root = root
+        self.work = os.path.join(root, "work")
+        self.tmp = os.path.join(root, "tmp")
         for path in (root, self.work, self.tmp):
             os.mkdir(path)
 
@@ -1520,6 +1629,9 @@ class RunDir:
                 os.mkdir(root)
                 self.lock = open(os.path.join(root, "lock"), "w")
                 _flock(self.lock, shared=False)
+                # Who holds it: a lock a call's process took too says nothing of the server.
+                self.lock.write("%d %s\n" % (os.getpid(), _start_time(os.getpid())))
+                self.lock.flush()
                 self.pids = open(os.path.join(root, "pids"), "a")
                 self.root = root
             return self.root
@@ -1555,7 +1667,8 @@ def _start_time(pid):
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
 REQUIREMENT_RE = re.compile(
-    r"^\s*(?P<name>%s)\s*(?:\[\s*(?P<extras>%s(?:\s*,\s*%s)*)\s*\])?\s*(?P<specs>%s(?:\s*,\s*%s)*)?\s*$"
+    r"^\s*(?P<name>%s)\s*(?:\[\s*(?P<extras>%s(?:\s*,\s*%s)*)\s*\])?"
+    r"\s*(?P<specs>%s(?:\s*,\s*%s)*)?\s*$"
     % (_NAME, _NAME, _NAME, _SPEC, _SPEC))
 
 
@@ -1567,7 +1680,8 @@ def normalize_requirement(text):
     name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
     extras = sorted({re.sub(r"[-_.]+", "-", e.strip()).lower()
                      for e in (m.group("extras") or "").split(",") if e.strip()})
-    specs = ",".join(sorted(re.sub(r"\s+", "", s) for s in (m.group("specs") or "").split(",") if s.strip()))
+    specs = ",".join(sorted(re.sub(r"\s+", "", s)
+                            for s in (m.group("specs") or "").split(",") if s.strip()))
     return name + ("[%s]" % ",".join(extras) if extras else "") + specs
 
 
@@ -1575,15 +1689,17 @@ def check_packages(arguments, call):
     """The "packages" argument -> call.packages, normalized and sorted, or the problem."""
     for item in call.packages:
         if normalize_requirement(item) is None:
-            return ('"packages" entry %s is not a plain requirement: use a package name with optional '
-                    '[extras] and version specifiers, such as "numpy" or "pandas>=2,<3"; options, URLs, '
-                    'paths and "name @ url" are not allowed' % json.dumps(item)[:200])
+            return ('"packages" entry %s is not a plain requirement: use a package name with '
+                    'optional [extras] and version specifiers, such as "numpy" or '
+                    '"pandas>=2,<3"; options, URLs, paths and "name @ url" are not allowed'
+                    % json.dumps(item)[:200])
     call.packages = sorted(set(map(normalize_requirement, call.packages)))
     return None
 
 
 def _venv_python(venv):
-    return os.path.join(venv, "Scripts", "python.exe") if os.name == "nt" else os.path.join(venv, "bin", "python")
+    return (os.path.join(venv, "Scripts", "python.exe") if os.name == "nt"
+            else os.path.join(venv, "bin", "python"))
 
 
 def _installer():
@@ -1610,11 +1726,13 @@ def _create_venv(path, layered, deadline, cancel):
         return result
     # Ask the venv's own interpreter where its packages go: distributions patch
     # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages here).
-    site_dir = run_process([_venv_python(path), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+    site_dir = run_process([_venv_python(path), "-c",
+                            "import sysconfig; print(sysconfig.get_path('purelib'))"],
                            env=child_environment(), cwd=STATE_DIR, timeout=60).stdout.strip()
     if not os.path.isdir(site_dir):
         return Result.refusal("no site-packages in %s" % path)
-    server_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    server_dirs = [p for p in sys.path
+                   if os.path.basename(p) in ("site-packages", "dist-packages")]
     with open(os.path.join(site_dir, "_mcp_exec_server_packages.pth"), "w") as f:
         f.write("import site; list(map(site.addsitedir, %r))\n" % (server_dirs,))
     return result
@@ -1668,7 +1786,8 @@ def _install_failed(result, what):
     reason = ("timed out after %g s (INSTALL_TIMEOUT)" % INSTALL_TIMEOUT if result.timed_out
               else "exit status %s" % result.returncode)
     detail = (result.stderr.strip() + "\n" + result.stdout.strip()).strip()
-    return Result.refusal("Dependency install failed (%s: %s)\n%s" % (what, reason, detail[-4000:]),
+    return Result.refusal("Dependency install failed (%s: %s)\n%s"
+                          % (what, reason, detail[-4000:]),
                           result.returncode or 1, result.timed_out, result.cancelled)
 
 
@@ -1683,6 +1802,7 @@ def _digest(text, length):
     it loads OpenSSL (5 MB), which only a server that installs needs, never a template."""
     import hashlib
     return hashlib.sha256(text.encode()).hexdigest()[:length]
+
 
 class Environments:
     """Where code runs, under STATE_DIR (servers may share it), one set per interpreter (path and
@@ -1709,13 +1829,16 @@ class Environments:
             installed = set((_read_text(record) or "").split())
             return [r for r in requirements if r not in installed and not _satisfied_here(r)]
         # The common case takes no lock: a call without packages never waits behind an install.
-        if _read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp and not (requirements and missing()):
+        if (_read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp
+                and not (requirements and missing())):
             return _venv_python(venv), None
         os.makedirs(self.root, exist_ok=True)
         thread_lock = self.workspace_lock     # our threads, then other server processes (flock)
         with open(venv + ".lock", "a") as lock_file, \
-                _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline, thread_lock.release) as got, \
-                _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel, deadline) as flocked:
+                _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline,
+                         thread_lock.release) as got, \
+                _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel,
+                         deadline) as flocked:
             if not (got and flocked):
                 return None, _waited(cancel, "waiting for another install into the workspace")
             if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
@@ -1726,7 +1849,8 @@ class Environments:
                 if result.failed:
                     if requirements:
                         return None, _install_failed(result, "creating the workspace environment")
-                    log("could not create the workspace environment; running with the server's interpreter")
+                    log("could not create the workspace environment; running with the "
+                        "server's interpreter")
                     return sys.executable, None
                 with open(os.path.join(venv, ".mcp-exec-ready"), "w") as f:
                     f.write(stamp)
@@ -1758,6 +1882,7 @@ class Environments:
 
 class _Removal:
     """close() removes a directory: the lease of a fresh, uncached environment."""
+
     def __init__(self, path):
         self.path = path
 
@@ -1770,7 +1895,10 @@ class Environment:
     with (env.python), ready, leased for the block, or env.failure (a Result saying why not)."""
 
     def __init__(self, packages, isolated, cancel, report=None):
-        self.packages, self.isolated, self.cancel, self.report = list(packages), isolated, cancel, report
+        self.packages = list(packages)
+        self.isolated = isolated
+        self.cancel = cancel
+        self.report = report
         self.python = self.lease = self.failure = None
         self.generation = 0   # changes with it: no template of an older one is used (section 6)
 
@@ -1780,7 +1908,8 @@ class Environment:
             self.python, self.lease, self.failure = ENVIRONMENTS.isolated(
                 self.packages, deadline, self.cancel, self.report)
         else:
-            self.python, self.failure = ENVIRONMENTS.workspace(self.packages, deadline, self.cancel, self.report)
+            self.python, self.failure = ENVIRONMENTS.workspace(
+                self.packages, deadline, self.cancel, self.report)
             self.generation = ENVIRONMENTS.generation
         return self
 
@@ -1788,12 +1917,14 @@ class Environment:
         if self.lease:
             self.lease.close()
 
+
 def _read_text(path):
     try:
         with open(path, errors="replace") as f:      # /proc/PID/stat holds a name the code chose
             return f.read().strip()
     except OSError:
         return None
+
 
 def _flock(file, shared, wait=True):
     """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if locked."""
@@ -1825,6 +1956,7 @@ def _waiting(try_lock, cancel, deadline, release=None):
 # and calls child_main(). The server's settings mean nothing there: all the child needs is its
 # config. The code finds the interpreter as `python -c` leaves it: this file's imports are
 # forgotten first.
+
 
 try:
     import ctypes     # prctl, capabilities, Landlock, seccomp: imported before the forgetting
@@ -1900,7 +2032,8 @@ def use_as_stdio(fds):
 
 def forget_modules(fresh_modules):
     """Forget the pure-Python modules imported since the interpreter started (extension modules
-    stay: they cannot load twice). What this file uses of them lives on, out of the code's sight."""
+    stay: they cannot load twice). What this file uses of them lives on, out of
+    the code's sight."""
     for name, module in list(sys.modules.items()):
         if name not in fresh_modules and str(getattr(module, "__file__", "")).endswith(".py"):
             del sys.modules[name]
@@ -2034,7 +2167,8 @@ class StdioServer:
                 self.outfile.flush()
 
     def read_lines(self):
-        """Yield input lines; one over MAX_MESSAGE_BYTES is discarded and answered with an error."""
+        """Yield input lines; one over MAX_MESSAGE_BYTES is discarded and
+        answered with an error."""
         while True:
             line = self.infile.readline(MAX_MESSAGE_BYTES + 1)
             if not line:
@@ -2257,9 +2391,11 @@ def drain(outbox, client_disconnected, done=None):
 
 class HttpSession(Session):
     """A Streamable HTTP session, identified by the Mcp-Session-Id header (None: stateless)."""
+
     def __init__(self, allow_exec, session_id=None):
         super().__init__(allow_exec, local=False)
         self.lasting_channel = False   # notify() writes to one POST's response stream
+        self.identified = session_id is not None
         self.session_id = session_id
         self.last_used = time.monotonic()
 
@@ -2429,7 +2565,8 @@ class HttpServer:
             if self.loopback:
                 return error_reply(421, "Host %r is not allowed: this server is bound to loopback "
                                    "(set ALLOWED_HOSTS)" % host)
-        # A present Origin that is not allowed -> 403 (2025-11-25 transports.mdx, Security Warning).
+        # A present Origin that is not allowed -> 403 (2025-11-25
+        # transports.mdx, Security Warning).
         origin = headers.get("Origin")
         if origin is not None and not ("*" in ALLOWED_ORIGINS
                                        or origin.rstrip("/") in ALLOWED_ORIGINS):
@@ -2446,7 +2583,8 @@ class HttpServer:
             supplied = token.strip()
         import hmac        # here: it loads OpenSSL, which the stdio server never needs
         if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
-            return error_reply(401, "Unauthorized: send Authorization: Bearer <API_KEY> or X-API-Key: <API_KEY>",
+            return error_reply(401, "Unauthorized: send Authorization: Bearer <API_KEY> or "
+                               "X-API-Key: <API_KEY>",
                                headers={"WWW-Authenticate": 'Bearer realm="mcp-exec"'})
         return None
 
@@ -2468,7 +2606,7 @@ class HttpServer:
         def on_close():   # when waitress closes the response, however it ended (idempotent)
             with self.lock:
                 self.sse_sessions.pop(session.session_id, None)
-            session.close()          # its running executions are killed
+            session.end()            # its running executions, jobs and kernels are ended
             self.budget.release(token)
         # The first event tells the client where to POST: a relative URI, which clients
         # resolve against the stream's URL (and they refuse another origin).
@@ -2579,9 +2717,10 @@ class HttpServer:
     def answer(self, request, accept, client_disconnected):
         """A request of either era, answered at once; or, if it may wait for code and the thread
         budget allows (else a tool error says so, at once), run by watch(): with SSE (preferred)
-        progress and keep-alives flow. A handshake-era JSON reply needs no watching: nothing streams
-        and a disconnect is no cancellation (2025-11-25 transports.mdx, Sending Messages to the
-        Server). It runs here, a thread hop less, holding its token to the end, client or not."""
+        progress and keep-alives flow. A handshake-era JSON reply needs no watching: nothing
+        streams and a disconnect is no cancellation (2025-11-25 transports.mdx, Sending Messages to
+        the Server). It runs here, a thread hop less, holding its token to the
+        end, client or not."""
         if not METHODS[request.method][2]:
             return self.quick_reply(answer_request(request), accept)
         sse = "text/event-stream" in accept or not accepts_json(accept)
@@ -2641,14 +2780,15 @@ class HttpServer:
     def mcp_delete(self, session_id):
         """DELETE /mcp: the client ends its session (transports.mdx, Session Management)."""
         if MCP_STATELESS:
-            return error_reply(405, "Stateless mode has no sessions to end", headers={"Allow": "POST"})
+            return error_reply(405, "Stateless mode has no sessions to end",
+                               headers={"Allow": "POST"})
         if not session_id:
             return error_reply(400, "Missing Mcp-Session-Id header")
         with self.lock:
             session = self.http_sessions.pop(session_id, None)
         if session is None:
             return error_reply(404, "Unknown or ended session")
-        session.close()              # its running executions are killed
+        session.end()                # its running executions, jobs and kernels are ended
         return text_reply(204)
 
     def new_http_session(self):
@@ -2662,10 +2802,11 @@ class HttpServer:
                     break                    # this one and all younger ones stay
                 if not old.running():        # expired, or the oldest idle one when full
                     del self.http_sessions[old.session_id]
-                    old.close()
+                    old.end()
             if len(self.http_sessions) >= MAX_SESSIONS:
                 return None                  # every session is running code: refuse, kill nothing
-            session = HttpSession(self.allow_exec, base64.urlsafe_b64encode(os.urandom(24)).decode())
+            session = HttpSession(self.allow_exec,
+                                  base64.urlsafe_b64encode(os.urandom(24)).decode())
             self.http_sessions[session.session_id] = session
         return session
 
@@ -2677,7 +2818,6 @@ class HttpServer:
             session.close()
         self.workers.wait(KILL_GRACE + 1)
         run_lifecycle("shutdown")
-
 
 
 def create_app(host=None, threads=None):
@@ -2869,9 +3009,11 @@ def _cannot_serve(host, port):
     return None
 
 
-# How waitress must run for this app (the Procfile repeats it); measured on 2 cores, waitress 3.0.2:
+# How waitress must run for this app (the Procfile repeats it); measured on 2
+# cores, waitress 3.0.2:
 WAITRESS_OPTIONS = {
-    # waitress sees a client leave mid-stream (client_disconnected), not just at a failed keep-alive
+    # waitress sees a client leave mid-stream (client_disconnected), not just
+    # at a failed keep-alive
     "channel_request_lookahead": 1,
     # 100 (the default) slow connections starve everyone, key or no key; 1,000 idle or
     # trickling ones cost ~2.6 MB and kept /health under 40 ms
@@ -2883,8 +3025,6 @@ WAITRESS_OPTIONS = {
     "cleanup_interval": 10,
     "ident": "mcp-exec",
 }
-
-
 
 
 # =============================================================================
@@ -2928,8 +3068,8 @@ def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
     command = COMMANDS.get(args[0] if args else "")
     if command is None:
-        hint = " (to serve HTTP on a port: --http --port N)" if args[0] in ("--port",
-                                                                          "--host") else ""
+        serving = args[0] in ("--port", "--host")
+        hint = " (to serve HTTP on a port: --http --port N)" if serving else ""
         sys.stderr.write("mcp-exec: unknown arguments %s%s (try --help)\n"
                          % (" ".join(args), hint))
         return 2
@@ -2973,13 +3113,15 @@ INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST).strip(".")[:24] or "local"
 
 
 def new_handle(prefix):
-    """'j' -> 'j-<instance>-<random>': unguessable, says where it lives. os.urandom() as in secrets,
-    which we do not import: it loads OpenSSL (5 MB, via hashlib) into server and templates."""
+    """'j' -> 'j-<instance>-<random>': unguessable, says where it lives. os.urandom() as in
+    secrets, which we do not import: it loads OpenSSL (5 MB, via hashlib) into
+    server and templates."""
     return "%s-%s-%s" % (prefix, INSTANCE, base64.urlsafe_b64encode(os.urandom(12)).decode())
 
 
 def lives_elsewhere(handle, shown=None):
-    """What to say of a handle another instance minted (`shown` as the client knows it), or None."""
+    """What to say of a handle another instance minted (`shown` as the client
+    knows it), or None."""
     parts = handle.split("-")
     if len(parts) < 3 or parts[1] == INSTANCE or not re.match(r"^[A-Za-z0-9.]+$", parts[1]):
         return None
@@ -3015,11 +3157,14 @@ def adopt_fds(config, fds, template_env):
 
 def serve_template(config, fresh_modules):
     """Template mode: fork a child per request -> its config, in the child. Single-threaded: fork()
-    copies only the calling thread. A pidfd (Linux 5.3+) says when a call's child ends; it is reaped
-    and its orphans (ours: we are a subreaper) killed, and only then is the exit reported."""
+    copies only the calling thread. A pidfd (Linux 5.3+) says when a call's child ends; it is
+    reaped and its orphans (ours: we are a subreaper) killed, and only then is
+    the exit reported."""
     sock = socket.socket(fileno=config["socket_fd"])
     _prepare_template(config.get("sandbox"))
-    poller, roots, limits = select.poll(), {}, _rlimits()      # roots: pidfd -> call's child
+    poller = select.poll()
+    roots = {}                                                 # roots: pidfd -> call's child
+    limits = _rlimits()
     poller.register(sock, select.POLLIN)
     template_env = dict(os.environ)
     forget_modules(fresh_modules)       # once for all its children, who find them forgotten
@@ -3083,11 +3228,14 @@ def _rlimits():
 
 class Template:
     """The server's side of one template process."""
+
     def __init__(self, python, generation):
         self.python, self.generation = python, generation
         self.lock = threading.Lock()
         self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
-        self.alive, self.retired, self.next_id = True, False, 0
+        self.alive = True
+        self.retired = False
+        self.next_id = 0
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active}
         argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
@@ -3150,7 +3298,8 @@ class Template:
                     child.code = message["code"]
                     child.ended.set()
         if not self.retired:
-            log("the template for %s ended; calls are spawned until a new one starts" % self.python)
+            log("the template for %s ended; calls are spawned until a new one starts"
+                % self.python)
 
     def done(self, pid=None):
         """A child's call is over: forget it. A retired template stops once it is idle."""
@@ -3182,7 +3331,9 @@ class ForkedChild(Child):
     """Forked by a template, which tells us its pid (`forked`) and exit (`ended`, or it died)."""
 
     def __init__(self, template, pipes):
-        self.template, self.pipes, self.code = template, pipes, -9    # -9 if its template dies
+        self.template = template
+        self.pipes = pipes
+        self.code = -9                                                # -9 if its template dies
         self.forked, self.ended = threading.Event(), threading.Event()
 
     def exit_code(self):
@@ -3238,7 +3389,8 @@ class Templates:
                 try:
                     template = Template(python, env.generation)
                 except OSError as exc:
-                    log("no template for %s (%s); its calls are spawned for a minute" % (python, exc))
+                    log("no template for %s (%s); its calls are spawned for a minute"
+                        % (python, exc))
                     with self.lock:
                         self.failed[python] = time.monotonic() + 60
                     template = None
@@ -3314,9 +3466,12 @@ def _cache_bytecode():
 
 # --- 7.1 The sandbox (Landlock) --------------------------------------------------------
 # Landlock (Linux 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst): a process
-# restricts itself and all it starts for good; each ABI adds rights; alpha's syscall numbers differ.
+# restricts itself and all it starts for good; each ABI adds rights; alpha's
+# syscall numbers differ.
 
-LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET = 444
+LANDLOCK_ADD_RULE = 445
+LANDLOCK_RESTRICT_SELF = 446
 FS_READ = 1 | 4 | 8                        # execute, read_file, read_dir
 FS_FILE_RIGHTS = 1 | 2 | 4 | 1 << 14 | 1 << 15   # the only rights a rule on a file may carry
 # Over HTTP, code reads only these, its interpreter's directories, the call's and EXEC_READ_PATHS.
@@ -3378,7 +3533,8 @@ def sandbox_config(call_root, local):
     if not SANDBOX.active:
         return None
     reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root]
-    return {"abi": SANDBOX.abi, "read": reads, "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
+    return {"abi": SANDBOX.abi, "read": reads,
+            "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
             "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp}
 
 
@@ -3405,13 +3561,15 @@ def apply_sandbox(spec):
         if spec["seccomp"]:
             install_seccomp(libc, spec["network_off"])
     except OSError as exc:
-        sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n" % exc)
+        sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n"
+                         % exc)
         os._exit(125)
 
 
 def _apply_landlock(libc, spec):
     abi = spec["abi"]
-    handled = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+    handled = ((1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)
+               | (1 << 15 if abi >= 5 else 0))
     net = 3 if spec["network_off"] and abi >= 4 else 0          # bind_tcp, connect_tcp
     scoped = 3 if abi >= 6 else 0                                # abstract unix sockets, signals
     size = 8 if abi < 4 else 16 if abi < 6 else 24               # only the fields this ABI knows
@@ -3420,7 +3578,8 @@ def _apply_landlock(libc, spec):
                                   ctypes.c_uint32(0)))
     reads = spec["read"] if spec["read"] is not None else ["/"]
     if spec["read"] is not None:     # the interpreter's own directories, wherever they are
-        reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+        reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix,
+                         os.path.dirname(os.path.realpath(sys.executable))]
         reads += [p for p in sys.path if os.path.isabs(p)]
     for paths, access in ((reads, FS_READ), (spec["write"], handled)):
         for path in paths:
@@ -3458,7 +3617,8 @@ def _landlock_rule(libc, ruleset, path, access):
 # --- 7.2 Capabilities and seccomp ----------------------------------------------------------
 # Landlock does not cover what a process does to others (prlimit, sched_*, ptrace ...), raw and
 # packet sockets, UDP, or what capabilities allow (a root server's children would keep them): so no
-# capabilities, and a seccomp-BPF filter checking arguments where a call is harmless only on itself.
+# capabilities, and a seccomp-BPF filter checking arguments where a call is
+# harmless only on itself.
 
 def _prctl(libc, option, *args):
     _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)" % option)
@@ -3499,13 +3659,20 @@ _ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 k
     vhangup 153 58 settimeofday 164 170 clock_settime 227 112 adjtimex 159 171 setns 308 268
     migrate_pages 256 238 move_pages 279 239 shmget 29 194 shmat 30 196 shmctl 31 195
     shmdt 67 197 semget 64 190 semop 65 193 semtimedop 220 192 semctl 66 191 msgget 68 186
-    msgsnd 69 189 msgrcv 70 188 msgctl 71 187"""
+    msgsnd 69 189 msgrcv 70 188 msgctl 71 187 modify_ldt 154 -"""
 _BY_ARG = """prlimit64 302 261 sched_setaffinity 203 122 sched_setscheduler 144 119
     sched_setparam 142 118 sched_setattr 314 274 setpriority 141 140 ioprio_set 251 30
     socket 41 198 ioctl 16 29 prctl 157 167 unshare 272 97 clone 56 220 clone3 435 435"""
 _ARCH = {"x86_64": 0xc000003e, "aarch64": 0xc00000b7}                  # AUDIT_ARCH_*
-LD, JEQ, JGE, JSET, AND, RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
-ALLOW, EPERM, ENOSYS = 0x7fff0000, 0x00050000 | 1, 0x00050000 | 38
+LD = 0x20
+JEQ = 0x15
+JGE = 0x35
+JSET = 0x45
+AND = 0x54
+RET = 0x06
+ALLOW = 0x7fff0000
+EPERM = 0x00050000 | 1
+ENOSYS = 0x00050000 | 38
 
 
 def _program(arch, network_off):
@@ -3531,13 +3698,15 @@ def _program(arch, network_off):
     p += ["prctl", arg(0), (JEQ, "deny", "allow", 36)]             # keep PR_SET_CHILD_SUBREAPER
     # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's, outside the call.
     p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
-    # socket: an allow-list of families. AF_UNIX always; with the network on also NETLINK
-    # (getifaddrs) and INET/INET6 as STREAM or DGRAM: not RAW, nor SOCK_PACKET, which the
-    # kernel turns into AF_PACKET. Off: UNIX only (no UDP, TFO, MPTCP, VSOCK to the host...).
+    # socket: an allow-list of families. AF_UNIX always; with the network on also NETLINK, of
+    # protocol NETLINK_ROUTE (0) alone (getifaddrs: no NETLINK_SOCK_DIAG, which lists every
+    # socket of the host), and INET/INET6 as STREAM or DGRAM: not RAW, nor SOCK_PACKET, which
+    # the kernel turns into AF_PACKET. Off: UNIX only (no UDP, TFO, MPTCP, VSOCK to the host).
     p += ["socket", arg(0), (JEQ, "allow", "deny" if network_off else 0, 1)]
     if not network_off:
-        p += [(JEQ, "allow", 0, 16), (JEQ, "inet", 0, 2), (JEQ, "inet", "deny", 10), "inet",
-              arg(1), (AND, 0, 0, 0xf), (JEQ, "allow", 0, 1), (JEQ, "allow", "deny", 2)]
+        p += [(JEQ, "netlink", 0, 16), (JEQ, "inet", 0, 2), (JEQ, "inet", "deny", 10), "inet",
+              arg(1), (AND, 0, 0, 0xf), (JEQ, "allow", 0, 1), (JEQ, "allow", "deny", 2),
+              "netlink", arg(2), (JEQ, "allow", "deny", 0)]
     return p + ["allow", (RET, 0, 0, ALLOW), "deny", (RET, 0, 0, EPERM),
                 "nosys", (RET, 0, 0, ENOSYS)]
 
@@ -3588,8 +3757,12 @@ def _nproc_limit():
 class Watch:
     """One call's (or kernel's) processes, pid and its descendants, and its directory;
     `reason` says why it must end. on_over(reason), if given, runs once when it must."""
+
     def __init__(self, pid, directory, on_over=None):
-        self.pid, self.directory, self.on_over, self.reason = pid, directory, on_over, None
+        self.pid = pid
+        self.directory = directory
+        self.on_over = on_over
+        self.reason = None
         self.due = time.monotonic() + MONITOR_INTERVAL         # when it is next checked
 
     def close(self):
@@ -3666,11 +3839,14 @@ def _disk_over(directory):
 
 
 class Monitor:
-    """Checks watched calls MONITOR_INTERVAL s after their start, then as often, on a thread running
-    only while some are watched; one over by its first check costs nothing: setrlimit held it."""
+    """Checks watched calls MONITOR_INTERVAL s after their start, then as often, on a thread
+    running only while some are watched; one over by its first check costs nothing:
+    setrlimit held it."""
 
     def __init__(self):
-        self.lock, self.watches, self.running = threading.Lock(), set(), False
+        self.lock = threading.Lock()
+        self.watches = set()
+        self.running = False
 
     def watch(self, pid, directory, on_over=None):
         watch = Watch(pid, directory, on_over)
@@ -3705,7 +3881,6 @@ class Monitor:
             time.sleep(max(0.01, wake - time.monotonic()))
 
 
-
 # --- 7.4 Recovery after a crash ----------------------------------------------------------
 # A server that dies (kill -9, a dyno restart) leaves its run directory and perhaps processes.
 # Its lock file is flocked while it lives: the next server to start finds it free, and cleans up.
@@ -3721,14 +3896,39 @@ def recover_dead_servers(run_dir):
             continue                                  # being created, or not ours
         try:
             with lock:
-                if path == run_dir.root or not _flock(lock, shared=False, wait=False):
+                if path == run_dir.root or _server_alive(lock, path):
                     continue                          # its server lives
-                killed = _kill_leftovers(path)
+                killed = _kill_lock_holders(lock) + _kill_leftovers(path)
                 remove_tree(path)
             log("a server that used %s had died: killed %d of its processes, removed its "
                 "directory" % (path, killed))
         except Exception:
             log("could not recover %s:\n%s" % (path, traceback.format_exc()))
+
+
+def _server_alive(lock, path):
+    """Does the server of this run directory live? Its flock says so, unless what one of its
+    calls left running took the lock too (a shared flock keeps the exclusive one out): then
+    the pid and start time the server wrote in it decide."""
+    if _flock(lock, shared=False, wait=False):
+        return False
+    pid, _, started = (_read_text(os.path.join(path, "lock")) or "").partition(" ")
+    return pid.isdigit() and bool(started) and _start_time(int(pid)) == started
+
+
+def _kill_lock_holders(lock):
+    """Kill what holds a flock on a dead server's lock file (/proc/locks names each holder
+    with the file's device and inode) -> how many."""
+    info = os.fstat(lock.fileno())
+    inode = "%02x:%02x:%d" % (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)
+    holders = set()
+    for line in (_read_text("/proc/locks") or "").splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[5] == inode and fields[4].isdigit():
+            holders.add(int(fields[4]))
+    for pid in holders - {os.getpid()}:
+        kill_tree(pid)
+    return len(holders - {os.getpid()})
 
 
 def _kill_leftovers(path):
@@ -3754,8 +3954,8 @@ def limits_note(local):
     note = "Memory: %s for the call's processes together. " % memory
     if not SANDBOX.abi:
         return note + "The code is not sandboxed: it runs with the server user's rights."
-    return note + ("The code is sandboxed (Landlock%s): it can write only in its working directory "
-                   "and TMPDIR%s, and cannot touch other processes%s." % (
+    return note + ("The code is sandboxed (Landlock%s): it can write only in its working "
+                   "directory and TMPDIR%s, and cannot touch other processes%s." % (
                        ", seccomp" if SANDBOX.seccomp else "",
                        "" if local else ", read only Python and system files",
                        "; it has no network" if SANDBOX.network == "off" else ""))
@@ -3800,13 +4000,15 @@ class CachedEnvironments(Environments):
     none is evicted while in use; past VENV_CACHE_SIZE the least recently used go."""
 
     def isolated(self, requirements, deadline, cancel, report=None):
-        """-> (python, lease, None) or (None, None, failure Result); lease.close() after the run."""
+        """-> (python, lease, None) or (None, None, failure Result);
+        lease.close() after the run."""
         key = _digest("\n".join([sys.executable, sys.version] + sorted(requirements)), 20)
         cache = os.path.join(self.root, "venvs")
         pointer = os.path.join(cache, key + ".ready")
         with self.lock:
             key_lock = self.key_locks.setdefault(key, threading.Lock())
-        with _waiting(lambda: key_lock.acquire(blocking=False), cancel, deadline, key_lock.release) as got:
+        with _waiting(lambda: key_lock.acquire(blocking=False), cancel, deadline,
+                      key_lock.release) as got:
             if not got:
                 return None, None, _waited(cancel, "waiting for the same environment to be built")
             lease = self._lease(cache, pointer)
@@ -3900,7 +4102,7 @@ class CachedEnvironments(Environments):
                  and not os.path.exists(os.path.join(cache, name + ".building"))}
         named = {_read_text(os.path.join(cache, name)) for name in os.listdir(cache)
                  if name.endswith(".ready")}
-        for name in built - named:   # dropped, failed, abandoned, or the loser of a two-server race
+        for name in built - named:  # dropped, failed, abandoned, or the loser of a two-server race
             held = _exclusive_lease(os.path.join(cache, name))
             if held:
                 TEMPLATES.discard(_venv_python(os.path.join(cache, name)))
@@ -3909,7 +4111,8 @@ class CachedEnvironments(Environments):
 
 
 def _exclusive_lease(venv):
-    """-> venv's lease file locked exclusively (close it after), or None while a call runs there."""
+    """-> venv's lease file locked exclusively (close it after), or None while
+    a call runs there."""
     try:
         f = open(os.path.join(venv, LEASE_FILE))
     except OSError:
@@ -3930,21 +4133,26 @@ register_lifecycle(setup=lambda: ENVIRONMENTS.recover())
 # =============================================================================
 # Afterwards the child gathers (describe_value) a last expression's value, open matplotlib figures
 # and a value that can draw itself, sent on its results pipe, not stdout. The server adds the files
-# the code wrote in its directory (collect_files), keeps them for resources/read, and returns all as
-# MCP content blocks beside the JSON text (tools.mdx, Tool Result).
+# the code wrote in its directory (collect_files), keeps them for resources/read, and returns all
+# as MCP content blocks beside the JSON text (tools.mdx, Tool Result).
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS = 10000, 50 * 10 ** 6  # larger ones are drawn smaller, or dropped
-FILE_KEEP_MAX = 16 * 1024 * 1024        # larger files are listed, not kept: one message must hold one
+IMAGE_MAX_SIDE = 10000                  # larger ones are drawn smaller, or dropped
+IMAGE_MAX_PIXELS = 50 * 10 ** 6
+# larger files are listed, not kept: one message must hold one
+FILE_KEEP_MAX = 16 * 1024 * 1024
 OUTPUT_MIN_AGE = 300                    # seconds a client's files are safe from another's call
 FILES_INLINE_TOTAL = 1024 * 1024        # embedded files together, per call
-FILES_LISTED_MAX, FILES_IN_MAX = 50, 100      # files listed out of a call, files given into one
+FILES_LISTED_MAX = 50                   # files listed out of a call,
+FILES_IN_MAX = 100                      # files given into one
 RESOURCE_NOT_FOUND = -32002             # 2025-11-25 server/resources.mdx, Error Handling
 
 
 def describe_value(value, config):
     """In the child: the last value (repr, capped) and the images -> part of the results."""
-    record, images, notes = {}, [], []
+    record = {}
+    images = []
+    notes = []
     limit, max_bytes = config["image_limit"], config["image_max_bytes"]
     plt = sys.modules.get("matplotlib.pyplot")     # only if the code used it: never imported here
     if plt is not None:
@@ -3965,7 +4173,8 @@ def describe_value(value, config):
                 notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) even at a "
                              "low resolution" % (number, max_bytes))
         if len(numbers) > limit:
-            notes.append("%d figures were open; the first %d are returned (IMAGE_LIMIT)" % (len(numbers), limit))
+            notes.append("%d figures were open; the first %d are returned (IMAGE_LIMIT)"
+                         % (len(numbers), limit))
         plt.close("all")
     if value is not None:
         buffer = OutputBuffer(config["value_limit"])
@@ -3997,11 +4206,13 @@ def _value_png(value, max_bytes):
         return None
     if type(value).__module__.startswith("PIL.") and hasattr(value, "save"):
         return _fit_png(lambda f, s: (value if s == 1 else value.resize(
-            (max(1, int(value.width * s)), max(1, int(value.height * s))))).save(f, format="PNG"), max_bytes)
+            (max(1, int(value.width * s)), max(1, int(value.height * s))))).save(f, format="PNG"),
+                        max_bytes)
     render = getattr(value, "_repr_png_", None)
     png = render() if callable(render) else None
     png = png[0] if isinstance(png, tuple) else png
-    return png if isinstance(png, bytes) and png.startswith(PNG_SIGNATURE) and len(png) <= max_bytes else None
+    return (png if isinstance(png, bytes) and png.startswith(PNG_SIGNATURE)
+            and len(png) <= max_bytes else None)
 
 
 def apply_record(result, record):
@@ -4022,7 +4233,8 @@ def apply_record(result, record):
             continue
         if max(width, height) > IMAGE_MAX_SIDE or width * height > IMAGE_MAX_PIXELS:
             result.note("an image of %d x %d pixels was dropped: more than %d a side or %d "
-                        "megapixels" % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
+                        "megapixels"
+                        % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
             continue
         result.images.append({"mimeType": "image/png", "width": width, "height": height,
                               "bytes": len(png)})
@@ -4037,20 +4249,23 @@ def check_files(arguments, call):
     """The "files" argument -> call.files = [(relative path, bytes)], or the problem."""
     files = [] if arguments.get("files") is None else arguments["files"]
     if not isinstance(files, list) or len(files) > FILES_IN_MAX:
-        return '"files" must be a list of at most %d {"path": ..., "content": ...} objects' % FILES_IN_MAX
+        return ('"files" must be a list of at most %d {"path": ..., "content": ...} objects'
+                % FILES_IN_MAX)
     seen = set()
     for n, entry in enumerate(files):
-        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("content"), str)
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("content"), str)
                 and not set(entry) - {"path", "content", "encoding"}):
-            return ('files[%d] must be {"path": "data.csv", "content": "..."}, with "encoding": "base64" '
-                    'for binary content' % n)
+            return ('files[%d] must be {"path": "data.csv", "content": "..."}, with '
+                    '"encoding": "base64" for binary content' % n)
         path = _relative_path(entry["path"])
         if path is None:
             return ('files[%d].path %s must be a relative path inside the working directory, such '
                     'as "data/input.csv": no "..", no leading "/", at most 1024 characters and 32 '
                     'directories deep' % (n, json.dumps(entry["path"])[:100]))
         if path in seen:
-            return "files[%d].path %s names a file given before; give each file once" % (n, json.dumps(path))
+            return ("files[%d].path %s names a file given before; give each file once"
+                    % (n, json.dumps(path)))
         seen.add(path)
         encoding = entry.get("encoding", "utf-8")
         if encoding not in ("utf-8", "text", "base64"):
@@ -4059,7 +4274,8 @@ def check_files(arguments, call):
             data = (base64.b64decode(entry["content"], validate=True) if encoding == "base64"
                     else entry["content"].encode("utf-8"))
         except ValueError:          # bad base64, or a lone surrogate (UnicodeEncodeError)
-            return "files[%d].content is not valid %s" % (n, "base64" if encoding == "base64" else "UTF-8 text")
+            return "files[%d].content is not valid %s" % (
+                n, "base64" if encoding == "base64" else "UTF-8 text")
         call.files.append((path, data))
     return None
 
@@ -4078,8 +4294,8 @@ def _relative_path(path):
 
 
 def _directory_inside(root, path, create=False):
-    """-> (fd of the directory holding root/path, last name), reached with O_NOFOLLOW at every step:
-    code may have planted links, and nothing outside root is touched. Close the fd."""
+    """-> (fd of the directory holding root/path, last name), reached with O_NOFOLLOW at every
+    step: code may have planted links, and nothing outside root is touched. Close the fd."""
     parts = path.split("/")
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -4126,11 +4342,13 @@ def write_input_files(work, files):
 
 def snapshot_files(work):
     """{relative path: (kind, size, mtime, inode)} of the files and links in a directory."""
-    return {rel: ("link" if stat.S_ISLNK(info.st_mode) else "file", info.st_size, info.st_mtime_ns, info.st_ino)
-            for rel, info in walk_tree(work, 10000) if stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)}
+    return {rel: ("link" if stat.S_ISLNK(info.st_mode) else "file", info.st_size, info.st_mtime_ns,
+                  info.st_ino)
+            for rel, info in walk_tree(work, 10000)
+            if stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)}
 
 
-def collect_files(result, work, before, owner, move=True):
+def collect_files(result, work, before, session, move=True):
     """Files the code created or changed in `work` -> result.files and content blocks. All are
     listed; regular files up to FILE_KEEP_MAX are kept for resources/read, small ones embedded."""
     after = snapshot_files(work)
@@ -4139,20 +4357,22 @@ def collect_files(result, work, before, owner, move=True):
     token = new_handle("f")[2:]
     for rel in changed[:FILES_LISTED_MAX]:
         kind, size = after[rel][:2]
-        entry = {"path": rel, "size": size, "mimeType": mimetypes.guess_type(rel)[0] or "application/octet-stream"}
+        entry = {"path": rel, "size": size,
+                 "mimeType": mimetypes.guess_type(rel)[0] or "application/octet-stream"}
         result.files.append(entry)
         if kind == "link":
             entry["note"] = "a symbolic link: listed, not read"
             continue
         if size > FILE_KEEP_MAX or _relative_path(rel) is None:
             entry["path"] = os.fsencode(rel).decode("utf-8", "backslashreplace")
-            entry["note"] = ("larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20) if size > FILE_KEEP_MAX
+            entry["note"] = ("larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20)
+                             if size > FILE_KEEP_MAX
                              else "its name is not UTF-8, or too long or deep: not returned")
             continue
-        if not OUTPUTS.make_room(size, owner, token):
+        if not OUTPUTS.make_room(size, session.owner, token):
             entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
             continue
-        uri = OUTPUTS.keep(token, work, rel, move, owner)   # moved if `work` is about to go
+        uri = OUTPUTS.keep(token, work, rel, move, session)   # moved if `work` is about to go
         if uri is None:
             entry["note"] = "could not be read (not a regular file any more)"
             continue
@@ -4160,12 +4380,15 @@ def collect_files(result, work, before, owner, move=True):
         data = OUTPUTS.read(uri) if size <= FILE_INLINE_BYTES else None
         if data is not None and inline + len(data) <= FILES_INLINE_TOTAL:
             inline += len(data)
-            result.blocks.append((None, {"type": "resource", "resource": resource_contents(uri, entry["mimeType"], data)}))
-        else:   # ResourceLink content arrived in 2025-06-18; before it, the list in the text is all
-            result.blocks.append(("resource_links", {"type": "resource_link", "uri": uri, "name": rel,
-                                                 "mimeType": entry["mimeType"], "size": size}))
+            result.blocks.append((None, {"type": "resource", "resource": resource_contents(
+                uri, entry["mimeType"], data)}))
+        else:  # ResourceLink content arrived in 2025-06-18; before it, the list in the text is all
+            result.blocks.append(("resource_links", {"type": "resource_link", "uri": uri,
+                                                     "name": rel, "mimeType": entry["mimeType"],
+                                                     "size": size}))
     if len(changed) > FILES_LISTED_MAX:
-        result.note("the code created or changed %d files; the first %d are listed" % (len(changed), FILES_LISTED_MAX))
+        result.note("the code created or changed %d files; the first %d are listed"
+                    % (len(changed), FILES_LISTED_MAX))
 
 
 def resource_contents(uri, mime_type, data):
@@ -4189,8 +4412,10 @@ class OutputStore:
         self.calls = {}          # token -> [created, bytes, owner], oldest first
         self.swept = 0.0
 
-    def keep(self, token, work, rel, move, owner):
-        """Keep work/rel (moved, or copied from a kernel's directory) -> its URI, or None."""
+    def keep(self, token, work, rel, move, session):
+        """Keep work/rel (moved, or copied from a kernel's directory) -> its URI, or None. The
+        file is `session`'s alone if it has an identity (stdio, an HTTP+SSE stream, a
+        Streamable HTTP session); a stateless request's file is read by whoever has its URI."""
         target = os.path.join(self.root, token, *rel.split("/"))
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -4201,13 +4426,15 @@ class OutputStore:
                 finally:
                     os.close(parent)
             else:
-                with os.fdopen(_open_inside(work, rel, os.O_RDONLY), "rb") as src, open(target, "wb") as dst:
+                with os.fdopen(_open_inside(work, rel, os.O_RDONLY), "rb") as src, \
+                        open(target, "wb") as dst:
                     dst.write(src.read(FILE_KEEP_MAX + 1))     # the file may have grown meanwhile
             size = os.path.getsize(target)
         except OSError:
             return None
         with self.lock:
-            self.calls.setdefault(token, [time.time(), 0, owner])[1] += size
+            entry = [time.time(), 0, session.owner, session.identified]
+            self.calls.setdefault(token, entry)[1] += size
         return self.PREFIX + token + "/" + quote(rel)
 
     def make_room(self, size, owner, token):
@@ -4217,7 +4444,7 @@ class OutputStore:
         now, doomed = time.time(), []
         with self.lock:
             total = sum(entry[1] for entry in self.calls.values())
-            for key, (created, kept, whose) in list(self.calls.items()):
+            for key, (created, kept, whose, _) in list(self.calls.items()):
                 if total + size <= OUTPUT_STORE_MB << 20:
                     break
                 if key != token and (whose == owner or now - created > OUTPUT_MIN_AGE):
@@ -4228,13 +4455,18 @@ class OutputStore:
             remove_tree(os.path.join(self.root, key))
         return total + size <= OUTPUT_STORE_MB << 20
 
-    def read(self, uri):
-        """The bytes behind a URI (a string), or None if it expired or never existed."""
+    def read(self, uri, reader=None):
+        """The bytes behind a URI (a string), or None if it expired, never existed, or is
+        another session's: `reader` is the owner of the session asking (None: the server)."""
         self.expire()
         token, _, rel = uri[len(self.PREFIX):].partition("/")
         rel = _relative_path(unquote(rel))
         # A token the store made starts with a letter or digit: never "." or "..", no climbing out.
         known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
+        with self.lock:
+            entry = self.calls.get(token)
+        if reader is not None and (entry is None or (entry[3] and entry[2] != reader)):
+            return None             # not ours to give: as if it never existed
         if not known or rel is None:
             return None
         try:
@@ -4273,7 +4505,7 @@ def handle_resources_read(request):
     uri = request.params.get("uri")
     if not isinstance(uri, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "uri" (a string) is required')
-    data = OUTPUTS.read(uri)
+    data = OUTPUTS.read(uri, request.session.owner)
     if data is None:   # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
         message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri) or (
             "%s expired (files are kept %g s, OUTPUT_TTL) or never existed; run the code again to "
@@ -4290,15 +4522,19 @@ def handle_resources_list(request):
     if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
     return {"resources": [
-        {"uri": uri, "name": name, "size": size, "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
+        {"uri": uri, "name": name, "size": size,
+         "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
         for uri, name, size in list(OUTPUTS.live(request.session.owner))[:200]]}
 
 
-FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"value\", like a notebook's "
-              "Out[]. Open matplotlib figures (plt.show() included) come back as PNG images, and so does a "
-              "last value that can draw itself (a PIL image). \"files\" puts files in the working directory "
-              "first; files the code writes there come back: small ones embedded, larger ones as links to "
-              "read with resources/read, kept for %d minutes." % (OUTPUT_TTL // 60))
+FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"value\", like a "
+              "notebook's Out[]. Open matplotlib figures (plt.show() included) come back as PNG "
+              "images, and so does a last value that can draw itself (a PIL image). \"files\" "
+              "puts files in the working directory first; files the code writes there come back: "
+              "small ones embedded, larger ones as links to read with resources/read, kept for %d "
+              "minutes." % (OUTPUT_TTL // 60))
+
+
 def write_inputs(work, call):
     """The "inputs" hook: the "files" argument into the working directory, and a snapshot of
     what is there before the code runs -> None, or what went wrong."""
@@ -4309,7 +4545,7 @@ def write_inputs(work, call):
 
 def take_outputs(result, work, call, session):
     """The "outputs" hook: what the code made or changed goes into the result."""
-    collect_files(result, work, call.before, session.owner)
+    collect_files(result, work, call.before, session)
 
 
 def value_limits(config, environ, directory, local):
@@ -4335,7 +4571,8 @@ FILES_ARGUMENT = {"type": "array", "maxItems": FILES_IN_MAX,
 SEEN_RESULTS = {
     "value": {"type": "string",
               "description": "repr() of the last expression, when the code ends with one."},
-    "images": {"type": "array", "description": "The PNG images returned as image content, in order.",
+    "images": {"type": "array",
+               "description": "The PNG images returned as image content, in order.",
                "items": {"type": "object", "properties": {
                    "mimeType": {"type": "string"}, "width": {"type": "integer"},
                    "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
@@ -4357,22 +4594,30 @@ register_method("resources/list", handle_resources_list)
 # 10. Kernels: state that lives across calls, when the model asks for it
 # =============================================================================
 # The tool's "session": "new" starts a kernel (a long-lived interpreter with its own directory) and
-# the result names its handle; passing it runs code there, where globals, imports and files persist.
-# 2026-07-28 recommends this shape over protocol-level sessions (server/tools.mdx, Stateful Tools):
-# a server-minted handle in an ordinary argument, an unknown or expired one a tool error, valid only
-# in its server process. (The name stays for compatibility; elsewhere "session" is the MCP session.)
-# A timeout or cancel interrupts the code (KeyboardInterrupt, as in Jupyter), keeping the state.
+# the result names its handle; passing it runs code there, where globals, imports and files
+# persist. 2026-07-28 recommends this shape over protocol-level sessions (server/tools.mdx,
+# Stateful Tools): a server-minted handle in an ordinary argument, an unknown or expired one a tool
+# error, valid only in its server process. (The name stays for compatibility; elsewhere "session"
+# is the MCP session.) A timeout or cancel interrupts the code (KeyboardInterrupt, as in
+# Jupyter), keeping the state.
 
-KERNEL_INTERRUPT_GRACE = 2.0  # seconds the interrupted code has to stop, or its kernel dies
 KERNEL_QUEUE = 8              # calls that may wait for their kernel; more are refused
 
 
 class Kernel(Child):
     """One kernel: its interpreter (a child in "kernel" mode), directory and environment, and the
-    MCP session that started it (`owner`). To supervise() it is the Child of the call it runs."""
-    def __init__(self, handle, env, directory, child, control, owner):
-        self.handle, self.env, self.directory, self.child = handle, env, directory, child
-        self.control, self.owner, self.pid = control, owner, child.pid
+    MCP session that started it (`session`, whose `owner` it keeps). To supervise() it is the
+    Child of the call it runs."""
+
+    def __init__(self, handle, env, directory, child, control, session):
+        self.handle = handle
+        self.env = env
+        self.directory = directory
+        self.child = child
+        self.control = control
+        self.session = session
+        self.owner = session.owner
+        self.pid = child.pid
         self.pipes = child.pipes                 # the first call's; a later call sends its own
         self.last_used = time.monotonic()
         self.turns = CallSlots(1, KERNEL_QUEUE)   # one call at a time, in arrival order
@@ -4425,7 +4670,7 @@ class Kernel(Child):
         result = supervise(self, call.code.encode("utf-8", "surrogatepass"), call.timeout,
                            cancel, on_output)       # an interpreter that died ends its kernel
         if not self.ended:
-            collect_files(result, self.directory.work, before, self.owner, move=False)
+            collect_files(result, self.directory.work, before, self.session, move=False)
         return result
 
     def call_over(self, reading):
@@ -4483,7 +4728,7 @@ class Kernels:
             undo.callback(ours.close)
             with theirs:
                 child = start_child(env, directory, "kernel", session.local, [theirs.fileno()])
-            kernel = Kernel(handle, env, directory, child, ours, session.owner)
+            kernel = Kernel(handle, env, directory, child, ours, session)
             undo.pop_all()
         with self.lock:
             self.live[handle] = kernel
@@ -4532,12 +4777,18 @@ class Kernels:
             except Exception:
                 log("error while ending idle kernels:\n%s" % traceback.format_exc())
 
-    def close(self, which=lambda kernel: True):
-        """End every live kernel, or those which(kernel) picks."""
+    def close(self, which=lambda kernel: True, reason=None):
+        """End every live kernel, or those which(kernel) picks (their next call hears why)."""
         with self.lock:
             kernels = [k for k in self.live.values() if k and which(k)]
         for kernel in kernels:
-            self.end(kernel)
+            self.end(kernel, reason)
+
+    def end_session(self, session):
+        """The "session_ended" hook: an MCP session's kernels end with it, and free their
+        places (SESSION_LIMIT): its next session starts from none."""
+        self.close(lambda kernel: kernel.owner == session.owner,
+                   "the MCP session that started it ended.")
 
 
 def run_in_kernel(call, session, cancel, on_output):
@@ -4611,9 +4862,11 @@ def check_kernel(arguments, call):
     kernel, end = arguments.get("session"), arguments.get("end_session", False)
     handle_like = isinstance(kernel, str) and (kernel == "new" or kernel.startswith("s-"))
     if kernel is not None and not handle_like:
-        return '"session" must be "new" (to start one) or a handle a result gave you, such as "s-..."'
+        return ('"session" must be "new" (to start one) or a handle a result gave you, such as '
+                '"s-..."')
     if not isinstance(end, bool) or (end and kernel is None):
-        return '"end_session" must be true or false, and goes with "session": the handle of the session to end'
+        return ('"end_session" must be true or false, and goes with "session": the handle of '
+                'the session to end')
     call.session = kernel
     call.end_session = end
     call.turn = "none yet"
@@ -4636,6 +4889,7 @@ register_part("KERNELS", Kernels)
 register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
+register_hook("session_ended", lambda session: KERNELS.end_session(session))
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
     "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
                 "imports and files across calls; then pass the handle the result gives you."},
@@ -4658,7 +4912,9 @@ META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT = "io.modelcontextprotocol/clientInfo"
 META_SERVER = "io.modelcontextprotocol/serverInfo"
 # MCP's error codes (2026-07-28 basic/index.mdx, Error Codes); -32021: tasks not declared
-HEADER_MISMATCH, MISSING_CAPABILITY, UNSUPPORTED_VERSION = -32020, -32021, -32022
+HEADER_MISMATCH = -32020
+MISSING_CAPABILITY = -32021
+UNSUPPORTED_VERSION = -32022
 # How long a result may be cached, and by whom (2026-07-28 server/utilities/caching.mdx):
 # the tool list and discovery never change while we run; files are private and fleeting.
 CACHING = {"tools/list": (3600 * 1000, "public"), "server/discover": (3600 * 1000, "public"),
@@ -4666,7 +4922,8 @@ CACHING = {"tools/list": (3600 * 1000, "public"), "server/discover": (3600 * 100
 
 
 def is_modern_request(method, params):
-    """A 2026-07-28 request: its version in _meta (server/discover is modern even without _meta)."""
+    """A 2026-07-28 request: its version in _meta (server/discover is modern
+    even without _meta)."""
     meta = params.get("_meta")
     return method == "server/discover" or (
         isinstance(meta, dict) and (META_VERSION in meta or META_CAPABILITIES in meta))
@@ -4693,8 +4950,8 @@ def modern_request(request_id, method, params, session, notify):
     missing = [name for name, kind in ((META_VERSION, str), (META_CAPABILITIES, dict))
                if not isinstance(meta.get(name), kind)]
     if missing:   # basic/index.mdx, _meta: both are required
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: a 2026-07-28 request must carry _meta %s"
-                            % " and ".join(missing), {"missing": missing})
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: a 2026-07-28 request must carry "
+                            "_meta %s" % " and ".join(missing), {"missing": missing})
     version = meta[META_VERSION]
     if version not in MODERN_VERSIONS:
         raise ProtocolError(UNSUPPORTED_VERSION, "Unsupported protocol version",
@@ -4833,7 +5090,9 @@ class Progress:
         self.notify = request.notify
         self.with_message = protocol(request.version).progress_messages
         self.started = self.last_sent = time.monotonic()
-        self.last_progress, self.line, self.fresh = 0.0, "started", False
+        self.last_progress = 0.0
+        self.line = "started"
+        self.fresh = False
         self.latest = {"stdout": LatestLine(), "stderr": LatestLine(), "install": LatestLine()}
 
     def output(self, stream, chunk):
@@ -4850,7 +5109,9 @@ class Progress:
     def send(self):
         now = time.monotonic()
         progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
-        self.last_progress, self.last_sent, self.fresh = progress, now, False
+        self.last_progress = progress
+        self.last_sent = now
+        self.fresh = False
         params = {"progressToken": self.token, "progress": progress}
         if self.with_message:
             params["message"] = "%.0f s: %s" % (now - self.started, self.line)
@@ -4872,17 +5133,20 @@ RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\
 
 
 class Job:
-    """One run: cancel Event, unread output, Result once ended. Task `status`: working -> completed,
-    failed or cancelled, for good (2025-11-25 tasks.mdx, Task Status Lifecycle)."""
+    """One run: cancel Event, unread output, Result once ended. Task `status`: working ->
+    completed, failed or cancelled, for good (2025-11-25 tasks.mdx, Task Status Lifecycle)."""
 
     def __init__(self, owner, notify):
         self.handle = new_handle("j")
         self.owner, self.notify = owner, notify      # notify: tasks/status when it ends, or None
         self.created = self.updated = time.time()
         self.cancel, self.done = threading.Event(), threading.Event()
-        self.status, self.result, self.listener = "working", None, None
+        self.status = "working"
+        self.result = None
+        self.listener = None
         self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
         self.code_wrote_stderr = False
+        self.reason = "Cancelled on request."      # why it was cancelled, if it is
         self.lock = threading.Lock()
 
     def run(self, call, session):
@@ -4910,12 +5174,15 @@ class Job:
         if listener:
             listener(stream, chunk)
 
-    def stop(self):
-        """Cancel the run -> False if it had already ended."""
+    def stop(self, reason="Cancelled on request."):
+        """Cancel the run -> False if it had already ended. `reason` becomes its Task's
+        statusMessage."""
         with self.lock:
             if self.status != "working":
                 return False
-            self.status, self.updated = "cancelled", time.time()
+            self.status = "cancelled"
+            self.updated = time.time()
+            self.reason = reason
         self.cancel.set()
         return True
 
@@ -4935,6 +5202,8 @@ class Job:
         for name in ("value", "images", "files", "session", "session_ended", "blocks"):
             setattr(answer, name, getattr(final, name))
         answer.status = "cancelled" if self.status == "cancelled" else "completed"
+        if self.status == "cancelled" and self.reason != "Cancelled on request.":
+            answer.note(self.reason)
         answer.job = self.handle
         if not ended:
             answer.status = "running"
@@ -4955,7 +5224,7 @@ class Job:
         task.update({"ttlMs": ttl, "pollIntervalMs": POLL_INTERVAL_MS} if modern
                     else {"ttl": ttl, "pollInterval": POLL_INTERVAL_MS})
         if status == "cancelled":
-            task["statusMessage"] = "Cancelled on request."
+            task["statusMessage"] = self.reason
         return task
 
 
@@ -4982,7 +5251,8 @@ class Jobs:
             return self.jobs.get(handle)
 
     def _forget_old(self):
-        """Drop jobs ended over JOB_TTL ago and the oldest past JOBS_KEPT: no flood fills memory."""
+        """Drop jobs ended over JOB_TTL ago and the oldest past JOBS_KEPT: no
+        flood fills memory."""
         now, finished = time.time(), [job for job in self.jobs.values() if job.done.is_set()]
         for n, job in enumerate(sorted(finished, key=lambda job: job.updated)):
             if now - job.updated > JOB_TTL or len(finished) - n > JOBS_KEPT:
@@ -5003,6 +5273,12 @@ class Jobs:
             job.stop()
         for job in jobs:
             job.done.wait(KILL_GRACE + 1)
+
+    def end_session(self, session):
+        """The "session_ended" hook: an MCP session's jobs and tasks end with it, their
+        processes and slots too (a poll from elsewhere hears so)."""
+        for job in self.of(session.owner):
+            job.stop("Cancelled: the MCP session that started it ended.")
 
 
 def wait_for_job(job, request, cancel, seconds):
@@ -5165,6 +5441,7 @@ register_method("tasks/cancel", handle_tasks_cancel)
 register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=True)
 register_method("tasks/list", handle_tasks_list, eras=("handshake",))
 register_lifecycle(shutdown=lambda: JOBS.close())
+register_hook("session_ended", lambda session: JOBS.end_session(session))
 
 
 # =============================================================================
@@ -5390,10 +5667,11 @@ unreachable or refused. --trace shows every frame, --progress the progress, on s
 
 
 def client_arguments(args):
-    """The client's argv -> (options, the command after "--" or []); a mistake: one line, exit 2."""
+    """The client's argv -> (options, the command after "--" or []); a mistake:
+    one line, exit 2."""
     import argparse
 
-    class Arguments(argparse.ArgumentParser):   # says what was wrong in one line, and where help is
+    class Arguments(argparse.ArgumentParser):  # says what was wrong in one line, and where help is
         def error(self, message):
             if message.startswith("unrecognized arguments"):   # a second CODE, most likely
                 message += ': CODE is one argument (quote it); --packages takes one: "numpy scipy"'
@@ -5593,7 +5871,8 @@ def demo(args=()):
     with contextlib.closing(client):
         try:
             for step in (client.start, lambda: client.request("tools/list"),
-                         lambda: client.call({"code": code}), lambda: client.call({"code": "1/0"})):
+                         lambda: client.call({"code": code}),
+                         lambda: client.call({"code": "1/0"})):
                 step()
                 print()
         except ClientError as exc:
@@ -5603,8 +5882,8 @@ def demo(args=()):
 
 
 def import_command(args, options=()):
-    """-> the argv that runs this file as `python -m` would, sys.path as a script has it (its folder
-    first, never the current directory: -c puts it there, and a runpy.py there must not be
+    """-> the argv that runs this file as `python -m` would, sys.path as a script has it (its
+    folder first, never the current directory: -c puts it there, and a runpy.py there must not be
     imported), or None where no bytecode cache can be written. Cached bytecode starts it in a third
     of the time a script takes, which compiles 5,000 lines first."""
     path = os.path.abspath(__file__)

@@ -842,10 +842,23 @@ finally:
 """
 
 
-def guide_hops():
-    """The names of the reading guide's hops over stdio, in order."""
-    guide = mcp_exec.__doc__.split("One tools/call over stdio")[1].split("Over Streamable")[0]
+def guide_hops(transport="stdio"):
+    """The names of the reading guide's hops over a transport, in order."""
+    guide = mcp_exec.__doc__.split("One tools/call over " + transport)[1]
+    guide = guide.split("One tools/call over")[0].split("An event stream")[0]
     return re.findall(r"^    ([A-Za-z_.]+)\(\)", guide, re.M)
+
+
+def follows_in_order(hops, calls):
+    """Each hop is called, after the one before it -> None, or what is out of place."""
+    position = 0
+    for hop in hops:
+        found = [i for i in range(position, len(calls))
+                 if calls[i] == hop or calls[i].startswith(hop + ".<locals>.")]
+        if not found:
+            return "%s does not follow %s" % (hop, calls[position - 1] if position else "start")
+        position = found[0] + 1
+    return None
 
 
 def test_a_traced_stdio_call_takes_the_reading_guides_hops_in_order(tmp_path):
@@ -861,13 +874,29 @@ def test_a_traced_stdio_call_takes_the_reading_guides_hops_in_order(tmp_path):
     assert '"42\\n"' in proc.stdout, proc.stderr
     calls = trace.read_text().split("\n")
     start = calls.index("handle_tools_call")
-    position = 0
-    for hop in hops:                       # each hop is called, after the one before it
-        if hop in ("StdioServer.serve", "dispatch", "handle_message"):
-            assert hop in calls[:start], hop          # the hops before the call's own
-            continue
-        assert hop in calls[position:], "%s does not follow %s" % (hop, calls[position - 1])
-        position = calls.index(hop, position) + 1
+    reader = [hop for hop in hops[:3]]      # the reader's loop runs on: before the call's own
+    assert all(hop in calls[:start] for hop in reader), reader
+    assert follows_in_order(hops[3:], calls[start:]) is None, follows_in_order(hops[3:], calls)
+
+
+HTTP_TRACER = TRACER.replace("mcp_exec.main([])", "mcp_exec.main(['--http'])")
+
+
+def test_a_traced_http_call_takes_the_reading_guides_hops_in_order(tmp_path):
+    hops = guide_hops("Streamable HTTP")
+    assert len(hops) >= 6, hops
+    trace = tmp_path / "trace"
+    server = HttpProcess(tmp_path, argv=[sys.executable, "-c", HTTP_TRACER, str(trace)])
+    try:
+        sid, _ = server.initialize(LATEST)
+        status, _, body = server.mcp(call_message("print(6*7)"), sid)
+        assert json.loads(body)["result"]["structuredContent"]["stdout"] == "42\n"
+    finally:
+        server.stop()                       # SIGTERM: the tracer writes what it saw
+    calls = trace.read_text().split("\n")
+    start = calls.index("handle_tools_call")
+    begin = max(i for i in range(start) if calls[i] == "add_routes.<locals>.mcp_post")
+    assert follows_in_order(hops, calls[begin:]) is None, follows_in_order(hops, calls[begin:])
 
 
 def test_every_name_in_the_reading_guide_exists():
@@ -2513,11 +2542,47 @@ CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine if POSIX else "", 
     "check(libc.shmget(0, 1 << 20, 0o600))",
     "check(libc.msgget(0x4d435100, 0o1666))",
     "check(libc.semget(0, 1, 0o600))",
-], ids=["CLONE_PARENT", "shmget", "msgget", "semget"])
-def test_code_cannot_leave_its_call_by_clone_parent_or_system_v_ipc(server, attack):
+    # NETLINK_SOCK_DIAG (4) lists every socket of the host, unix socket paths included.
+    "import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4).close()",
+] + (["check(libc.syscall(154, 0, None, 0))"] if os.uname().machine == "x86_64" else []),
+    ids=["CLONE_PARENT", "shmget", "msgget", "semget", "netlink-sock-diag"] + (
+        ["modify_ldt"] if os.uname().machine == "x86_64" else []))
+def test_code_cannot_leave_its_call_by_clone_parent_ipc_netlink_diag_or_modify_ldt(server, attack):
     code = SYSCALL_ATTACK + ATTACK % attack.replace("\n", "\n    ")
     assert server.run(code)[1]["stdout"].split()[:2] == ["denied", "1"]        # EPERM
     assert server.run("print('next')")[1]["stdout"] == "next\n"
+
+
+@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
+def test_netlink_route_still_works_with_the_network_on(server):
+    code = ("import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()\n"
+            "print([name for _, name in socket.if_nameindex()])")
+    assert "'lo'" in server.run(code)[1]["stdout"]        # getifaddrs-like: NETLINK_ROUTE
+
+
+@pytest.mark.skipif(not LINUX, reason="flock and /proc/locks (Linux)")
+def test_a_process_holding_a_dead_servers_lock_cannot_stop_its_recovery(start_server, tmp_path):
+    # What a call leaves running could take a shared flock on its server's lock file: the
+    # next server's exclusive try fails, as if the server lived, and recovery was skipped.
+    dead = tmp_path / "state" / "run" / "999999-deadbeef"
+    dead.mkdir(parents=True)
+    (dead / "lock").write_text("999999 1\n")          # a server that is gone
+    (dead / "call-x").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               "f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_SH)\n"
+                               "print('held', flush=True); time.sleep(60)", str(dead / "lock")],
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        s = start_server()
+        s.initialize()
+        assert holder.wait(HANG) == -signal.SIGKILL            # the holder was killed
+        assert wait_until(lambda: not dead.exists()), "the dead server's directory stayed"
+        s.close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
 
 
 HOPPERS = """import ctypes, os, time
@@ -2742,14 +2807,27 @@ def test_a_disk_flood_is_stopped(start_initialized, flood):
     assert s.run("print('next')")[1]["stdout"] == "next\n"
 
 
-def test_resources_list_shows_only_the_sessions_own_files_but_a_uri_is_a_capability(web):
+def test_a_sessions_files_are_listed_and_read_by_that_session_alone(web):
     a, _ = web.initialize("2025-11-25")
     b, _ = web.initialize("2025-11-25")
     result = http_call(web, a, "open('a-secret.txt', 'w').write('for A')")
     [uri] = [f["uri"] for f in tool_output(result)["files"]]
     listed = lambda sid: [r["uri"] for r in http_rpc(web, sid, "resources/list")["result"]["resources"]]  # noqa
     assert uri in listed(a) and uri not in listed(b)
-    assert http_rpc(web, b, "resources/read", {"uri": uri})["result"]["contents"][0]["text"] == "for A"
+    assert http_rpc(web, a, "resources/read", {"uri": uri})["result"]["contents"][0]["text"] == "for A"
+    assert http_rpc(web, b, "resources/read", {"uri": uri})["error"]["code"] == -32002
+    status, _, body = web.mcp({"jsonrpc": "2.0", "id": 9, "method": "resources/read",
+                               "params": {"uri": uri}}, extra={"MCP-Protocol-Version": LATEST})
+    assert json.loads(body)["error"]["code"] == -32002          # nor a stateless request
+
+
+def test_a_stateless_requests_file_is_read_by_whoever_has_its_uri(web):
+    headers = {"MCP-Protocol-Version": LATEST}
+    _, _, body = web.mcp(call_message("open('s.txt', 'w').write('stateless')"), extra=headers)
+    [uri] = [f["uri"] for f in json.loads(body)["result"]["structuredContent"]["files"]]
+    _, _, body = web.mcp({"jsonrpc": "2.0", "id": 9, "method": "resources/read",
+                          "params": {"uri": uri}}, extra=headers)
+    assert json.loads(body)["result"]["contents"][0]["text"] == "stateless"   # the capability
 
 
 NETWORK_PROBE = """import json, socket
@@ -3518,10 +3596,8 @@ def test_a_session_over_streamable_http_stateful_stateless_and_modern(web, start
         version = {"MCP-Protocol-Version": "2025-11-25"}
         _, _, body = server.mcp(call_message("x = 5", 2, session="new"), sid, extra=version)
         handle = tool_output(json.loads(body)["result"])["session"]
-        if server is web:
-            headers = dict(AUTH, **{"Mcp-Session-Id": sid})
-            assert server.request("DELETE", "/mcp", headers=headers)[0] == 204
-            sid, _ = server.initialize("2025-11-25")    # a new transport session; the kernel lives
+        if server is web:                                # another transport session may use it
+            first_sid, (sid, _) = sid, server.initialize("2025-11-25")
         _, _, body = server.mcp(call_message("x * 2", 3, session=handle), sid, extra=version)
         assert tool_output(json.loads(body)["result"])["value"] == "10"
         arguments = {"code": "x * 3", "session": handle}
@@ -3530,6 +3606,9 @@ def test_a_session_over_streamable_http_stateful_stateless_and_modern(web, start
         assert status == 200 and tool_output(json.loads(body)["result"])["value"] == "15"
         ended = call_message("", 5, session=handle, end_session=True)
         server.mcp(ended, sid, extra=version)                      # web is shared: leave no kernel
+        if server is web:
+            assert server.request("DELETE", "/mcp", headers=dict(
+                AUTH, **{"Mcp-Session-Id": first_sid}))[0] == 204
 
 
 def test_a_handle_from_another_server_is_refused(server, start_initialized):
@@ -3925,24 +4004,37 @@ def test_a_job_over_the_memory_cap_ends_with_the_usual_message_on_the_next_poll(
 # --- Jobs over Streamable HTTP ---
 
 
-def test_a_job_outlives_its_http_session_and_another_session_polls_it_to_the_end(start_http):
-    # DELETE /mcp ends the MCP session, not the job: any session (same key) may poll it.
-    server = start_http(CALL_WAIT=0.3)              # the code runs until released
+def test_a_job_outlives_its_request_but_ends_with_its_http_session(start_http, tmp_path):
+    # A job outlives the request that started it: another session (same key) may poll it. But
+    # DELETE /mcp ends the MCP session and its work: the job, its processes and its slot.
+    server = start_http(CALL_WAIT=0.3)
     first_sid = http_session(server)
-    release = server.out / "release"                # the job runs until the first session is gone
-    code = "print('before', flush=True)\n" + until_released(release) + "print('after')\n'survived'"
-    first = Tool(server, first_sid).call(code=code)
+    pid_file = server.out / (tmp_path.name + ".pid")
+    first = Tool(server, first_sid).call(code=pid_file_code(pid_file, "import time\ntime.sleep(60)\n"))
     handle = running(first)
+    pid = int(wait_for_file(pid_file))
+    second = Tool(server, http_session(server))
+    assert second.poll(handle)["structuredContent"]["status"] == "running"
     status, _, body = server.request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": first_sid}))
     assert status in (200, 202, 204), body
     status, _, _ = server.mcp({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, first_sid)
     assert status == 404                            # the first session is really gone
+    assert wait_gone(pid), "the job's process outlived its session"
+    out = second.poll_to_end(handle)[-1]["structuredContent"]
+    assert out["status"] == "cancelled" and "session" in out["stderr"], out
+
+
+def test_a_sessions_kernels_end_with_it_and_free_their_places(start_http):
+    server = start_http(SESSION_LIMIT="2")           # one client may hold 1 of the 2
+    first_sid = http_session(server)
+    first = Tool(server, first_sid)
+    handle = first.call(code="x = 1", session="new")["structuredContent"]["session"]
+    server.request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": first_sid}))
     second = Tool(server, http_session(server))
-    release.touch()
-    answers = [first] + second.poll_to_end(handle)
-    assert "".join(a["structuredContent"]["stdout"] for a in answers) == "before\nafter\n"
-    out = answers[-1]["structuredContent"]
-    assert out["status"] == "completed" and out["value"] == "'survived'" and out["returncode"] == 0, out
+    out = second.call(code="print(x)", session=handle)["structuredContent"]
+    assert "session ended" in out["stderr"] or "ended" in out["stderr"], out
+    again = second.call(code="y = 2", session="new")["structuredContent"]
+    assert again["session"].startswith("s-"), again     # the place it held is free again
 
 
 # --- 2025-11-25 Tasks: raw frames ---
