@@ -233,8 +233,8 @@ SETTINGS = [
     Setting(HTTP, "MAX_BODY_BYTES", int, 4 << 20, "the largest request body (waitress's limit)"),
     Setting(HTTP, "SESSION_IDLE_TIMEOUT", float, 3600.0,
             "seconds before an idle Streamable HTTP session is dropped"),
-    Setting(HTTP, "MAX_SESSIONS", int, 1000,
-            "Streamable HTTP sessions kept; the oldest idle go first", minimum=1),
+    Setting(HTTP, "MAX_SESSIONS", int, 1000, "Streamable HTTP sessions kept; the oldest idle "
+            "go first (never one whose job or kernel is alive)", minimum=1),
 ]
 
 
@@ -301,6 +301,7 @@ SESSION_IDLE_TIMEOUT = _HTTP["SESSION_IDLE_TIMEOUT"]
 EOF_GRACE = 5.0       # seconds running calls get to finish after stdin closes
 KILL_GRACE = 1.0      # seconds to wait for pipes to close after a kill
 MAX_PACKAGES = 50
+MAX_BATCH = 100       # messages in one JSON-RPC batch: its answers are built whole, in memory
 PROGRESS_MIN_GAP = min(1.0, PROGRESS_INTERVAL)   # new output is reported at most this often
 
 
@@ -422,6 +423,7 @@ def protocol(version):
 #                                                      http_post(server, payload, headers, gone)
 #                                                      health() -> dict for GET /health
 #                                                      session_ended(session)
+#                                                      session_busy(session) -> bool
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
@@ -571,6 +573,10 @@ class Session:
     def running(self):
         with self.lock:
             return len(self.calls)
+
+    def busy(self):
+        """Has it work that a request is not waiting for (a job, a kernel: "session_busy")?"""
+        return any(has_work(self) for has_work in HOOKS["session_busy"])
 
 
 class Request:
@@ -959,6 +965,9 @@ def handle_payload(payload, session, notify=None):
         return handle_message(payload, session, notify)
     if not payload:
         return error_response(None, INVALID_REQUEST, "Invalid Request: empty batch")
+    if len(payload) > MAX_BATCH:
+        return error_response(None, INVALID_REQUEST, "Invalid Request: a batch of %d messages; "
+                              "at most %d go in one" % (len(payload), MAX_BATCH))
     metas = [m["params"].get("_meta") for m in payload
              if isinstance(m, dict) and isinstance(m.get("params"), dict)]
     modern = any(isinstance(meta, dict) and META_VERSION in meta for meta in metas)
@@ -1627,11 +1636,14 @@ class RunDir:
                 os.makedirs(self.base, exist_ok=True)
                 root = os.path.join(self.base, "%d-%s" % (os.getpid(), os.urandom(4).hex()))
                 os.mkdir(root)
-                self.lock = open(os.path.join(root, "lock"), "w")
+                # The lock file appears only locked and signed (who holds it: a lock a call's
+                # process took too says nothing of the server): a recovery that starts
+                # meanwhile finds no lock file, or this server's.
+                self.lock = open(os.path.join(root, "lock.new"), "w")
                 _flock(self.lock, shared=False)
-                # Who holds it: a lock a call's process took too says nothing of the server.
                 self.lock.write("%d %s\n" % (os.getpid(), _start_time(os.getpid())))
                 self.lock.flush()
+                os.rename(os.path.join(root, "lock.new"), os.path.join(root, "lock"))
                 self.pids = open(os.path.join(root, "pids"), "a")
                 self.root = root
             return self.root
@@ -2420,13 +2432,14 @@ class SseSession(Session):
         with self.lock:
             if self.closed:
                 return
-            if self.backlog + len(event) <= SSE_BACKLOG_BYTES:
+            # One message may pass the bound (a big batch's answer) if none waits before it.
+            if not self.backlog or self.backlog + len(event) <= SSE_BACKLOG_BYTES:
                 self.backlog += len(event)
                 self.outbox.put(event)
                 return
             self.closed = True      # this thread alone ends it (close() below, once)
-        log("an HTTP+SSE client stopped reading its stream: %d bytes wait; its session ends"
-            % self.backlog)
+        log("an HTTP+SSE client stopped reading its stream: %d bytes wait, %d more came; its "
+            "session ends" % (self.backlog, len(event)))
         self.close()
         if self.hang_up:            # the stream's thread waits in waitress for it to read:
             self.hang_up()          # closing the connection frees it, and ends the response
@@ -2792,28 +2805,38 @@ class HttpServer:
         return text_reply(204)
 
     def new_http_session(self):
-        """A new Streamable HTTP session, or None when every session is running code. Idle
-        sessions expire; at MAX_SESSIONS the oldest idle one makes room."""
+        """A new Streamable HTTP session, or None when every session is busy. Idle sessions
+        expire (SESSION_IDLE_TIMEOUT, their work with them); at MAX_SESSIONS the oldest one
+        without work (no request running, no job or kernel alive) makes room."""
         now = time.monotonic()
+        doomed = []
         with self.lock:
             for old in sorted(self.http_sessions.values(), key=lambda x: x.last_used):
                 full = len(self.http_sessions) >= MAX_SESSIONS
-                if not full and now - old.last_used <= SESSION_IDLE_TIMEOUT:
+                expired = now - old.last_used > SESSION_IDLE_TIMEOUT
+                if not full and not expired:
                     break                    # this one and all younger ones stay
-                if not old.running():        # expired, or the oldest idle one when full
-                    del self.http_sessions[old.session_id]
-                    old.end()
-            if len(self.http_sessions) >= MAX_SESSIONS:
-                return None                  # every session is running code: refuse, kill nothing
-            session = HttpSession(self.allow_exec,
-                                  base64.urlsafe_b64encode(os.urandom(24)).decode())
-            self.http_sessions[session.session_id] = session
-        return session
+                if old.running() or (not expired and old.busy()):
+                    continue                 # room is never made by ending live work
+                del self.http_sessions[old.session_id]
+                doomed.append(old)
+            session = None
+            if len(self.http_sessions) < MAX_SESSIONS:
+                session = HttpSession(self.allow_exec,
+                                      base64.urlsafe_b64encode(os.urandom(24)).decode())
+                self.http_sessions[session.session_id] = session
+        for old in doomed:                   # outside the lock: ending kills processes
+            old.end()
+        return session                       # None: every session is busy; nothing was killed
 
     def close(self):
-        """End every session of both transports: their running executions are killed."""
+        """End every session of both transports: their running executions are killed, and a
+        stream waiting in waitress for a client that stopped reading is hung up."""
         with self.lock:
             sessions = list(self.sse_sessions.values()) + list(self.http_sessions.values())
+        for session in sessions:
+            if isinstance(session, SseSession) and session.hang_up and session.backlog:
+                session.hang_up()
         for session in sessions:
             session.close()
         self.workers.wait(KILL_GRACE + 1)
@@ -3913,7 +3936,9 @@ def _server_alive(lock, path):
     if _flock(lock, shared=False, wait=False):
         return False
     pid, _, started = (_read_text(os.path.join(path, "lock")) or "").partition(" ")
-    return pid.isdigit() and bool(started) and _start_time(int(pid)) == started
+    if not (pid.isdigit() and started):
+        return True                 # locked, unsigned: not ours to judge, let it be
+    return _start_time(int(pid)) == started
 
 
 def _kill_lock_holders(lock):
@@ -4890,6 +4915,8 @@ register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
 register_hook("session_ended", lambda session: KERNELS.end_session(session))
+register_hook("session_busy", lambda session: any(
+    kernel and kernel.owner == session.owner for kernel in list(KERNELS.live.values())))
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
     "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
                 "imports and files across calls; then pass the handle the result gives you."},
@@ -4992,8 +5019,10 @@ def modern_http_post(server, payload, headers, client_disconnected):
     if not (header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params)):
         return None
     session = HttpSession(server.allow_exec)
-    if not isinstance(payload, dict):
-        return json_reply(handle_payload(payload, session), 400)      # a batch: -32600
+    if not isinstance(payload, dict):           # 2026-07-28 has no batches (basic/index.mdx)
+        return json_reply(error_response(None, INVALID_REQUEST, "Invalid Request: protocol "
+                                         "version %s has no JSON-RPC batches; send one message "
+                                         "at a time" % MODERN_VERSIONS[0]), 400)
     if "id" in payload and "method" in payload:      # a request (mcp_post checked the id)
         problem = header_mismatch(payload, headers)
         if problem:
@@ -5442,6 +5471,8 @@ register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=T
 register_method("tasks/list", handle_tasks_list, eras=("handshake",))
 register_lifecycle(shutdown=lambda: JOBS.close())
 register_hook("session_ended", lambda session: JOBS.end_session(session))
+register_hook("session_busy", lambda session: any(
+    job.status == "working" for job in JOBS.of(session.owner)))
 
 
 # =============================================================================
@@ -5463,6 +5494,7 @@ class McpClient:
         self.modern = version in MODERN_VERSIONS
         self.protocol_version = version if self.modern else None   # HTTP's MCP-Protocol-Version
         self.progress = False                # ask for progress, and write it to stderr
+        self.leaves_work = False             # left a job running or a kernel: keep the session
         self.next_id = 0
         self.info = {"name": "mcp-exec-client", "version": SERVER_VERSION}
 
@@ -5601,7 +5633,10 @@ class HttpClient(McpClient):
         return [json.loads(body)] if body else []
 
     def close(self):
-        if "Mcp-Session-Id" in self.headers:     # end the session politely (transports.mdx)
+        """End the session politely (transports.mdx), unless work was left in it: a job still
+        running or a kernel kept for later ends with its session. Left, it expires
+        (SESSION_IDLE_TIMEOUT)."""
+        if "Mcp-Session-Id" in self.headers and not self.leaves_work:
             with contextlib.suppress(ClientError):
                 _http_open(self.url, "DELETE", None, self.headers, timeout=10).read()
 
@@ -5660,7 +5695,9 @@ the tool's JSON result. --put sends a file to the code; --save DIR writes the im
 files returned (or read) there. --session new|HANDLE runs in a session that keeps state.
 Code running longer than the server's CALL_WAIT becomes a job: call follows it, writing
 output as it comes (--no-follow: prints its handle); `job HANDLE` follows it later, and
---cancel stops it. Sessions and jobs live in one server process: use them with --url.
+--cancel stops it. Sessions and jobs live in one server process: use them with --url of
+Streamable HTTP, whose MCP session the client leaves open when a job or session is left
+in it (they end with it); over HTTP+SSE they end when the client exits.
 Exits 0, 1 if the call failed (isError; not if --cancel stopped it), 2 if the server was
 unreachable or refused. --trace shows every frame, --progress the progress, on stderr.
 """ % LATEST_HANDSHAKE_VERSION
@@ -5762,6 +5799,10 @@ def client_call(client, options):
         if answers[-1].get("status") != "running" or options.no_follow:
             break
         arguments = {"job": answers[-1]["job"]}
+    # A session's jobs and kernels end with it: one left for later keeps the session open.
+    last = answers[-1]
+    running = last.get("status") == "running"
+    client.leaves_work = running or bool(last.get("session") and not last.get("session_ended"))
     saved = save_outputs(client, answers[-1], result, options.save) if options.save else []
     show_result(answers, options.format, time.monotonic() - started, saved)
     stopped = options.cancel and answers[-1].get("status") == "cancelled"     # as asked

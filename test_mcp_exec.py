@@ -1049,6 +1049,17 @@ def test_batch_is_accepted_under_2024_11_05(start_wire):
     assert sorted(r["id"] for r in s.recv()) == [1, 2]
 
 
+def test_a_batch_of_more_than_100_messages_is_one_invalid_request(start_wire):
+    # Its answers are built whole: 70,000 pings in 4 MB would take hundreds of MB.
+    s = start_wire()
+    s.initialize("2025-03-26")
+    s.send([{"jsonrpc": "2.0", "id": n, "method": "ping"} for n in range(101)])
+    reply = s.recv()
+    assert reply["error"]["code"] == INVALID_REQUEST and "at most 100" in reply["error"]["message"]
+    s.send([{"jsonrpc": "2.0", "id": n, "method": "ping"} for n in range(100)])
+    assert len(s.recv()) == 100
+
+
 @pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
 def test_batch_is_one_invalid_request_from_2025_06_18(start_wire, version):
     s = start_wire()
@@ -2585,6 +2596,29 @@ def test_a_process_holding_a_dead_servers_lock_cannot_stop_its_recovery(start_se
             holder.wait()
 
 
+@pytest.mark.skipif(not LINUX, reason="flock (Linux)")
+def test_a_run_directory_locked_but_not_yet_signed_is_left_alone(start_server, tmp_path):
+    # A server that has just locked its new lock file has not written its pid yet: another
+    # server's recovery must not take it for dead (and kill it).
+    young = tmp_path / "state" / "run" / "12345-cafe"
+    young.mkdir(parents=True)
+    (young / "lock").write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               "f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX)\n"
+                               "print('held', flush=True); time.sleep(60)", str(young / "lock")],
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        s = start_server()
+        s.initialize()
+        s.run("print(1)")                       # the server is up: its recovery has run
+        assert holder.poll() is None and young.exists()
+        s.close()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 HOPPERS = """import ctypes, os, time
 ctypes.CDLL(None).prctl(15, b"mcpexec-hopper", 0, 0, 0)
 end = time.time() + 20
@@ -3653,6 +3687,54 @@ def test_a_fifo_in_a_session_cannot_block_the_files_argument(server):
     assert server.run("2", session=handle)[1]["value"] == "2"          # the session still serves
 
 
+SWAPPER = """import os, threading
+def swap():
+    for n in range(200000):
+        for kind in ("file", "link", "fifo"):
+            try:
+                os.unlink("out.txt")
+            except OSError:
+                pass
+            if kind == "file":
+                open("out.txt", "w").write("mine " + str(n))
+            elif kind == "link":
+                os.symlink(%r, "out.txt")
+            else:
+                os.mkfifo("out.txt")
+threading.Thread(target=swap, daemon=True).start()
+"""
+
+
+def test_files_swapped_for_links_or_fifos_while_gathered_leak_nothing(web, tmp_path):
+    # A kernel's thread keeps swapping its output file for a link to a file the code may not
+    # read (over HTTP) and for a FIFO while the server gathers the files of each call.
+    secret = tmp_path / "server-secret.txt"
+    secret.write_text("TOPSECRET")
+    sid, _ = web.initialize(LATEST)
+    first = http_call(web, sid, SWAPPER % str(secret), session="new")
+    handle = first["structuredContent"]["session"]
+    for n in range(5):                  # each call's gathering races the swapping thread
+        result = http_call(web, sid, "%d" % n, 3 + n, session=handle)
+        assert "TOPSECRET" not in json.dumps(result), result
+        for entry in result["structuredContent"].get("files", []):
+            uri = entry.get("uri")
+            if uri:
+                read = http_rpc(web, sid, "resources/read", {"uri": uri}, 20 + n)
+                assert "TOPSECRET" not in json.dumps(read)
+    http_call(web, sid, "", 9, session=handle, end_session=True)
+    web.request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": sid}))
+
+
+def test_a_sparse_file_that_looks_small_on_disk_is_listed_by_its_real_size(server):
+    code = ("f = open('sparse.bin', 'wb')\nf.seek(900 * 1024 * 1024)\nf.write(b'x')\nf.close()\n"
+            "import os\nprint(os.stat('sparse.bin').st_blocks < 100)")
+    result, out = server.run(code)
+    assert out["stdout"] == "True\n"                  # a few blocks on disk, 900 MB long
+    [entry] = out["files"]
+    assert entry["size"] > 900 * 1024 * 1024 and "not returned" in entry["note"]
+    assert "uri" not in entry and len(json.dumps(result)) < 10000     # nothing of it is sent
+
+
 def test_bad_files_on_a_new_session_start_no_session(server):
     result = server.call("1", session="new", files=[{"path": "a", "content": "x"}, {"path": "a/b", "content": "y"}])
     assert result["isError"] and "session" not in tool_output(result)
@@ -4022,6 +4104,19 @@ def test_a_job_outlives_its_request_but_ends_with_its_http_session(start_http, t
     assert wait_gone(pid), "the job's process outlived its session"
     out = second.poll_to_end(handle)[-1]["structuredContent"]
     assert out["status"] == "cancelled" and "session" in out["stderr"], out
+
+
+def test_making_room_for_a_new_session_never_ends_one_with_live_work(start_http, tmp_path):
+    server = start_http(MAX_SESSIONS="2", CALL_WAIT="0.3")
+    busy_sid = http_session(server)
+    pid_file = server.out / (tmp_path.name + ".pid")
+    handle = running(Tool(server, busy_sid).call(code=pid_file_code(pid_file)))
+    pid = int(wait_for_file(pid_file))
+    for _ in range(3):                          # each new one evicts the idle one, not busy_sid
+        http_session(server)
+    assert alive(pid), "a session with a running job was evicted, and its job killed"
+    assert Tool(server, busy_sid).poll(handle)["structuredContent"]["status"] == "running"
+    Tool(server, busy_sid).call(job=handle, cancel=True)
 
 
 def test_a_sessions_kernels_end_with_it_and_free_their_places(start_http):
@@ -4814,8 +4909,12 @@ def test_a_client_that_never_reads_its_sse_stream_loses_the_session_not_the_memo
         assert client.post(call_message(code, 100 + n))[0] == 202
     ping = {"jsonrpc": "2.0", "id": 99, "method": "ping"}
     assert wait_until(lambda: client.post(ping)[0] == 404, seconds=60), "the session lives on"
-    waiting = re.findall(r"stopped reading its stream: (\d+) bytes wait",
-                         open(server.log.name, errors="replace").read())
+
+    def logged():            # the session is closed first, then the line is written
+        return re.findall(r"stopped reading its stream: (\d+) bytes wait",
+                          open(server.log.name, errors="replace").read())
+    assert wait_until(logged), "the server did not say why the session ended"
+    waiting = logged()
     assert len(waiting) == 1 and int(waiting[0]) <= 16 << 20, waiting     # SSE_BACKLOG_BYTES
     client.sock.settimeout(HANG)
     while client.sock.recv(1 << 20):           # the server hung up: the stream ends, and the
