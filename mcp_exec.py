@@ -332,6 +332,7 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+UNSUPPORTED_VERSION = -32022   # MCP's own (2026-07-28 basic/index.mdx); HTTP's version header too
 CANCELLED = object()   # a handler's answer for a request that must get no response
 
 
@@ -424,10 +425,12 @@ def protocol(version):
 #                                                      health() -> dict for GET /health
 #                                                      session_ended(session)
 #                                                      session_busy(session) -> bool
+#                                                      tool_fields(version) -> dict for the tool
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
 ARGUMENT_CHECKS = []      # check(arguments, call) -> None, or what is wrong
+CODE_OPTIONAL_WITH = []   # arguments that stand in for "code" (a job's handle)
 TOOL_NOTES = []           # note(local) -> a sentence for the model
 CAPABILITIES = {"tools": {"listChanged": False}}
 LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(), close
@@ -449,15 +452,18 @@ def register_era(parse):
 
 
 def register_tool_feature(check=None, note=None, capability=None, arguments=None,
-                          results=None):
-    """An argument check, a sentence for the model, a capability {name: value}, and the
-    arguments and result fields {name: JSON Schema} the feature adds to the tool's schemas."""
+                          results=None, code_optional_with=None):
+    """An argument check, a sentence for the model, a capability {name: value}, the arguments
+    and result fields {name: JSON Schema} the feature adds to the tool's schemas (or
+    replaces), and an argument that makes "code" optional (a job's handle)."""
     for table, item in ((ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
         if item:
             table.append(item)
     CAPABILITIES.update(capability or {})
     INPUT_SCHEMA["properties"].update(arguments or {})
     OUTPUT_SCHEMA["properties"].update(results or {})
+    if code_optional_with:
+        CODE_OPTIONAL_WITH.append(code_optional_with)
 
 
 def register_lifecycle(setup=None, shutdown=None):
@@ -770,8 +776,7 @@ register_step("call", run_call)
 INPUT_SCHEMA = {
     "type": "object",
     "properties": {
-        "code": {"type": "string", "description": "Python source, run as the __main__ module. "
-                                                  "Required (except to poll a job)."},
+        "code": {"type": "string", "description": "Python source, run as the __main__ module."},
         "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
                      "description": "pip requirements to install first, e.g. "
                                     "[\"numpy\", \"pandas==2.2.3\"]."},
@@ -787,8 +792,8 @@ INPUT_SCHEMA = {
 OUTPUT_SCHEMA = {
     "type": "object",
     "properties": {
-        "returncode": {"type": ["integer", "null"], "description": "Exit status; negative = "
-                       "killed by that signal; null while the code still runs (a job)."},
+        "returncode": {"type": "integer",
+                       "description": "Exit status; negative = killed by that signal."},
         "stdout": {"type": "string"}, "stderr": {"type": "string"},
         "timed_out": {"type": "boolean",
                       "description": "The run (or the install) hit its timeout."},
@@ -819,8 +824,8 @@ def tool_definition(version, local=True):
         tool["title"] = ANNOTATIONS["title"]
     if has.structured_output:
         tool["outputSchema"] = OUTPUT_SCHEMA
-    if "tasks" in server_capabilities(version):
-        tool["execution"] = {"taskSupport": "optional"}     # 2025-11-25 only (section 12)
+    for add in HOOKS["tool_fields"]:           # execution.taskSupport (section 12)
+        tool.update(add(version))
     return tool
 
 
@@ -843,7 +848,8 @@ def tool_notes(local):
 class Call:
     """One tools/call's arguments, checked, and the state that travels with them: made by
     validate_arguments(), read by every step after it. Every field is declared here (__slots__):
-    a later section sets only these, through its registered check, and adds none."""
+    a later section sets only these (its registered check, or its step: a kernel's place in
+    line, the snapshot of a directory), and adds none."""
 
     __slots__ = ("code", "packages", "use_temp_dir", "timeout", "files", "session",
                  "end_session", "job", "cancel_job", "turn", "before")
@@ -871,7 +877,8 @@ def validate_arguments(arguments):
         return None, "unknown argument(s) %s; the arguments are %s and %s" % (
             ", ".join(unknown), ", ".join(names[:-1]), names[-1])
     code = arguments.get("code")
-    if not isinstance(code, str) and not (code is None and "job" in arguments):
+    optional = code is None and any(name in arguments for name in CODE_OPTIONAL_WITH)
+    if not isinstance(code, str) and not optional:
         return None, ('"code" is required and must be a string of Python source, e.g. '
                       '{"code": "print(1 + 1)"}')
     packages = [] if arguments.get("packages") is None else arguments["packages"]
@@ -924,7 +931,8 @@ class Result:
 
     @property
     def failed(self):
-        """isError: the code failed, or was stopped. A job still running (None) has not."""
+        """isError: the code failed, or was stopped. None (no exit status yet: the code runs
+        on) is no failure."""
         return self.returncode not in (0, None) or self.timed_out or self.cancelled
 
     def note(self, text):
@@ -958,6 +966,13 @@ def tool_result(result, version):
 # removed them (its changelog.mdx) and 2026-07-28 has none: there a batch is one Invalid Request.
 
 
+def no_batches(version):
+    """The one -32600 that answers a batch under a version without them."""
+    return error_response(None, INVALID_REQUEST, "Invalid Request: protocol version %s has no "
+                          "JSON-RPC batches (they exist only in 2025-03-26); send one message "
+                          "at a time" % version)
+
+
 def handle_payload(payload, session, notify=None):
     """A parsed frame -> its response or None; a batch -> its answers (None:
     none), or one error."""
@@ -973,10 +988,7 @@ def handle_payload(payload, session, notify=None):
     modern = any(isinstance(meta, dict) and META_VERSION in meta for meta in metas)
     negotiated = session.protocol_version     # None before initialize: batches are let in
     if modern or (negotiated is not None and not protocol(negotiated).batches):
-        return error_response(None, INVALID_REQUEST, "Invalid Request: protocol version %s has "
-                              "no JSON-RPC batches (they exist only in 2025-03-26); send one "
-                              "message at a time"
-                              % (MODERN_VERSIONS[0] if modern else session.protocol_version))
+        return no_batches(MODERN_VERSIONS[0] if modern else negotiated)
     replies = []
     for message in payload:
         if isinstance(message, dict) and message.get("method") == "initialize" and "id" in message:
@@ -1825,17 +1837,22 @@ class Environments:
 
     def __init__(self, root):
         self.root = root
-        self.lock = threading.Lock()      # guards key_locks and the cache's pointer files
-        self.key_locks = {}               # one build at a time per package set
         self.workspace_lock = threading.Lock()
         self.generation = 0               # bumped whenever this process changes the workspace
+        self.stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
+
+    @functools.cached_property
+    def workspace_venv(self):
+        """The workspace of this interpreter, named by a digest of its path and version (on
+        first use: _digest loads OpenSSL, which processes that never install should not)."""
+        return os.path.join(self.root, "workspace-" + _digest("%s %s" % (sys.executable,
+                                                                         sys.version), 12))
 
     def workspace(self, requirements, deadline, cancel, report=None):
         """-> (python, None), or (None, failure Result), installing what is missing."""
-        tag = _digest("%s %s" % (sys.executable, sys.version), 12)
-        venv = os.path.join(self.root, "workspace-" + tag)
+        venv = self.workspace_venv
         record = venv + ".installed"
-        stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
+        stamp = self.stamp
 
         def missing():
             installed = set((_read_text(record) or "").split())
@@ -1882,14 +1899,23 @@ class Environments:
         Result). lease.close() after the run removes it: nothing of it stays."""
         os.makedirs(self.root, exist_ok=True)
         venv = os.path.join(self.root, "fresh-" + os.urandom(6).hex())
-        result = _create_venv(venv, False, deadline, cancel)
-        if not result.failed and requirements:
-            result = _install(_venv_python(venv), requirements, deadline, cancel, report)
-        if result.failed:
-            remove_tree(venv)
-            return None, None, _install_failed(result, "building an isolated environment for %s"
-                                               % (" ".join(requirements) or "no packages"))
+        failure = build_isolated(venv, requirements, deadline, cancel, report)
+        if failure:
+            return None, None, failure
         return _venv_python(venv), _Removal(venv), None
+
+
+def build_isolated(venv, requirements, deadline, cancel, report=None):
+    """Create a venv holding just `requirements` at `venv` -> None, or the failure Result
+    (and nothing of it is left)."""
+    result = _create_venv(venv, False, deadline, cancel)
+    if not result.failed and requirements:
+        result = _install(_venv_python(venv), requirements, deadline, cancel, report)
+    if not result.failed:
+        return None
+    remove_tree(venv)
+    return _install_failed(result, "building an isolated environment for %s"
+                           % (" ".join(requirements) or "no packages"))
 
 
 class _Removal:
@@ -2035,13 +2061,6 @@ def fresh_main():
     return namespace
 
 
-def use_as_stdio(fds):
-    """fds[0], fds[1], fds[2] become this process's stdin, stdout and stderr."""
-    for target, fd in enumerate(fds[:3]):
-        os.dup2(fd, target)
-        os.close(fd)
-
-
 def forget_modules(fresh_modules):
     """Forget the pure-Python modules imported since the interpreter started (extension modules
     stay: they cannot load twice). What this file uses of them lives on, out of
@@ -2053,9 +2072,7 @@ def forget_modules(fresh_modules):
 
 def child_setup(config):
     """Limits, then containment (section 7), before any code of the user's runs."""
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)   # orphans of the code stay ours to kill
+    become_subreaper()                  # orphans of the code stay ours to kill
     if not POSIX:
         return                          # no limits here, nor a sandbox
     import resource
@@ -2112,10 +2129,7 @@ def child_report(fd, config, status, value):
         f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
 
 
-PR_SET_DUMPABLE = 4
-PR_CAPBSET_DROP = 24
 PR_SET_CHILD_SUBREAPER = 36
-PR_SET_NO_NEW_PRIVS = 38
 
 
 @functools.lru_cache(maxsize=None)
@@ -2131,14 +2145,11 @@ def _libc():
         lib = None
     return lib
 
-# =============================================================================
-# 4. stdio transport
-# =============================================================================
 
-
-def executor_setup():
-    """Once per server process, before its first child: become the reaper of the orphans that
-    calls leave (a process whose parent exits is handed to its nearest subreaper)."""
+def become_subreaper():
+    """Become the reaper of the orphans of what this process starts (a process whose parent
+    exits is handed to its nearest subreaper, Linux 3.4+): the server, once, before its first
+    child; each child and template, for what the code starts."""
     libc = _libc()
     if libc is not None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -2157,8 +2168,12 @@ register_step("run", run_stateless)
 register_step("start_child", spawn_child)
 register_step("watch", lambda pid, directory: None)     # section 7 watches each call's totals
 register_tool_feature(check=check_packages)
-register_lifecycle(setup=executor_setup, shutdown=executor_shutdown)
+register_lifecycle(setup=become_subreaper, shutdown=executor_shutdown)
 
+
+# =============================================================================
+# 4. stdio transport
+# =============================================================================
 
 class StdioServer:
     """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio); serialized writes."""
@@ -2292,9 +2307,8 @@ def serve_stdio():
             "call 'print(1)'`; Ctrl-D ends it.")
     run_lifecycle("setup")
     # Give back what compiling and setting up left free (glibc keeps it); not glibc: nothing to do.
-    with contextlib.suppress(OSError, AttributeError, ImportError):
-        import ctypes
-        ctypes.CDLL(None).malloc_trim(0)
+    with contextlib.suppress(AttributeError):
+        _libc().malloc_trim(0)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
@@ -2651,18 +2665,19 @@ class HttpServer:
             error = envelope_error(payload)
         if error:          # the error stdio would send, with 400 (it names no request to answer)
             return json_reply(error, 400)
-        for claim in HOOKS["http_post"]:
-            reply = claim(self, payload, headers, client_disconnected)
-            if reply is not None:
-                return reply
         first = payload if isinstance(payload, dict) else {}
         header_version = headers.get("MCP-Protocol-Version")
         if header_version is not None and header_version not in SUPPORTED_VERSIONS:
             # transports.mdx, Protocol Version Header: an unsupported one MUST get 400.
             first_id = first.get("id") if valid_id(first.get("id")) else None
-            return json_reply(error_response(first_id, INVALID_REQUEST,
-                                             "Unsupported protocol version %r" % header_version,
-                                             {"supported": list(SUPPORTED_VERSIONS)}), 400)
+            return json_reply(error_response(first_id, UNSUPPORTED_VERSION,
+                                             "Unsupported protocol version",
+                                             {"supported": list(SUPPORTED_VERSIONS),
+                                              "requested": header_version}), 400)
+        for claim in HOOKS["http_post"]:
+            reply = claim(self, payload, headers, client_disconnected)
+            if reply is not None:
+                return reply
         if first.get("method") == "initialize" and "id" in first:
             return self.initialize_post(first)
         session = self.session_for(headers.get("Mcp-Session-Id"), header_version)
@@ -2677,7 +2692,8 @@ class HttpServer:
         """initialize opens a session, named in the Mcp-Session-Id header of the answer."""
         session = HttpSession(self.allow_exec) if MCP_STATELESS else self.new_http_session()
         if session is None:
-            return error_reply(503, "Too many sessions running code (MAX_SESSIONS); retry shortly",
+            return error_reply(503, "Too many busy sessions (running code, a job or a kernel: "
+                               "MAX_SESSIONS); retry shortly",
                                headers={"Retry-After": "5"})
         reply = handle_message(message, session)
         if "error" in reply or not session.session_id:
@@ -3164,6 +3180,13 @@ def lives_elsewhere(handle, shown=None):
 #
 # --- The template's side: its loop, in the child process ---------------------------------
 
+def use_as_stdio(fds):
+    """fds[0], fds[1], fds[2] become this process's stdin, stdout and stderr."""
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
 def adopt_fds(config, fds, template_env):
     """In a forked child: the call's pipes become stdin/stdout/stderr (the results fd and any extra
     ones go into config), and the call's environment replaces `template_env` (the template's)."""
@@ -3230,9 +3253,8 @@ def serve_template(config, fresh_modules):
 
 def _prepare_template(sandbox):
     """What each child would otherwise do for itself, done once before any fork (7.2)."""
+    become_subreaper()
     libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
         for network_off in (False, True):
             _filter(os.uname().machine, network_off)
@@ -3480,11 +3502,16 @@ def server_setup():
 
 def _cache_bytecode():
     """Children import this file (CHILD_COMMAND) but, sandboxed, cannot write its bytecode cache:
-    write it here if stale: no child compiles 5,000 lines. -> False where it cannot be written."""
+    write it here if stale: no child compiles 6,000 lines. -> False where it cannot be written."""
     import compileall
     from py_compile import PycInvalidationMode   # compile_file never finds a hash .pyc fresh
     return compileall.compile_file(os.path.abspath(__file__), quiet=2,   # quiet: stdout is wire
                                    invalidation_mode=PycInvalidationMode.TIMESTAMP)
+
+
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
 
 
 # --- 7.1 The sandbox (Landlock) --------------------------------------------------------
@@ -3913,10 +3940,9 @@ def recover_dead_servers(run_dir):
     server's. A failure is logged, no more: whatever a call left there, the server starts."""
     for name in os.listdir(run_dir.base) if os.path.isdir(run_dir.base) else []:
         path = os.path.join(run_dir.base, name)
-        try:
-            lock = open(os.path.join(path, "lock"))
-        except OSError:
-            continue                                  # being created, or not ours
+        lock = _open_lock(path)
+        if lock is None:
+            continue                                  # not ours
         try:
             with lock:
                 if path == run_dir.root or _server_alive(lock, path):
@@ -3929,13 +3955,22 @@ def recover_dead_servers(run_dir):
             log("could not recover %s:\n%s" % (path, traceback.format_exc()))
 
 
+def _open_lock(path):
+    """A run directory's lock file, open -> the file, or None. A server that died before it
+    published its lock (lock.new, not yet renamed) left that one, which no one holds."""
+    for name in ("lock", "lock.new"):
+        with contextlib.suppress(OSError):
+            return open(os.path.join(path, name))
+    return None
+
+
 def _server_alive(lock, path):
     """Does the server of this run directory live? Its flock says so, unless what one of its
     calls left running took the lock too (a shared flock keeps the exclusive one out): then
     the pid and start time the server wrote in it decide."""
     if _flock(lock, shared=False, wait=False):
         return False
-    pid, _, started = (_read_text(os.path.join(path, "lock")) or "").partition(" ")
+    pid, _, started = (_read_text(lock.name) or "").partition(" ")
     if not (pid.isdigit() and started):
         return True                 # locked, unsigned: not ours to judge, let it be
     return _start_time(int(pid)) == started
@@ -4024,6 +4059,11 @@ class CachedEnvironments(Environments):
     read-only, published as venvs/<key>.ready once complete. Calls lease one (a shared flock):
     none is evicted while in use; past VENV_CACHE_SIZE the least recently used go."""
 
+    def __init__(self, root):
+        super().__init__(root)
+        self.lock = threading.Lock()      # guards key_locks and the cache's pointer files
+        self.key_locks = {}               # one build at a time per package set
+
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result);
         lease.close() after the run."""
@@ -4052,13 +4092,9 @@ class CachedEnvironments(Environments):
         with open(venv + ".building", "w") as building:
             _flock(building, shared=False)   # while building; recover() clears a dead builder's
             try:
-                result = _create_venv(venv, False, deadline, cancel)
-                if not result.failed and requirements:
-                    result = _install(_venv_python(venv), requirements, deadline, cancel, report)
-                if result.failed:
-                    remove_tree(venv)
-                    return None, _install_failed(result, "building an isolated environment for %s"
-                                                 % (" ".join(requirements) or "no packages"))
+                failure = build_isolated(venv, requirements, deadline, cancel, report)
+                if failure:
+                    return None, failure
                 lease = open(os.path.join(venv, LEASE_FILE), "w")
                 _flock(lease, shared=True)
                 # Read-only, directories too, against accidents (the code could chmod it back).
@@ -4728,7 +4764,7 @@ class Kernels:
     def start(self, call, session, cancel, on_output):
         """A "session": "new" call -> (kernel, None), or (None, the Result that ends the call)."""
         with self.lock:
-            mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)
+            mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)  # locked
             over_half = not session.local and mine >= (SESSION_LIMIT + 1) // 2
             if len(self.live) >= SESSION_LIMIT or over_half:
                 return None, Result.refusal(
@@ -4808,6 +4844,11 @@ class Kernels:
             kernels = [k for k in self.live.values() if k and which(k)]
         for kernel in kernels:
             self.end(kernel, reason)
+
+    def of(self, owner):
+        """The live kernels an MCP session (its `owner`) started."""
+        with self.lock:
+            return [kernel for kernel in self.live.values() if kernel and kernel.owner == owner]
 
     def end_session(self, session):
         """The "session_ended" hook: an MCP session's kernels end with it, and free their
@@ -4915,8 +4956,7 @@ register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
 register_hook("session_ended", lambda session: KERNELS.end_session(session))
-register_hook("session_busy", lambda session: any(
-    kernel and kernel.owner == session.owner for kernel in list(KERNELS.live.values())))
+register_hook("session_busy", lambda session: bool(KERNELS.of(session.owner)))
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
     "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
                 "imports and files across calls; then pass the handle the result gives you."},
@@ -4938,10 +4978,10 @@ register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, argume
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT = "io.modelcontextprotocol/clientInfo"
 META_SERVER = "io.modelcontextprotocol/serverInfo"
-# MCP's error codes (2026-07-28 basic/index.mdx, Error Codes); -32021: tasks not declared
+# MCP's error codes (2026-07-28 basic/index.mdx, Error Codes); -32021: tasks not declared.
+# UNSUPPORTED_VERSION (-32022) is the core's (section 2).
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
-UNSUPPORTED_VERSION = -32022
 # How long a result may be cached, and by whom (2026-07-28 server/utilities/caching.mdx):
 # the tool list and discovery never change while we run; files are private and fleeting.
 CACHING = {"tools/list": (3600 * 1000, "public"), "server/discover": (3600 * 1000, "public"),
@@ -5008,21 +5048,13 @@ def modern_http_post(server, payload, headers, client_disconnected):
     """The "http_post" hook: a 2026-07-28 POST /mcp -> its reply, or None (not of this era).
     Its headers must mirror the body, and no session exists (streamable-http.mdx)."""
     first = payload if isinstance(payload, dict) else {}
-    header_version = headers.get("MCP-Protocol-Version")
-    if header_version is not None and header_version not in SUPPORTED_VERSIONS:
-        first_id = first.get("id") if valid_id(first.get("id")) else None
-        return json_reply(error_response(first_id, UNSUPPORTED_VERSION,
-                                         "Unsupported protocol version",
-                                         {"supported": list(SUPPORTED_VERSIONS),
-                                          "requested": header_version}), 400)
+    header_version = headers.get("MCP-Protocol-Version")     # mcp_post checked it is ours
     params = first.get("params") if isinstance(first.get("params"), dict) else {}
     if not (header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params)):
         return None
     session = HttpSession(server.allow_exec)
     if not isinstance(payload, dict):           # 2026-07-28 has no batches (basic/index.mdx)
-        return json_reply(error_response(None, INVALID_REQUEST, "Invalid Request: protocol "
-                                         "version %s has no JSON-RPC batches; send one message "
-                                         "at a time" % MODERN_VERSIONS[0]), 400)
+        return json_reply(no_batches(MODERN_VERSIONS[0]), 400)
     if "id" in payload and "method" in payload:      # a request (mcp_post checked the id)
         problem = header_mismatch(payload, headers)
         if problem:
@@ -5451,12 +5483,16 @@ JOB_CAPABILITIES = {
     "tasks": lambda version: TASKS_CAPABILITY if protocol(version).tasks else None,
     "extensions": lambda version: {TASKS_EXTENSION: {}} if protocol(version).modern else None}
 JOB_ARGUMENTS = {
+    "code": {"type": "string", "description": "Python source, run as the __main__ module. "
+                                              "Required, except to poll a job."},
     "job": {"type": "string",
             "description": 'Instead of code: the handle ("j-...") of a run still going; waits '
                            "for it, and returns its new output and, at the end, its result."},
     "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop it."},
 }
 JOB_RESULTS = {
+    "returncode": {"type": ["integer", "null"], "description": "Exit status; negative = "
+                   "killed by that signal; null while a job is still running."},
     "status": {"type": "string", "enum": ["running", "completed", "cancelled"],
                "description": "Only for a job: \"running\" = still going, call with \"job\"."},
     "job": {"type": "string", "description": "The job's handle: pass it as \"job\" for more."},
@@ -5464,7 +5500,10 @@ JOB_RESULTS = {
 register_part("JOBS", Jobs)
 register_step("call", job_call_mode)
 register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
-                      capability=JOB_CAPABILITIES, arguments=JOB_ARGUMENTS, results=JOB_RESULTS)
+                      capability=JOB_CAPABILITIES, arguments=JOB_ARGUMENTS, results=JOB_RESULTS,
+                      code_optional_with="job")
+register_hook("tool_fields", lambda version: {"execution": {"taskSupport": "optional"}}
+              if protocol(version).tasks else {})     # 2025-11-25 tasks.mdx, Tool-Level
 register_method("tasks/get", handle_tasks_get)
 register_method("tasks/cancel", handle_tasks_cancel)
 register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=True)
@@ -5926,7 +5965,7 @@ def import_command(args, options=()):
     """-> the argv that runs this file as `python -m` would, sys.path as a script has it (its
     folder first, never the current directory: -c puts it there, and a runpy.py there must not be
     imported), or None where no bytecode cache can be written. Cached bytecode starts it in a third
-    of the time a script takes, which compiles 5,000 lines first."""
+    of the time a script takes, which compiles 6,000 lines first."""
     path = os.path.abspath(__file__)
     folder, module = os.path.split(path[:-3])
     if not (path.endswith(".py") and module.isidentifier() and _cache_bytecode()):
