@@ -3257,7 +3257,8 @@ def _prepare_template(sandbox):
     libc = _libc()
     if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
         for network_off in (False, True):
-            _filter(os.uname().machine, network_off)
+            for remote in (False, True):
+                _filter(os.uname().machine, network_off, remote)
     if sandbox and libc is not None:
         with contextlib.suppress(OSError):    # if not, each child drops its own
             drop_capabilities(libc)       # its children inherit none, and skip their own drop
@@ -3585,7 +3586,8 @@ def sandbox_config(call_root, local):
     reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root]
     return {"abi": SANDBOX.abi, "read": reads,
             "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
-            "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp}
+            "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp,
+            "remote": not local}
 
 
 def containment_env(directory, local):
@@ -3609,7 +3611,7 @@ def apply_sandbox(spec):
         if spec["abi"]:
             _apply_landlock(libc, spec)
         if spec["seccomp"]:
-            install_seccomp(libc, spec["network_off"])
+            install_seccomp(libc, spec["network_off"], spec.get("remote", False))
     except OSError as exc:
         sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n"
                          % exc)
@@ -3710,6 +3712,9 @@ _ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 k
     migrate_pages 256 238 move_pages 279 239 shmget 29 194 shmat 30 196 shmctl 31 195
     shmdt 67 197 semget 64 190 semop 65 193 semtimedop 220 192 semctl 66 191 msgget 68 186
     msgsnd 69 189 msgrcv 70 188 msgctl 71 187 modify_ldt 154 -"""
+# Over HTTP only, where a call may not even list what lies outside its own directory: watches
+# (inotify, fanotify) would name what it may not read: other calls' files, output tokens.
+_REMOTE = """inotify_init 253 - inotify_init1 294 26 fanotify_init 300 262"""
 _BY_ARG = """prlimit64 302 261 sched_setaffinity 203 122 sched_setscheduler 144 119
     sched_setparam 142 118 sched_setattr 314 274 setpriority 141 140 ioprio_set 251 30
     socket 41 198 ioctl 16 29 prctl 157 167 unshare 272 97 clone 56 220 clone3 435 435"""
@@ -3725,18 +3730,20 @@ EPERM = 0x00050000 | 1
 ENOSYS = 0x00050000 | 38
 
 
-def _program(arch, network_off):
+def _program(arch, network_off, remote=False):
     """(code, jt, jf, k) tuples; jt/jf may name a label (a bare string further on: BPF jumps only
     forward). Arguments are compared on their low 32 bits, all the kernel keeps of each C int
-    checked: matching both halves would let cmd = 1 << 32 | TIOCSTI slip past the ioctl check."""
-    t = (_ALWAYS + " " + _BY_ARG).split()
+    checked: matching both halves would let cmd = 1 << 32 | TIOCSTI slip past the ioctl check.
+    `remote`: a call over HTTP, which also gets no watch and no AF_UNIX socket."""
+    t = (_ALWAYS + " " + _REMOTE + " " + _BY_ARG).split()
     column = 1 if arch == "x86_64" else 2
     nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
     arg = lambda i: (LD, 0, 0, 16 + 8 * i)        # seccomp_data.args[i], low word (little-endian)
     p = [(LD, 0, 0, 4), (JEQ, 0, "nosys", _ARCH[arch]), (LD, 0, 0, 0)]   # foreign ABI (int 0x80)
     if arch == "x86_64":
         p.append((JGE, "deny", 0, 0x40000000))                       # x32 aliases of every call
-    p += [(JEQ, "deny", 0, nr[n]) for n in _ALWAYS.split()[::3] if n in nr]
+    denied = _ALWAYS.split()[::3] + (_REMOTE.split()[::3] if remote else [])
+    p += [(JEQ, "deny", 0, nr[n]) for n in denied if n in nr]
     p += [(JEQ, n, 0, nr[n]) for n in _BY_ARG.split()[::3] if n != "clone3"]
     p += [(JEQ, "nosys", 0, nr["clone3"]), (RET, 0, 0, ALLOW)]  # clone3: its flags are unreadable
     for n in ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
@@ -3748,11 +3755,15 @@ def _program(arch, network_off):
     p += ["prctl", arg(0), (JEQ, "deny", "allow", 36)]             # keep PR_SET_CHILD_SUBREAPER
     # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's, outside the call.
     p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
-    # socket: an allow-list of families. AF_UNIX always; with the network on also NETLINK, of
-    # protocol NETLINK_ROUTE (0) alone (getifaddrs: no NETLINK_SOCK_DIAG, which lists every
-    # socket of the host), and INET/INET6 as STREAM or DGRAM: not RAW, nor SOCK_PACKET, which
-    # the kernel turns into AF_PACKET. Off: UNIX only (no UDP, TFO, MPTCP, VSOCK to the host).
-    p += ["socket", arg(0), (JEQ, "allow", "deny" if network_off else 0, 1)]
+    # socket: an allow-list of families. AF_UNIX, but over HTTP (`remote`): its connect() would
+    # reach any socket file of the machine the uid may (docker.sock, the D-Bus, ssh-agent), and
+    # Landlock has no right for it; socketpair() is another syscall, left alone. With the
+    # network on also NETLINK, of protocol NETLINK_ROUTE (0) alone (getifaddrs: no
+    # NETLINK_SOCK_DIAG, which lists every socket of the host), and INET/INET6 as STREAM or
+    # DGRAM: not RAW, nor SOCK_PACKET, which the kernel turns into AF_PACKET. Off: UNIX only
+    # (no UDP, TFO, MPTCP, VSOCK to the host).
+    unix = "deny" if remote else "allow"
+    p += ["socket", arg(0), (JEQ, unix, "deny" if network_off else 0, 1)]
     if not network_off:
         p += [(JEQ, "netlink", 0, 16), (JEQ, "inet", 0, 2), (JEQ, "inet", "deny", 10), "inet",
               arg(1), (AND, 0, 0, 0xf), (JEQ, "allow", 0, 1), (JEQ, "allow", "deny", 2),
@@ -3762,9 +3773,9 @@ def _program(arch, network_off):
 
 
 @functools.lru_cache(maxsize=None)      # built in the template once, before it forks
-def _filter(arch, network_off):
+def _filter(arch, network_off, remote=False):
     """(struct sock_fprog, the instructions it points to), paired so the second lives as long."""
-    program, at = _program(arch, network_off), {}
+    program, at = _program(arch, network_off, remote), {}
     for i, ins in enumerate(program):        # a label lands at its index, less the labels before
         if isinstance(ins, str):
             at[ins] = i - len(at)
@@ -3777,10 +3788,10 @@ def _filter(arch, network_off):
     return ctypes.create_string_buffer(fprog, len(fprog)), instructions
 
 
-def install_seccomp(libc, network_off):
+def install_seccomp(libc, network_off, remote=False):
     """Install the deny-list filter on this process and all it starts (if Sandbox.seccomp). Unnamed
     syscalls load no argument, so the kernel's per-syscall cache (5.11+) passes them unfiltered."""
-    fprog, _ = _filter(os.uname().machine, network_off)
+    fprog, _ = _filter(os.uname().machine, network_off, remote)
     _prctl(libc, PR_SET_NO_NEW_PRIVS, 1)
     _prctl(libc, 22, 2, ctypes.addressof(fprog))             # PR_SET_SECCOMP, MODE_FILTER
 

@@ -2564,6 +2564,59 @@ def test_code_cannot_leave_its_call_by_clone_parent_ipc_netlink_diag_or_modify_l
     assert server.run("print('next')")[1]["stdout"] == "next\n"
 
 
+UNIX_AND_WATCH = """import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+seen = []
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(%r)
+    seen.append("connected: " + s.recv(100).decode())
+except OSError as exc:
+    seen.append("unix " + errno.errorcode[exc.errno])
+a, b = socket.socketpair()
+a.send(b"pair")
+seen.append(b.recv(4).decode())
+fd = libc.inotify_init1(0)
+seen.append("inotify %%s" %% (errno.errorcode.get(ctypes.get_errno()) if fd < 0 else "open"))
+import asyncio
+asyncio.run(asyncio.sleep(0))
+seen.append("asyncio")
+print(" ".join(seen))
+"""
+
+
+@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
+def test_over_http_code_reaches_no_unix_socket_and_sets_no_watch(web, tmp_path):
+    # connect() to a socket file (docker.sock, the D-Bus) is out of Landlock's reach, and an
+    # inotify watch names what a call may not list: both go over HTTP. socketpair() stays.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    path = str(private / "host.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(1)
+    listener.settimeout(0.5)
+    served = []
+
+    def serve():
+        try:
+            conn, _ = listener.accept()
+            conn.send(b"HOST")
+            served.append(True)
+            conn.close()
+        except OSError:
+            pass
+    server_thread = threading.Thread(target=serve, daemon=True)
+    server_thread.start()
+    sid, _ = web.initialize(LATEST)
+    out = tool_output(http_call(web, sid, UNIX_AND_WATCH % path))
+    server_thread.join(5)
+    listener.close()
+    assert out["stdout"] == "unix EPERM pair inotify EPERM asyncio\n", out
+    assert not served
+
+
 @pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
 def test_netlink_route_still_works_with_the_network_on(server):
     code = ("import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()\n"
