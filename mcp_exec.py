@@ -3575,7 +3575,8 @@ class Sandbox:
             "reads everywhere over stdio, only Python and system files over HTTP",
             "signals and abstract sockets scoped" if self.abi >= 6 else
             "signals NOT scoped (Landlock ABI < 6)", "no capabilities",
-            "seccomp filter" if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
+            "seccomp filter (over HTTP also no unix sockets, no file watches)" if self.seccomp
+            else "NO seccomp (%s)" % os.uname().machine,
             "network off" if self.network == "off" else "network on"])
 
 
@@ -4025,10 +4026,12 @@ def limits_note(local):
     note = "Memory: %s for the call's processes together. " % memory
     if not SANDBOX.abi:
         return note + "The code is not sandboxed: it runs with the server user's rights."
+    remote_limits = ", and cannot open unix sockets (socketpair() works) or watch files"
     return note + ("The code is sandboxed (Landlock%s): it can write only in its working "
-                   "directory and TMPDIR%s, and cannot touch other processes%s." % (
+                   "directory and TMPDIR%s, and cannot touch other processes%s%s." % (
                        ", seccomp" if SANDBOX.seccomp else "",
                        "" if local else ", read only Python and system files",
+                       "" if local or not SANDBOX.seccomp else remote_limits,
                        "; it has no network" if SANDBOX.network == "off" else ""))
 
 
