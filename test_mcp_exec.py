@@ -2624,6 +2624,16 @@ def test_netlink_route_still_works_with_the_network_on(server):
     assert "'lo'" in server.run(code)[1]["stdout"]        # getifaddrs-like: NETLINK_ROUTE
 
 
+def hold_lock(path, kind):
+    """A process holding a flock ("LOCK_SH" or "LOCK_EX") on `path`, once it says so."""
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               "f = open(sys.argv[1]); fcntl.flock(f, fcntl.%s)\n"
+                               "print('held', flush=True); time.sleep(60)" % kind, str(path)],
+                              stdout=subprocess.PIPE)
+    assert holder.stdout.readline() == b"held\n"
+    return holder
+
+
 @pytest.mark.skipif(not LINUX, reason="flock and /proc/locks (Linux)")
 def test_a_process_holding_a_dead_servers_lock_cannot_stop_its_recovery(start_server, tmp_path):
     # What a call leaves running could take a shared flock on its server's lock file: the
@@ -2632,12 +2642,8 @@ def test_a_process_holding_a_dead_servers_lock_cannot_stop_its_recovery(start_se
     dead.mkdir(parents=True)
     (dead / "lock").write_text("999999 1\n")          # a server that is gone
     (dead / "call-x").mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
-                               "f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_SH)\n"
-                               "print('held', flush=True); time.sleep(60)", str(dead / "lock")],
-                              stdout=subprocess.PIPE)
+    holder = hold_lock(dead / "lock", "LOCK_SH")
     try:
-        assert holder.stdout.readline() == b"held\n"
         s = start_server()
         s.initialize()
         assert holder.wait(HANG) == -signal.SIGKILL            # the holder was killed
@@ -2656,12 +2662,8 @@ def test_a_run_directory_locked_but_not_yet_signed_is_left_alone(start_server, t
     young = tmp_path / "state" / "run" / "12345-cafe"
     young.mkdir(parents=True)
     (young / "lock").write_text("")
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
-                               "f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX)\n"
-                               "print('held', flush=True); time.sleep(60)", str(young / "lock")],
-                              stdout=subprocess.PIPE)
+    holder = hold_lock(young / "lock", "LOCK_EX")
     try:
-        assert holder.stdout.readline() == b"held\n"
         s = start_server()
         s.initialize()
         s.run("print(1)")                       # the server is up: its recovery has run
