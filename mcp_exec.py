@@ -424,7 +424,7 @@ def protocol(version):
 #                                                      http_post(server, payload, headers, gone)
 #                                                      health() -> dict for GET /health
 #                                                      session_ended(session)
-#                                                      session_busy(session) -> bool
+#                                                      busy_owners() -> owners with live work
 #                                                      tool_fields(version) -> dict for the tool
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
@@ -580,9 +580,14 @@ class Session:
         with self.lock:
             return len(self.calls)
 
-    def busy(self):
-        """Has it work that a request is not waiting for (a job, a kernel: "session_busy")?"""
-        return any(has_work(self) for has_work in HOOKS["session_busy"])
+    @staticmethod
+    def busy_owners():
+        """The owners of sessions with work no request waits for (a job, a kernel): the
+        "busy_owners" hooks, each asked once."""
+        owners = set()
+        for busy in HOOKS["busy_owners"]:
+            owners |= busy()
+        return owners
 
 
 class Request:
@@ -2826,13 +2831,15 @@ class HttpServer:
         without work (no request running, no job or kernel alive) makes room."""
         now = time.monotonic()
         doomed = []
+        busy = None                          # asked once, when first needed
         with self.lock:
             for old in sorted(self.http_sessions.values(), key=lambda x: x.last_used):
                 full = len(self.http_sessions) >= MAX_SESSIONS
                 expired = now - old.last_used > SESSION_IDLE_TIMEOUT
                 if not full and not expired:
                     break                    # this one and all younger ones stay
-                if old.running() or (not expired and old.busy()):
+                busy = Session.busy_owners() if busy is None and not expired else busy
+                if old.running() or (not expired and old.owner in busy):
                     continue                 # room is never made by ending live work
                 del self.http_sessions[old.session_id]
                 doomed.append(old)
@@ -4859,10 +4866,10 @@ class Kernels:
         for kernel in kernels:
             self.end(kernel, reason)
 
-    def of(self, owner):
-        """The live kernels an MCP session (its `owner`) started."""
+    def owners(self):
+        """The owners of every live kernel."""
         with self.lock:
-            return [kernel for kernel in self.live.values() if kernel and kernel.owner == owner]
+            return {kernel.owner for kernel in self.live.values() if kernel}
 
     def end_session(self, session):
         """The "session_ended" hook: an MCP session's kernels end with it, and free their
@@ -4970,7 +4977,7 @@ register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
 register_hook("session_ended", lambda session: KERNELS.end_session(session))
-register_hook("session_busy", lambda session: bool(KERNELS.of(session.owner)))
+register_hook("busy_owners", lambda: KERNELS.owners())
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
     "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
                 "imports and files across calls; then pass the handle the result gives you."},
@@ -5341,6 +5348,11 @@ class Jobs:
         with self.lock:
             return [job for job in self.jobs.values() if job.owner == owner]
 
+    def owners(self):
+        """The owners of every job still running."""
+        with self.lock:
+            return {job.owner for job in self.jobs.values() if job.status == "working"}
+
     def close(self):
         with self.lock:
             jobs = list(self.jobs.values())
@@ -5524,8 +5536,7 @@ register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=T
 register_method("tasks/list", handle_tasks_list, eras=("handshake",))
 register_lifecycle(shutdown=lambda: JOBS.close())
 register_hook("session_ended", lambda session: JOBS.end_session(session))
-register_hook("session_busy", lambda session: any(
-    job.status == "working" for job in JOBS.of(session.owner)))
+register_hook("busy_owners", lambda: JOBS.owners())
 
 
 # =============================================================================
