@@ -4662,6 +4662,16 @@ def read_events(resp, until_id=None, limit=50):
     return events
 
 
+def vanish(sock, resp):
+    """Vanish like a crashed client: no goodbye, the socket just closes."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+    resp.close()
+
+
 class StreamingCall:
     """A Streamable HTTP tools/call answered as an event stream and held open while its code
     runs: what holds a waitress thread, the thread budget's unit. A refused one is JSON."""
@@ -4684,13 +4694,7 @@ class StreamingCall:
         return json.loads(read_events(self.resp, until_id=2, limit=1000)[-1][1])["result"]
 
     def kill(self):
-        """Vanish like a crashed client: no goodbye, the socket just closes."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        self.resp.close()
+        vanish(self.sock, self.resp)
 
 
 @pytest.fixture
@@ -4749,13 +4753,7 @@ class SseClient:
                 return json.loads(events[0][1])
 
     def kill(self):
-        """Vanish like a crashed client: no goodbye, the socket just closes."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        self.resp.close()
+        vanish(self.sock, self.resp)
 
     def leave(self):
         """kill(), then wait until the server has dropped the session (a POST to it is 404):
