@@ -2618,6 +2618,157 @@ def test_over_http_code_reaches_no_unix_socket_and_sets_no_watch(web, tmp_path):
 
 
 @pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
+def test_over_stdio_code_reaches_no_unix_socket_either(server, tmp_path):
+    # Over stdio too: a socket file of the host (here a 0600 one in a 0700 directory, as
+    # docker.sock or the user's D-Bus) is not reached; socketpair() and asyncio still work.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    path = str(private / "host.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(1)
+    try:
+        out = server.run(UNIX_AND_WATCH % path)[1]
+    finally:
+        listener.close()
+    assert out["stdout"] == "unix EPERM pair inotify open asyncio\n", out
+
+
+METADATA_ATTACK = r"""import errno, json, os, shutil
+target = %r
+outcomes = {}
+def attempt(name, act):
+    try:
+        act()
+        outcomes[name] = "allowed"
+    except OSError as exc:
+        outcomes[name] = errno.errorcode[exc.errno]
+attempt("chmod", lambda: os.chmod(target, 0o4777))
+attempt("utime", lambda: os.utime(target, (0, 0)))
+attempt("setxattr", lambda: os.setxattr(target, "user.planted", b"1"))
+attempt("chown", lambda: os.chown(target, 65534, 65534))
+attempt("chmod dir", lambda: os.chmod(os.path.dirname(target), 0o777))
+open("mine.txt", "w").write("mine")
+attempt("own chmod", lambda: os.chmod("mine.txt", 0o700))
+attempt("own copy2", lambda: shutil.copy2("mine.txt", "copy2.txt"))
+attempt("own copyfile", lambda: shutil.copyfile("mine.txt", "copyfile.txt"))
+outcomes["uid"] = os.getuid()
+print(json.dumps(outcomes))
+"""
+OUTSIDE = ("chmod", "utime", "setxattr", "chown", "chmod dir")
+
+
+def metadata_target(parent):
+    """A 0600 file in a 0700 directory, as a server's own file: -> (path, its stat)."""
+    folder = parent / "theirs"
+    folder.mkdir(mode=0o700)
+    path = folder / "payroll.csv"
+    path.write_text("salaries")
+    path.chmod(0o600)
+    return str(path), os.stat(path)
+
+
+def untouched(path, before):
+    """The file's mode, owner, times and xattrs are as they were, and its directory's mode."""
+    now = os.stat(path)
+    same = (now.st_mode, now.st_uid, now.st_mtime_ns) == (before.st_mode, before.st_uid,
+                                                         before.st_mtime_ns)
+    return same and os.listxattr(path) == [] and os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
+def test_code_changes_no_mode_owner_time_or_xattr_outside_its_call_over_stdio(server, tmp_path):
+    # Landlock has no right for metadata: chmod/utime/xattr of any file the server's uid owns
+    # worked, even where reads were denied. Over stdio the filter refuses the family (the cost:
+    # os.chmod and copy2 in the call's own directory too; copyfile works).
+    path, before = metadata_target(tmp_path)
+    outcomes = json.loads(server.run(METADATA_ATTACK % path)[1]["stdout"])
+    assert {outcomes[name] for name in OUTSIDE} == {"EPERM"}, outcomes
+    assert (outcomes["own chmod"], outcomes["own copyfile"]) == ("EPERM", "allowed"), outcomes
+    assert untouched(path, before)
+
+
+@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
+def test_code_changes_no_mode_owner_time_or_xattr_outside_its_call_over_http(web, tmp_path):
+    path, before = metadata_target(tmp_path)
+    sid, _ = web.initialize(LATEST)
+    outcomes = json.loads(tool_output(http_call(web, sid, METADATA_ATTACK % path))["stdout"])
+    assert {outcomes[name] for name in OUTSIDE} <= {"EPERM", "EACCES"}, outcomes
+    assert untouched(path, before)
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0 and SECCOMP_HERE
+                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
+                    reason="needs Linux with seccomp, root (to switch to nobody), setpriv and a system Python")
+def test_a_server_that_is_not_root_changes_no_metadata_of_its_own_files_either():
+    # As nobody the server's files are the code's uid's: only seccomp refuses their chmod.
+    parent = pathlib.Path(tempfile.mkdtemp(prefix="mcp-exec-theirs-"))
+    try:
+        os.chmod(parent, 0o755)
+        path, _ = metadata_target(parent)
+        for name in (path, os.path.dirname(path)):
+            os.chown(name, 65534, 65534)
+        before = os.stat(path)
+        reply, stderr = one_shot_as_nobody(METADATA_ATTACK % path)
+        outcomes = json.loads(reply["result"]["structuredContent"]["stdout"])
+        assert {outcomes[name] for name in OUTSIDE} == {"EPERM"}, (outcomes, stderr)
+        assert untouched(path, before)
+    finally:
+        shutil.rmtree(parent)
+
+
+def world_readable_python():
+    """A Python others may run, of our version, and the folder holding Flask -> (python, folder)
+    or None: a per-call uid needs an interpreter it can read (a pyenv under a 0700 /root is not)."""
+    import flask
+    site = os.path.dirname(os.path.dirname(flask.__file__))
+    found = shutil.which("python%d.%d" % sys.version_info[:2], path="/usr/bin:/usr/local/bin")
+    if not (found and os.geteuid() == 0 and SECCOMP and LANDLOCK):
+        return None
+    probe = [found, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import flask, waitress", site]
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + probe
+    if shutil.which("setpriv") and subprocess.run(as_nobody, capture_output=True).returncode == 0:
+        return found, site
+    return None
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and world_readable_python()),
+                    reason="needs root, Landlock, seccomp, setpriv and a Python of this version "
+                           "that others may read (with Flask and waitress)")
+def test_as_root_each_http_call_has_its_own_uid_so_metadata_works_inside_only(tmp_path):
+    # Root with a readable Python: each call is CALL_UID_BASE + its pid, its directory its
+    # own. Outside, ownership refuses the metadata calls; inside chmod and copy2 work; a
+    # kernel may change the files it is given.
+    python, site = world_readable_python()
+    home = pathlib.Path(tempfile.mkdtemp(prefix="mcp-exec-uids-"))
+    try:
+        os.chmod(home, 0o755)
+        shutil.copy(SERVER, home)
+        path, before = metadata_target(tmp_path)
+        web = HttpProcess(tmp_path, argv=[python, str(home / "mcp_exec.py"), "--http"],
+                          PYTHONPATH=site, MCP_EXEC_DIR=home / "state")
+        try:
+            assert b"each HTTP call its own uid" in pathlib.Path(web.log.name).read_bytes()
+            sid, _ = web.initialize(LATEST)
+            outcomes = json.loads(tool_output(http_call(web, sid, METADATA_ATTACK % path))["stdout"])
+            kernel = tool_output(http_call(web, sid, "import os\nos.getuid()", session="new",
+                                           files=[{"path": "d/given.txt", "content": "a"}]))
+            edit = ("import os\nopen('d/given.txt', 'a').write('b')\nos.chmod('d/given.txt', 0o700)\n"
+                    "(os.getuid(), open('d/given.txt').read())")
+            edited = tool_output(http_call(web, sid, edit, request_id=3, session=kernel["session"],
+                                           files=[{"path": "d/given.txt", "content": "x"}]))
+        finally:
+            web.stop()
+        assert {outcomes[name] for name in OUTSIDE} <= {"EPERM", "EACCES"}, outcomes
+        assert (outcomes["own chmod"], outcomes["own copy2"]) == ("allowed", "allowed"), outcomes
+        assert outcomes["uid"] >= 1 << 31 and untouched(path, before)
+        assert edited["value"] == "(%s, 'xb')" % kernel["value"], edited
+    finally:
+        shutil.rmtree(home)
+
+
+@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
 def test_netlink_route_still_works_with_the_network_on(server):
     code = ("import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()\n"
             "print([name for _, name in socket.if_nameindex()])")
