@@ -30,7 +30,8 @@ The second part makes that server faster, safer or richer, and only by registeri
     11. The 2026-07-28 era  stateless requests, server/discover, their HTTP headers
     12. Jobs and tasks    progress, and runs that outlive their request: jobs, MCP Tasks
     13. Client            the other side of the wire
-    14. Command line      client, demo, --help, --version; serving as an import
+    14. Many instances    REDIS_URL: sessions, jobs, tasks, kernels, files from every instance
+    15. Command line      client, demo, --help, --version; serving as an import
 
 HOPS OF ONE CALL
 
@@ -236,6 +237,8 @@ SETTINGS = [
             "seconds before an idle Streamable HTTP session is dropped"),
     Setting(HTTP, "MAX_SESSIONS", int, 1000, "Streamable HTTP sessions kept; the oldest idle "
             "go first (never one whose job or kernel is alive)", minimum=1),
+    Setting(HTTP, "REDIS_URL", str, "", "redis:// or rediss:// (Heroku Key-Value Store): "
+            "instances share sessions, jobs, tasks, kernels and files through it (section 14)"),
 ]
 
 
@@ -297,6 +300,7 @@ ALLOWED_HOSTS = [host.lower() for host in _HTTP["ALLOWED_HOSTS"]]
 MAX_BODY_BYTES = _HTTP["MAX_BODY_BYTES"]
 MAX_SESSIONS = _HTTP["MAX_SESSIONS"]
 SESSION_IDLE_TIMEOUT = _HTTP["SESSION_IDLE_TIMEOUT"]
+REDIS_URL = _HTTP["REDIS_URL"]
 
 # Fixed values, not settings.
 EOF_GRACE = 5.0       # seconds running calls get to finish after stdin closes
@@ -427,6 +431,14 @@ def protocol(version):
 #                                                      session_ended(session)
 #                                                      busy_owners() -> owners with live work
 #                                                      tool_fields(version) -> dict for the tool
+#                                                      route(request) -> a response, or None:
+#                                                        another instance answered it
+#                                                      cancelled(session, request id)
+#                                                      find_session(server, id) -> HttpSession
+#                                                      session_opened(server, session)
+#                                                      session_deleted(id) -> known elsewhere?
+#                                                      sse_opened(server, session)
+#                                                      sse_elsewhere(id, body) -> an HttpReply
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
@@ -529,6 +541,7 @@ class Session:
         self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
         self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
         self.protocol_version = None
+        self.client_capabilities = {}  # what initialize said the client can do
         self.closed = False
         self.calls = {}                # request id -> threading.Event that cancels it
         self.early_cancels = {}        # request id -> when a cancel came before its call
@@ -650,6 +663,8 @@ def parse_request(message, session, notify=None):
             cancelled = params.get("requestId")
             if valid_id(cancelled):
                 session.cancel(cancelled)
+                for tell in HOOKS["cancelled"]:      # the call may run on another instance
+                    tell(session, cancelled)
         return None
     if not isinstance(params, dict):
         code = INVALID_PARAMS if method in METHODS else METHOD_NOT_FOUND
@@ -676,7 +691,12 @@ def handshake_request(request_id, method, params, session, notify):
 
 
 def answer_request(request):
-    """Run a Request's method handler -> its response object, or None (cancelled)."""
+    """Run a Request's method handler -> its response object, or None (cancelled). A "route"
+    hook may answer instead: with REDIS_URL, what another instance holds is asked there."""
+    for route in HOOKS["route"]:
+        response = route(request)
+        if response is not None:
+            return None if response is CANCELLED else response
     try:
         result = METHODS[request.method][0](request)
     except ProtocolError as exc:
@@ -711,6 +731,8 @@ def handle_initialize(request):
     # Echo a handshake version we speak, else our latest (lifecycle.mdx); never 2026-07-28.
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
+    capabilities = params.get("capabilities")
+    session.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
     return {"protocolVersion": version, "capabilities": server_capabilities(version),
             "serverInfo": server_info(version), "instructions": instructions(session)}
 
@@ -2635,6 +2657,8 @@ class HttpServer:
         session = SseSession(self.allow_exec, hang_up)
         with self.lock:
             self.sse_sessions[session.session_id] = session
+        for opened in HOOKS["sse_opened"]:
+            opened(self, session)
 
         def on_close():   # when waitress closes the response, however it ended (idempotent)
             with self.lock:
@@ -2654,6 +2678,10 @@ class HttpServer:
             return error_reply(400, "Missing session_id query parameter")
         with self.lock:
             session = self.sse_sessions.get(session_id)
+        for elsewhere in HOOKS["sse_elsewhere"] if session is None else ():
+            reply = elsewhere(session_id, body)        # its stream is on another instance
+            if reply is not None:
+                return reply
         if session is None or session.closed:
             return error_reply(404, "Unknown or closed session: open a new stream with GET /sse")
         payload, error = parse_frame(body)
@@ -2706,6 +2734,8 @@ class HttpServer:
             with self.lock:                  # a failed initialize leaves no session behind
                 self.http_sessions.pop(session.session_id, None)
             return json_reply(reply)
+        for opened in HOOKS["session_opened"]:
+            opened(self, session)
         return json_reply(reply, 200, {"Mcp-Session-Id": session.session_id})
 
     def session_for(self, session_id, header_version):
@@ -2723,6 +2753,10 @@ class HttpServer:
             session = self.http_sessions.get(session_id)
             if session is not None:
                 session.last_used = time.monotonic()
+        for find in HOOKS["find_session"] if session is None else ():
+            session = find(self, session_id)         # opened on another instance
+            if isinstance(session, HttpReply):
+                return session
         return session or error_reply(404, "Unknown or ended session: initialize again")
 
     def session_post(self, message, session, accept, client_disconnected):
@@ -2821,9 +2855,11 @@ class HttpServer:
             return error_reply(400, "Missing Mcp-Session-Id header")
         with self.lock:
             session = self.http_sessions.pop(session_id, None)
-        if session is None:
+        known = [deleted(session_id) for deleted in HOOKS["session_deleted"]]   # everywhere
+        if session is None and not any(known):
             return error_reply(404, "Unknown or ended session")
-        session.end()                # its running executions, jobs and kernels are ended
+        if session is not None:
+            session.end()            # its running executions, jobs and kernels are ended
         return text_reply(204)
 
     def new_http_session(self):
@@ -3077,7 +3113,7 @@ WAITRESS_OPTIONS = {
 # =============================================================================
 # The core's command line
 # =============================================================================
-# `python mcp_exec.py` serves stdio, `--http` serves HTTP; section 14 registers the rest.
+# `python mcp_exec.py` serves stdio, `--http` serves HTTP; section 15 registers the rest.
 
 def settings_help():
     """The settings table as --help prints it."""
@@ -6019,7 +6055,553 @@ def show_result(answers, form, seconds, saved):
 
 
 # =============================================================================
-# 14. Command line
+# 14. Many instances as one service: REDIS_URL
+# =============================================================================
+# A Heroku app scaled to web=3 gets each request on any dyno, at random, and its dynos cannot
+# reach each other: only Redis (the Key-Value Store, REDIS_URL) is common to them. What runs
+# stays where it runs: a job's thread, a kernel's process, a returned file, an /sse stream.
+# Redis says where each lives, and carries a request there and its answer back:
+#   - sessions: a Streamable HTTP session is a record (its owner key, version, client
+#     capabilities) that any instance loads; an /sse stream's record names its instance, and
+#     the POSTs for it are carried there (their answers go out on the stream);
+#   - handles: a job, task, kernel or file URI names the instance that made it (new_handle:
+#     INSTANCE is here the dyno plus a per-boot id, as Heroku reuses "web.1"); a request for
+#     one is carried to that instance's inbox, run there as if it had come in there, and its
+#     response comes back: so a poll hands each line over once, in order, as on one instance;
+#   - liveness: each instance keeps a heartbeat key alive; when it stops (SIGKILL, a restart)
+#     what it held is lost, and a request for it hears so within HEARTBEAT_TTL + 1 s.
+# Without REDIS_URL, none of this loads: no import of redis, no hook registered.
+#
+# The Redis operations, all in SharedStore (P = "mcp-exec:", hid(x) = HMAC-SHA256 of x keyed
+# from API_KEY: no session id, handle or key is stored in clear):
+#   SET P hb:<instance> PX 10000        the heartbeat, renewed every 3.3 s, DEL on shutdown
+#   HSET/PEXPIRE P session:<hid(id)>    a Streamable HTTP session, SESSION_IDLE_TIMEOUT from
+#                                       its last use anywhere; DEL on DELETE /mcp
+#   SET P sse:<hid(id)> instance PX 30000   where an /sse stream is, renewed while it is open
+#   RPUSH/BLPOP P inbox:<instance>      requests for an instance (PEXPIRE 60 s: a dead one's go)
+#   RPUSH/BLPOP P reply:<random>        one answer (EXPIRE: the wait, plus 5 s)
+#   SCAN P hb:*                         the live instances (tasks/list, DELETE, cancels)
+
+REDIS_TIMEOUT = 2.0           # seconds per Redis connect or read: a lost Redis is noticed fast
+HEARTBEAT_TTL = 10.0          # seconds an instance is thought alive after its last heartbeat
+REDIS_BLOCK = 1.0             # seconds one BLPOP waits, below REDIS_TIMEOUT
+SSE_RECORD_TTL = 30.0         # seconds an /sse stream's record lasts, renewed while it is open
+CARRIED_WAIT = 60.0           # seconds a carried request may take beyond the code's timeout
+
+
+class StoreError(RuntimeError):
+    """Redis could not be reached, or refused: the message names it and why."""
+
+
+def redacted(url):
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    return scheme + sep + (credentials.split(":")[0] + ":***@" if at else "") + host
+
+
+class SharedStore:
+    """The few Redis operations the instances share, through redis-py (imported here: only
+    REDIS_URL loads it). Each answers, or raises StoreError, within about 2 x REDIS_TIMEOUT:
+    redis-py's own retries are off (they nest), and one retry follows a quick connection
+    failure (a pooled connection Redis closed). rediss:// does not check the certificate
+    (Heroku's is self-signed) unless the URL asks: ?ssl_cert_reqs=required&ssl_ca_certs=..."""
+
+    def __init__(self, url, secret, instance, prefix="mcp-exec:"):
+        import hashlib
+        import hmac
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+        self.errors = redis.exceptions
+        self.url, self.instance, self.prefix = redacted(url), instance, prefix
+        self.key = hmac.new(secret.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
+        self._hmac, self._sha = hmac, hashlib.sha256
+        options = {"socket_timeout": REDIS_TIMEOUT, "socket_connect_timeout": REDIS_TIMEOUT,
+                   "retry": Retry(NoBackoff(), 0), "health_check_interval": 10,
+                   "max_connections": 64, "timeout": REDIS_TIMEOUT}
+        if url.startswith("rediss://"):
+            options["ssl_cert_reqs"] = None        # the URL's own ssl_cert_reqs wins
+        try:
+            pool = redis.BlockingConnectionPool.from_url(url, **options)
+        except ValueError as exc:
+            raise StoreError("REDIS_URL %s is not a Redis URL: %s" % (self.url, exc)) from None
+        self.redis = redis.Redis(connection_pool=pool)
+
+    def hid(self, value):
+        """The keyed hash that stands for an id in Redis: a reader of Redis cannot replay it."""
+        return self._hmac.new(self.key, value.encode(), self._sha).hexdigest()[:32]
+
+    def do(self, what, act):
+        """act() -> its value; a Redis failure -> StoreError saying what failed."""
+        started = time.monotonic()
+        for attempt in (1, 2):
+            try:
+                return act()
+            except (self.errors.ConnectionError, self.errors.TimeoutError) as exc:
+                failure = exc
+                if attempt == 2 or time.monotonic() - started > REDIS_TIMEOUT / 2:
+                    break
+            except self.errors.RedisError as exc:      # OOM, READONLY, a refused command
+                failure = exc
+                break
+        raise StoreError("the shared store (Redis at %s) failed to %s: %s"
+                         % (self.url, what, failure or type(failure).__name__)) from None
+
+    def name(self, kind, value):
+        return self.prefix + kind + ":" + value
+
+    def ping(self):
+        return self.do("answer PING", lambda: self.redis.info("server")["redis_version"])
+
+    def beat(self, sse_hids):
+        """The heartbeat, and the records of this instance's open /sse streams."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.name("hb", self.instance), "1", px=int(HEARTBEAT_TTL * 1000))
+            for hid in sse_hids:
+                pipe.set(self.name("sse", hid), self.instance, px=int(SSE_RECORD_TTL * 1000))
+            self.do("renew the heartbeat", pipe.execute)
+
+    def alive(self, instance):
+        return bool(self.do("ask if %s is alive" % instance,
+                            lambda: self.redis.exists(self.name("hb", instance))))
+
+    def instances(self):
+        """The live instances, this one included."""
+        found = self.do("list the instances", lambda: list(
+            self.redis.scan_iter(self.name("hb", "*"), count=1000)))
+        return sorted(key.decode()[len(self.name("hb", "")):] for key in found)
+
+    def put(self, kind, hid, record, ttl):
+        """A record (a dict of strings) for `ttl` seconds."""
+        key = self.name(kind, hid)
+        with self.redis.pipeline() as pipe:       # MULTI: never a record without its TTL
+            pipe.hset(key, mapping=record)
+            pipe.pexpire(key, int(ttl * 1000))
+            self.do("store a %s" % kind, pipe.execute)
+
+    def get(self, kind, hid, ttl=None):
+        """The record, its TTL renewed if given -> a dict of str, or None."""
+        key = self.name(kind, hid)
+        with self.redis.pipeline() as pipe:
+            pipe.hgetall(key)
+            if ttl:
+                pipe.pexpire(key, int(ttl * 1000))
+            found = self.do("read a %s" % kind, pipe.execute)[0]
+        return {k.decode(): v.decode() for k, v in found.items()} or None
+
+    def renew(self, kind, hids, ttl):
+        with self.redis.pipeline(transaction=False) as pipe:
+            for hid in hids:
+                pipe.pexpire(self.name(kind, hid), int(ttl * 1000))
+            self.do("renew %ss" % kind, pipe.execute)
+
+    def drop(self, kind, hid):
+        """Delete a record -> whether it was there."""
+        return bool(self.do("drop a %s" % kind,
+                            lambda: self.redis.delete(self.name(kind, hid))))
+
+    def owner_of_stream(self, hid):
+        found = self.do("find an /sse stream", lambda: self.redis.get(self.name("sse", hid)))
+        return found.decode() if found else None
+
+    def send(self, instance, message):
+        """Put a request in an instance's inbox; it answers on message["reply"]."""
+        with self.redis.pipeline() as pipe:
+            pipe.rpush(self.name("inbox", instance), json.dumps(message))
+            pipe.pexpire(self.name("inbox", instance), 60000)
+            self.do("send a request to %s" % instance, pipe.execute)
+
+    def next_request(self):
+        """The next request in this instance's inbox, waiting up to REDIS_BLOCK -> dict or None."""
+        got = self.do("read this instance's inbox", lambda: self.redis.blpop(
+            [self.name("inbox", self.instance)], timeout=REDIS_BLOCK))
+        return json.loads(got[1]) if got else None
+
+    def reply(self, key, answer, seconds):
+        with self.redis.pipeline() as pipe:
+            pipe.rpush(key, json.dumps(answer))
+            pipe.expire(key, int(seconds) + 5)
+            self.do("answer a request", pipe.execute)
+
+    def wait_reply(self, key):
+        """The answer on `key`, waiting up to REDIS_BLOCK -> dict or None."""
+        got = self.do("wait for an answer", lambda: self.redis.blpop([key], timeout=REDIS_BLOCK))
+        return json.loads(got[1]) if got else None
+
+    def close(self):
+        with contextlib.suppress(self.errors.RedisError):
+            self.redis.delete(self.name("hb", self.instance))   # the others know at once
+        self.redis.connection_pool.disconnect()
+
+
+class OwnerGone(Exception):
+    """The instance that holds what a request names has stopped."""
+
+
+class SharedService:
+    """This instance's side of the service: its heartbeat and inbox threads, the sessions it
+    knows (hid -> Session: opened here, loaded from Redis, or copies for carried requests), and
+    the hooks below. `server` is the HttpServer, once a hook has seen it."""
+
+    def __init__(self, store):
+        self.store = store
+        self.server = None
+        self.sessions = {}               # hid -> Session
+        self.streams = {}                # hid -> SseSession open here
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.down_since = None           # when Redis stopped answering the heartbeat
+        self.workers = Workers()
+
+    def start(self):
+        self.store.beat(())
+        for target in (self.heartbeat, self.serve_inbox):
+            threading.Thread(target=target, daemon=True, name="shared-" + target.__name__).start()
+
+    def stop(self):
+        self.stopped.set()
+        self.store.close()
+
+    def heartbeat(self):
+        """Every HEARTBEAT_TTL / 3 s: the heartbeat, open streams, sessions used meanwhile."""
+        last = time.monotonic()
+        while not self.stopped.wait(HEARTBEAT_TTL / 3):
+            now = time.monotonic()
+            with self.lock:
+                self.streams = {h: s for h, s in self.streams.items() if not s.closed}
+                streams = list(self.streams)
+                used = [h for h, s in self.sessions.items()
+                        if getattr(s, "last_used", 0) >= last and isinstance(s, HttpSession)]
+            try:
+                self.store.beat(streams)
+                self.store.renew("session", used, SESSION_IDLE_TIMEOUT)
+            except StoreError as exc:
+                if self.down_since is None:
+                    log("%s; plain calls go on, requests for other instances fail" % exc)
+                    self.down_since = now
+                continue
+            if self.down_since is not None:
+                log("the shared store (Redis at %s) is back after %.1f s"
+                    % (self.store.url, now - self.down_since))
+                self.down_since = None
+            last = now
+
+    def serve_inbox(self):
+        """Answer what other instances carry here, each on a worker thread."""
+        while not self.stopped.is_set():
+            try:
+                message = self.store.next_request()
+            except StoreError:
+                self.stopped.wait(REDIS_BLOCK)     # the heartbeat logs it
+                continue
+            if message is not None:
+                self.workers.start(lambda message=message: self.answer(message))
+
+    def answer(self, message):
+        try:
+            answer = {"value": CARRIED[message["kind"]](self, message)}
+        except Exception as exc:                           # the asker says why
+            log("internal error in a carried %s:\n%s" % (message["kind"], traceback.format_exc()))
+            answer = {"error": "%s: %s" % (type(exc).__name__, exc)}
+        if message.get("reply"):
+            with contextlib.suppress(StoreError):
+                self.store.reply(message["reply"], answer, message["wait"])
+
+    def carry(self, instance, kind, wait, **fields):
+        """Ask `instance` to do `kind` -> its answer. OwnerGone if it stopped, before or while;
+        StoreError if Redis fails. `wait`: seconds it may take, while it lives."""
+        if not self.store.alive(instance):
+            raise OwnerGone(instance)
+        reply = self.store.name("reply", os.urandom(12).hex())
+        self.store.send(instance, dict(fields, kind=kind, reply=reply, wait=wait))
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            answer = self.store.wait_reply(reply)
+            if answer is not None:
+                if "error" in answer:
+                    raise RuntimeError("instance %s failed: %s" % (instance, answer["error"]))
+                return answer["value"]
+            if not self.store.alive(instance):
+                raise OwnerGone(instance)
+        raise StoreError("instance %s did not answer within %g s" % (instance, wait))
+
+    def tell_all(self, kind, **fields):
+        """Send `kind` to every other live instance, answered by none."""
+        for instance in self.store.instances():
+            if instance != INSTANCE:
+                self.store.send(instance, dict(fields, kind=kind, reply=None, wait=0))
+
+    # -- sessions --------------------------------------------------------------------
+    def session_hid(self, session):
+        """The hid that names a session everywhere (None: a stateless request)."""
+        if isinstance(session, SseSession):
+            return self.store.hid("sse " + session.session_id)
+        if getattr(session, "session_id", None):
+            return self.store.hid(session.session_id)
+        return getattr(session, "shared_hid", None)
+
+    def remember(self, hid, session):
+        session.shared_hid = hid
+        with self.lock:
+            self.sessions[hid] = session
+
+    def opened(self, server, session):
+        """The "session_opened" hook: the new session's record, for every instance."""
+        self.server = server
+        hid = self.session_hid(session)
+        self.remember(hid, session)
+        record = {"owner": session.owner, "version": session.protocol_version,
+                  "capabilities": json.dumps(session.client_capabilities)}
+        try:
+            self.store.put("session", hid, record, SESSION_IDLE_TIMEOUT)
+        except StoreError as exc:
+            log("%s: this session is known here only" % exc)
+
+    def find(self, server, session_id):
+        """The "find_session" hook: a session opened on another instance -> HttpSession, None
+        (unknown anywhere), or a 503 naming the store."""
+        self.server = server
+        hid = self.store.hid(session_id)
+        try:
+            record = self.store.get("session", hid, SESSION_IDLE_TIMEOUT)
+        except StoreError as exc:
+            return error_reply(503, str(exc), INTERNAL_ERROR, {"Retry-After": "2"})
+        if record is None:
+            return None
+        session = HttpSession(server.allow_exec, session_id)
+        session.owner, session.protocol_version = record["owner"], record["version"]
+        session.client_capabilities = json.loads(record["capabilities"])
+        with server.lock:
+            session = server.http_sessions.setdefault(session_id, session)
+        self.remember(hid, session)
+        return session
+
+    def deleted(self, session_id):
+        """The "session_deleted" hook: DELETE /mcp ends the session on every instance."""
+        hid = self.store.hid(session_id)
+        try:
+            known = self.store.drop("session", hid)
+            self.tell_all("end", hid=hid)
+        except StoreError as exc:
+            log("%s: the session ends here only" % exc)
+            return False
+        with self.lock:
+            self.sessions.pop(hid, None)
+        return known
+
+    def copy(self, described):
+        """The session a carried request runs in here: the one this instance knows by its hid,
+        else a copy with the same owner (whose files, tasks and kernels it may use)."""
+        hid = described["hid"]
+        with self.lock:
+            session = self.sessions.get(hid) if hid else None
+        if session is not None:
+            session.last_used = time.monotonic()
+            return session
+        session = HttpSession(not STDIO_MODE_ONLY)
+        session.identified = hid is not None
+        session.owner, session.protocol_version = described["owner"], described["version"]
+        session.modern = described["modern"]
+        if hid:
+            self.remember(hid, session)
+        return session
+
+    def end_copy(self, message):
+        """A carried "end": the session was deleted on another instance."""
+        with self.lock:
+            session = self.sessions.pop(message["hid"], None)
+        if session is None:
+            return None
+        if self.server is not None and getattr(session, "session_id", None):
+            with self.server.lock:
+                self.server.http_sessions.pop(session.session_id, None)
+        session.end()
+        return None
+
+    # -- /sse streams ----------------------------------------------------------------
+    def sse_opened(self, server, session):
+        self.server = server
+        hid = self.session_hid(session)
+        with self.lock:
+            self.streams[hid] = session
+        with contextlib.suppress(StoreError):       # else its POSTs must come here
+            self.store.beat([hid])
+
+    def sse_elsewhere(self, session_id, body):
+        """The "sse_elsewhere" hook: carry a POST to the instance holding its stream."""
+        hid = self.store.hid("sse " + session_id)
+        try:
+            instance = self.store.owner_of_stream(hid)
+            if instance is None or instance == INSTANCE:
+                return None
+            reply = self.carry(instance, "sse_post", 30.0, session_id=session_id,
+                               body=base64.b64encode(body).decode())
+        except OwnerGone as gone:
+            return error_reply(404, "The stream of this session was on instance %s, which "
+                               "stopped: open a new stream with GET /sse" % gone)
+        except (StoreError, RuntimeError) as exc:
+            return error_reply(503, str(exc), INTERNAL_ERROR, {"Retry-After": "2"})
+        return HttpReply(reply["status"], base64.b64decode(reply["body"]), None,
+                         reply["content_type"])
+
+    def sse_post_here(self, message):
+        reply = self.server.sse_post(message["session_id"], base64.b64decode(message["body"]))
+        return {"status": reply.status, "body": base64.b64encode(reply.body).decode(),
+                "content_type": reply.content_type}
+
+    # -- requests for what another instance holds ---------------------------------------
+    def route(self, request):
+        """The "route" hook: a request naming another instance's job, task, kernel or file is
+        carried there -> its response; tasks/list asks every instance. None: answer it here."""
+        if request.method == "tasks/list" and protocol(request.version).tasks:
+            return self.list_everywhere(request)
+        handle = handle_named(request)
+        instance = handle.split("-")[1] if handle and handle.count("-") >= 2 else None
+        if instance is None or instance == INSTANCE:
+            return None
+        try:
+            response = self.carry(instance, "request", EXEC_TIMEOUT_MAX + CARRIED_WAIT,
+                                  message=request_message(request),
+                                  session=self.described(request.session))
+        except OwnerGone:
+            return lost_response(request, handle, instance)
+        except (StoreError, RuntimeError) as exc:
+            return failed_response(request, str(exc))
+        return CANCELLED if response is None else response
+
+    def described(self, session):
+        return {"hid": self.session_hid(session), "owner": session.owner,
+                "version": session.protocol_version, "modern": session.modern}
+
+    def request_here(self, message):
+        """A carried request, answered as if it had come in here."""
+        return handle_message(message["message"], self.copy(message["session"]))
+
+    def list_everywhere(self, request):
+        """tasks/list: this session's tasks on every live instance."""
+        tasks = []
+        try:
+            for instance in self.store.instances():
+                if instance == INSTANCE:
+                    tasks += handle_tasks_list(request)["tasks"]
+                    continue
+                with contextlib.suppress(OwnerGone):
+                    response = self.carry(instance, "tasks", 10.0,
+                                          session=self.described(request.session))
+                    tasks += response
+        except (StoreError, RuntimeError) as exc:
+            return failed_response(request, str(exc))
+        request_id = request.id
+        return {"jsonrpc": "2.0", "id": request_id, "result": {"tasks": tasks}}
+
+    def tasks_here(self, message):
+        return [job.task(False) for job in JOBS.of(message["session"]["owner"])]
+
+    def cancelled(self, session, request_id):
+        """The "cancelled" hook: the call may run on another instance (carried there)."""
+        hid = self.session_hid(session)
+        if hid is not None:
+            with contextlib.suppress(StoreError):
+                self.tell_all("cancel", hid=hid, id=request_id)
+
+    def cancel_here(self, message):
+        with self.lock:
+            session = self.sessions.get(message["hid"])
+        if session is not None:
+            session.cancel(message["id"])
+
+    def health(self):
+        return {"instance": INSTANCE, "shared": "redis down" if self.down_since else "redis"}
+
+
+# What another instance may ask of this one (SharedService.answer).
+CARRIED = {"request": SharedService.request_here, "sse_post": SharedService.sse_post_here,
+           "tasks": SharedService.tasks_here, "cancel": SharedService.cancel_here,
+           "end": SharedService.end_copy}
+
+
+def handle_named(request):
+    """The job, task, kernel or file handle a request names, or None."""
+    params = request.params
+    if request.method == "tools/call":
+        arguments = params.get("arguments")
+        arguments = arguments if isinstance(arguments, dict) else {}
+        for name in ("job", "session"):
+            if isinstance(arguments.get(name), str) and arguments[name] != "new":
+                return arguments[name]
+    if request.method in ("tasks/get", "tasks/result", "tasks/cancel"):
+        return params.get("taskId") if isinstance(params.get("taskId"), str) else None
+    uri = params.get("uri") if request.method == "resources/read" else None
+    if isinstance(uri, str) and uri.startswith(OutputStore.PREFIX):
+        return "f-" + uri[len(OutputStore.PREFIX):]
+    return None
+
+
+def request_message(request):
+    return {"jsonrpc": "2.0", "id": request.id, "method": request.method,
+            "params": request.params}
+
+
+def lost_response(request, handle, instance):
+    """What a request for something a stopped instance held is told: what was lost."""
+    kind = {"j": "job", "s": "session (kernel)", "f": "file"}.get(handle[:1], "handle")
+    if request.method.startswith("tasks/"):
+        kind = "task"
+    text = ("The %s %s was on instance %s, which stopped (no heartbeat for %g s): it is lost, "
+            "with its state, output and result. Run the code again."
+            % (kind, handle if kind != "file" else request.params.get("uri"), instance,
+               HEARTBEAT_TTL))
+    return failed_response(request, text)
+
+
+def failed_response(request, text):
+    """A tool error for tools/call, else a JSON-RPC error: never a hang, never a bare 500."""
+    if request.method in ("tools/call", "tasks/get"):
+        result = tool_result(Result.refusal(text), request.version)
+        if request.method == "tasks/get":        # tasks.mdx: a task that cannot finish failed
+            now = time.strftime(ISO_TIME, time.gmtime())
+            result = {"taskId": request.params["taskId"], "status": "failed",
+                      "statusMessage": text, "createdAt": now, "lastUpdatedAt": now}
+        request.decorate(result)
+        return {"jsonrpc": "2.0", "id": request.id, "result": result}
+    if request.method == "resources/read":
+        code = INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND
+        return error_response(request.id, code, "Resource not found: " + text)
+    return error_response(request.id, INVALID_PARAMS if "lost" in text else INTERNAL_ERROR, text)
+
+
+def shared_setup():
+    """With REDIS_URL, for HTTP: this instance joins the service; Redis unreachable -> exit 2."""
+    global INSTANCE, SHARED
+    if not REDIS_URL or "flask" not in sys.modules:     # create_app() imported it: HTTP
+        return
+    INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())     # per boot: Heroku reuses web.1
+    try:
+        store = SharedStore(REDIS_URL, API_KEY, INSTANCE)
+        version = store.ping()
+    except ImportError:
+        log("REDIS_URL is set, but redis-py is not installed: pip install redis")
+        raise SystemExit(2)
+    except StoreError as exc:
+        log("cannot start: %s (REDIS_URL)" % exc)
+        raise SystemExit(2)
+    SHARED = SharedService(store)
+    SHARED.start()
+    log("instance %s of a shared service: Redis %s at %s" % (INSTANCE, version, store.url))
+    for name in ("route", "cancelled", "find_session", "sse_elsewhere", "health"):
+        register_hook(name, getattr(SHARED, {"find_session": "find"}.get(name, name)))
+    register_hook("session_opened", SHARED.opened)
+    register_hook("session_deleted", SHARED.deleted)
+    register_hook("sse_opened", SHARED.sse_opened)
+
+
+SHARED = None             # the SharedService, with REDIS_URL over HTTP (shared_setup)
+register_lifecycle(setup=shared_setup, shutdown=lambda: SHARED and SHARED.stop())
+
+
+# =============================================================================
+# 15. Command line
 # =============================================================================
 
 HELP = """\

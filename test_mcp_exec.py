@@ -6219,3 +6219,307 @@ def test_demo_shows_a_session_on_the_wire(tmp_path):
     text = done.stdout.decode()
     assert "-->" in text and "<--" in text
     assert "5050" in text
+
+
+# --- Many instances as one service: REDIS_URL (section 14) -----------------------------------
+# A real redis-server on a free loopback port, no persistence; real instances (python
+# mcp_exec.py --http, each with its own DYNO and MCP_EXEC_DIR); and a router: each request
+# goes to the next instance in turn, as Heroku's does, with no session affinity.
+
+REDIS_SERVER = shutil.which("redis-server")
+try:
+    import redis as _redis_py        # noqa: F401  (the instances need it, not the tests)
+    REDIS_PY = True
+except ImportError:
+    REDIS_PY = False
+needs_redis = pytest.mark.skipif(not (REDIS_SERVER and REDIS_PY),
+                                 reason="needs redis-server (apt install redis-server) and "
+                                        "redis-py (pip install redis)")
+
+
+class RedisServer:
+    """redis-server on a loopback port, stopped by stop(); tls=(cert, key) serves rediss://."""
+
+    def __init__(self, folder, port=None, tls=None):
+        self.folder, self.tls = folder, tls
+        self.port = port or reserve_port()[0]
+        self.start()
+
+    def start(self):
+        argv = [REDIS_SERVER, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.folder)]
+        if self.tls:
+            argv += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls[0],
+                     "--tls-key-file", self.tls[1], "--tls-ca-cert-file", self.tls[0],
+                     "--tls-auth-clients", "no"]
+        else:
+            argv += ["--port", str(self.port)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        assert wait_until(self.listening, seconds=20), "redis-server did not start"
+
+    def listening(self):
+        try:
+            socket.create_connection(("127.0.0.1", self.port), 1).close()
+            return True
+        except OSError:
+            return False
+
+    @property
+    def url(self):
+        return "%s://127.0.0.1:%d/0" % ("rediss" if self.tls else "redis", self.port)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class Router:
+    """Each request to the next instance in turn: the Heroku router, without affinity."""
+
+    def __init__(self, instances):
+        self.instances, self.turn = instances, 0
+
+    def next(self):
+        self.turn += 1
+        return self.instances[(self.turn - 1) % len(self.instances)]
+
+    def mcp(self, message, session_id=None, **options):
+        return self.next().mcp(message, session_id, **options)
+
+
+def start_instance(tmp_path, redis_url, name, **env):
+    folder = tmp_path / name
+    folder.mkdir()
+    return HttpProcess(folder, REDIS_URL=redis_url, DYNO=name, MCP_EXEC_DIR=folder / "state",
+                       CALL_WAIT="1", **env)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """A Redis and three instances of one service, behind a Router."""
+    tmp_path = tmp_path_factory.mktemp("service")
+    redis_server = RedisServer(tmp_path)
+    instances = []
+    try:
+        for n in (1, 2, 3):
+            instances.append(start_instance(tmp_path, redis_server.url, "web.%d" % n))
+        yield Router(instances), redis_server, tmp_path
+    finally:
+        for instance in instances:
+            instance.stop()
+        redis_server.stop()
+
+
+def routed_call(router, sid, code=None, request_id=2, **arguments):
+    message = call_message(code, request_id, **arguments)
+    if code is None:
+        del message["params"]["arguments"]["code"]
+    status, _, body = router.mcp(message, sid)
+    assert status == 200, body[:500]
+    return json.loads(body)["result"]
+
+
+def routed_initialize(router, version=LATEST):
+    sid, _ = router.next().initialize(version)
+    return sid
+
+
+@needs_redis
+def test_a_session_opened_on_one_instance_works_on_every_other_until_deleted(service):
+    router, _, _ = service
+    sid = routed_initialize(router)                   # on web.1
+    outs = [tool_output(routed_call(router, sid, "import os; print(os.environ.get('X', 1))"))
+            for _ in range(3)]                        # on web.2, web.3, web.1
+    assert [out["stdout"] for out in outs] == ["1\n"] * 3, outs
+    health = [json.loads(router.next().request("GET", "/health")[2])["instance"]
+              for _ in range(3)]
+    assert len(set(health)) == 3 and all(name.startswith("web.") for name in health), health
+    status, _, _ = router.next().request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": sid}))
+    assert status == 204
+    for _ in range(3):                               # gone everywhere
+        assert router.mcp({"jsonrpc": "2.0", "id": 9, "method": "ping"}, sid)[0] == 404
+
+
+@needs_redis
+def test_an_sse_stream_on_one_instance_gets_the_answers_to_posts_sent_to_the_others(service):
+    router, _, _ = service
+    stream_instance = router.next()
+    client = SseClient(stream_instance)
+    try:
+        post = lambda message: router.next().request(
+            "POST", client.endpoint, message, dict(AUTH, **{"Content-Type": "application/json"}))
+        assert post(init_message("2024-11-05"))[0] == 202          # on another instance
+        assert client.next_message()["result"]["protocolVersion"] == "2024-11-05"
+        post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert post(call_message("print(6 * 7)", 5))[0] == 202
+        answer = client.next_message()
+        assert answer["id"] == 5 and tool_output(answer["result"])["stdout"] == "42\n"
+    finally:
+        client.leave()
+
+
+@needs_redis
+def test_a_job_polled_round_robin_hands_each_line_over_once_in_order(service):
+    router, _, _ = service
+    sid = routed_initialize(router)
+    code = "import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.25)\n"
+    out = tool_output(routed_call(router, sid, code))
+    assert out["status"] == "running", out
+    seen, polls = out["stdout"], 0
+    while out["status"] == "running":
+        out = tool_output(routed_call(router, sid, job=out["job"], request_id=3 + polls))
+        seen, polls = seen + out["stdout"], polls + 1
+    assert seen == "".join("%d\n" % i for i in range(8)) and out["returncode"] == 0, (seen, out)
+    assert polls >= 1
+
+
+def task_request(router, sid, method, task_id, request_id):
+    status, _, body = router.mcp({"jsonrpc": "2.0", "id": request_id, "method": method,
+                                  "params": {"taskId": task_id}}, sid)
+    assert status == 200, body
+    return json.loads(body)
+
+
+@needs_redis
+def test_tasks_are_got_listed_awaited_and_cancelled_from_any_instance(service):
+    router, _, _ = service
+    sid = routed_initialize(router, "2025-11-25")
+
+    def start_task(code, request_id):
+        message = call_message(code, request_id)
+        message["params"]["task"] = {"ttl": 60000}
+        status, _, body = router.mcp(message, sid)
+        return json.loads(body)["result"]["task"]["taskId"]
+    quick = start_task("print('done')", 2)
+    slow = start_task("import time; time.sleep(60)", 3)
+    result = task_request(router, sid, "tasks/result", quick, 4)["result"]
+    assert tool_output(result)["stdout"] == "done\n"
+    listed = {task["taskId"]: task["status"]
+              for task in task_request(router, sid, "tasks/list", None, 5)["result"]["tasks"]}
+    assert listed == {quick: "completed", slow: "working"}, listed
+    assert task_request(router, sid, "tasks/cancel", slow, 6)["result"]["status"] == "cancelled"
+    assert task_request(router, sid, "tasks/get", slow, 7)["result"]["status"] == "cancelled"
+    assert task_request(router, sid, "tasks/get", quick, 8)["result"]["status"] == "completed"
+
+
+def instance_of(router, handle):
+    """The instance a handle names (its DYNO, before the per-boot id)."""
+    dyno = handle.split("-")[1].rsplit(".", 1)[0]
+    return next(i for i in router.instances if ("web.%s" % i.out.parent.name[4:]) == dyno)
+
+
+@needs_redis
+def test_a_kernel_and_a_cancel_reach_the_instance_that_runs_it(service):
+    router, _, _ = service
+    sid = routed_initialize(router)
+    kernel = tool_output(routed_call(router, sid, "x = 41", session="new"))["session"]
+    assert tool_output(routed_call(router, sid, "x + 1", session=kernel))["value"] == "42"
+    owner = instance_of(router, kernel)
+    mark = owner.out / "sleeping"
+    answers = []
+    sleeper = call_message("open(%r, 'w').close()\nimport time; time.sleep(60)" % str(mark), 7,
+                           session=kernel)
+    target = router.next()
+    runner = threading.Thread(target=lambda: answers.append(target.mcp(sleeper, sid)))
+    runner.start()
+    assert wait_until(mark.exists, seconds=20)
+    router.mcp({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": 7}}, sid)
+    runner.join(HANG)
+    assert not runner.is_alive() and answers[0][0] == 202, answers     # cancelled: no answer
+
+
+@needs_redis
+def test_a_returned_file_is_read_from_any_instance_by_its_session_only(service):
+    router, _, _ = service
+    sid, other = routed_initialize(router), routed_initialize(router)
+    out = tool_output(routed_call(router, sid, "open('report.csv', 'w').write('a,b')"))
+    uri = out["files"][0]["uri"]
+    read = {"jsonrpc": "2.0", "id": 4, "method": "resources/read", "params": {"uri": uri}}
+    for _ in range(3):
+        reply = json.loads(router.mcp(read, sid)[2])
+        assert reply["result"]["contents"][0]["text"] == "a,b", reply
+    assert json.loads(router.mcp(read, other)[2])["error"]["code"] == -32002
+
+
+@needs_redis
+def test_what_a_killed_instance_held_is_reported_lost_not_unknown(service):
+    router, redis_server, tmp_path = service
+    doomed = start_instance(tmp_path, redis_server.url, "web.9")
+    try:
+        sid = routed_initialize(router)
+        status, _, body = doomed.mcp(call_message("import time; time.sleep(60)"), sid)
+        job = tool_output(json.loads(body)["result"])["job"]
+    finally:
+        doomed.proc.kill()
+        doomed.proc.wait()
+    text = routed_call(router, sid, job=job)["content"][0]["text"]
+    assert "lost" in text and "web.9" in text and job in text, text
+
+
+@needs_redis
+def test_redis_keeps_no_session_id_or_api_key_in_clear(service):
+    router, redis_server, _ = service
+    sid = routed_initialize(router)
+    routed_call(router, sid, "print(1)")
+    client = _redis_py.Redis(port=redis_server.port)
+    dump = b""
+    for key in client.scan_iter("*"):
+        kind = client.type(key)
+        value = client.hgetall(key) if kind == b"hash" else client.get(key) if kind == b"string" else b""
+        dump += key + repr(value).encode()
+    assert dump and sid.encode() not in dump and KEY.encode() not in dump
+
+
+@needs_redis
+def test_without_redis_at_start_an_instance_says_so_and_exits_2(tmp_path):
+    port = reserve_port()[0]
+    env = dict(os.environ, API_KEY=KEY, PORT=str(reserve_port()[0]), MCP_EXEC_DIR=str(tmp_path),
+               REDIS_URL="redis://127.0.0.1:%d/0" % port)
+    done = subprocess.run(SERVER_COMMAND + ["--http"], env=env, capture_output=True, text=True,
+                          timeout=HANG)
+    assert done.returncode == 2 and "REDIS_URL" in done.stderr, done.stderr
+
+
+@needs_redis
+def test_when_redis_goes_plain_calls_go_on_others_fail_clearly_and_it_heals(tmp_path):
+    redis_server = RedisServer(tmp_path)
+    first = start_instance(tmp_path, redis_server.url, "web.1")
+    second = start_instance(tmp_path, redis_server.url, "web.2")
+    try:
+        sid, _ = first.initialize(LATEST)
+        job = tool_output(http_call(first, sid, "import time; time.sleep(60)"))["job"]
+        redis_server.stop()
+        assert tool_output(http_call(first, sid, "print('still')", 3))["stdout"] == "still\n"
+        status, _, body = second.mcp(call_message(None, 4, job=job), sid)
+        assert status == 503 and "shared store" in json.loads(body)["error"]["message"]
+        stateless = json.loads(second.mcp(call_message(None, 5, job=job))[2])["result"]
+        assert stateless["isError"] and "shared store" in stateless["content"][0]["text"]
+        redis_server.start()
+        healthy = lambda: all(json.loads(i.request("GET", "/health")[2])["shared"] == "redis"
+                              for i in (first, second))
+        assert wait_until(healthy, seconds=20)
+        sid, _ = first.initialize(LATEST)
+        assert tool_output(http_call(second, sid, "print('healed')"))["stdout"] == "healed\n"
+    finally:
+        first.stop()
+        second.stop()
+        redis_server.stop()
+
+
+@needs_redis
+@pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl, for a self-signed certificate")
+def test_rediss_with_a_self_signed_certificate_works_as_on_heroku(tmp_path):
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=localhost"], check=True,
+                   capture_output=True)
+    redis_server = RedisServer(tmp_path, tls=(cert, key))
+    instance = start_instance(tmp_path, redis_server.url, "web.1")
+    try:
+        assert json.loads(instance.request("GET", "/health")[2])["shared"] == "redis"
+        sid, _ = instance.initialize(LATEST)
+        assert tool_output(http_call(instance, sid, "print('tls')"))["stdout"] == "tls\n"
+    finally:
+        instance.stop()
+        redis_server.stop()
