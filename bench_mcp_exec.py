@@ -786,7 +786,111 @@ def bench_images(env):
         "%.2fx" % (median(shown) / median(closed)), "(baseline: the same code, figure closed)")
 
 
-SECTIONS = ("startup", "round_trip", "cpu", "parallel", "packages", "http_throughput", "http_calls", "memory", "images")
+# --- 10. many instances: REDIS_URL ------------------------------------------------------
+
+def redis_server():
+    """A redis-server of our own on a free loopback port, no persistence -> (process, URL) or None."""
+    if not shutil.which("redis-server"):
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return proc, "redis://127.0.0.1:%d/0" % port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    return None
+
+
+def instances(env, url, n, **extra):
+    """n servers of one service (REDIS_URL), each with its own DYNO and MCP_EXEC_DIR, sharing the
+    first one's session."""
+    servers = [Http(dict(env, REDIS_URL=url, DYNO="web.%d" % i, CALL_WAIT="0.5",
+                         MCP_EXEC_DIR=env["MCP_EXEC_DIR"] + "-web.%d" % i, **extra))
+               for i in range(1, n + 1)]
+    for server in servers[1:]:
+        server.session = servers[0].session
+    return servers
+
+
+def bench_shared(env, n, seconds):
+    """print(1) with and without REDIS_URL; tasks/get round robin over 3 instances; 16 clients on
+    3 instances against 16 on one."""
+    found = redis_server() if have_http() and subprocess.run(
+        [PYTHON, "-c", "import redis"], capture_output=True).returncode == 0 else None
+    if found is None:
+        print("10. skipped: needs redis-server, and Flask, waitress and redis-py in %s" % PYTHON)
+        return
+    proc, url = found
+    try:
+        print("10. many instances (REDIS_URL, a local redis-server), %d calls each" % n)
+        alone = Http(env)
+        plain = call_times(alone, n)
+        alone.close()
+        servers = instances(env, url, 3)
+        shared = call_times(servers[0], n)
+        row("print(2+2), one instance", ms(median(shared)), ms(median(plain)),
+            "%.2fx" % (median(shared) / median(plain)), "(baseline: no REDIS_URL; goal <= 1.25x)")
+        polls = poll_times(servers, n)
+        row("job poll, round robin", "p50 %s, max %s" % (ms(median(polls)), ms(max(polls))), "", "",
+            "(each answered within 50 ms: goal max <= 50 ms)")
+        spread = calls_per_second(servers, seconds)
+        for server in servers:
+            server.close()
+        one = instances(env, url, 1)
+        single = calls_per_second(one, seconds)
+        one[0].close()
+        row("16 clients, 3 instances", "%.1f /s" % spread, "%.1f /s" % single, "%.2fx" % (spread / single),
+            "(baseline: 16 clients on one instance; 2 cores: no gain expected)")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def poll_times(servers, n):
+    """A job started on the first instance, then `n` polls of a finished job, in turn on each
+    instance: the hop through Redis to its owner and back (a poll of a running job waits up to
+    CALL_WAIT for news, by design)."""
+    job = servers[0].call("print('x')\nimport time; time.sleep(0.6)")["job"]
+    times = []
+    for i in range(n):
+        server = servers[(i + 1) % len(servers)]
+        t = time.perf_counter()
+        reply, _ = server.post({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+            "name": "code_exec_python", "arguments": {"job": job}}})
+        assert reply["result"]["structuredContent"].get("job") == job, reply
+        times.append(time.perf_counter() - t)
+    return times[1:]                       # the first one waits for the run to end
+
+
+def calls_per_second(servers, seconds):
+    stop, count = threading.Event(), [0]
+
+    def client(index):
+        turn = index
+        while not stop.is_set():
+            server = servers[turn % len(servers)]
+            turn += 1
+            server.call("print(1)")
+            count[0] += 1
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    time.sleep(seconds)
+    stop.set()
+    for th in threads:
+        th.join()
+    return count[0] / (time.perf_counter() - t)
+
+
+SECTIONS = ("startup", "round_trip", "cpu", "parallel", "packages", "http_throughput", "http_calls", "memory", "images", "shared")
 
 
 def parse_arguments(argv):
@@ -843,7 +947,8 @@ def main(argv):
             "http_throughput": lambda: bench_http_throughput(env, 1.0 if quick else 5.0),
             "http_calls": lambda: bench_http_calls(env, 3.0 if quick else 20.0),
             "memory": lambda: bench_memory(env),
-            "images": lambda: bench_images(env)}
+            "images": lambda: bench_images(env),
+            "shared": lambda: bench_shared(env, 10 if quick else 60, 2.0 if quick else 10.0)}
     try:
         for name in SECTIONS:
             if name in chosen:

@@ -3800,6 +3800,7 @@ def become_call_uid(libc, root):
     os.setresuid(uid, uid, uid)
     _prctl(libc, PR_SET_NO_NEW_PRIVS, 1)
 
+
 # name x86_64 generic(aarch64); "-" = no such syscall. Checked against the 6.18 uapi headers.
 _ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 kcmp 312 272
     pidfd_getfd 438 438 process_madvise 440 440 perf_event_open 298 241 bpf 321 280
@@ -3869,8 +3870,8 @@ def _program(arch, network_off, remote=False, own_uid=False):
     p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
     # socket: an allow-list of families. No AF_UNIX, over stdio or HTTP: its connect() would
     # reach any socket file of the machine the uid may (docker.sock, the D-Bus, ssh-agent), and
-    # Landlock (to ABI 7) has no right for it; socketpair() is another syscall, left alone. With the
-    # network on also NETLINK, of protocol NETLINK_ROUTE (0) alone (getifaddrs: no
+    # Landlock (to ABI 7) has no right for it; socketpair() is another syscall, left alone. With
+    # the network on also NETLINK, of protocol NETLINK_ROUTE (0) alone (getifaddrs: no
     # NETLINK_SOCK_DIAG, which lists every socket of the host), and INET/INET6 as STREAM or
     # DGRAM: not RAW, nor SOCK_PACKET, which the kernel turns into AF_PACKET. Off: UNIX only
     # (no UDP, TFO, MPTCP, VSOCK to the host).
@@ -6346,7 +6347,7 @@ class SharedService:
         with self.lock:
             self.sessions[hid] = session
 
-    def opened(self, server, session):
+    def session_opened(self, server, session):
         """The "session_opened" hook: the new session's record, for every instance."""
         self.server = server
         hid = self.session_hid(session)
@@ -6358,7 +6359,7 @@ class SharedService:
         except StoreError as exc:
             log("%s: this session is known here only" % exc)
 
-    def find(self, server, session_id):
+    def find_session(self, server, session_id):
         """The "find_session" hook: a session opened on another instance -> HttpSession, None
         (unknown anywhere), or a 503 naming the store."""
         self.server = server
@@ -6377,7 +6378,7 @@ class SharedService:
         self.remember(hid, session)
         return session
 
-    def deleted(self, session_id):
+    def session_deleted(self, session_id):
         """The "session_deleted" hook: DELETE /mcp ends the session on every instance."""
         hid = self.store.hid(session_id)
         try:
@@ -6487,13 +6488,11 @@ class SharedService:
                     tasks += handle_tasks_list(request)["tasks"]
                     continue
                 with contextlib.suppress(OwnerGone):
-                    response = self.carry(instance, "tasks", 10.0,
-                                          session=self.described(request.session))
-                    tasks += response
+                    tasks += self.carry(instance, "tasks", 10.0,
+                                        session=self.described(request.session))
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
-        request_id = request.id
-        return {"jsonrpc": "2.0", "id": request_id, "result": {"tasks": tasks}}
+        return {"jsonrpc": "2.0", "id": request.id, "result": {"tasks": tasks}}
 
     def tasks_here(self, message):
         return [job.task(False) for job in JOBS.of(message["session"]["owner"])]
@@ -6589,11 +6588,9 @@ def shared_setup():
     SHARED = SharedService(store)
     SHARED.start()
     log("instance %s of a shared service: Redis %s at %s" % (INSTANCE, version, store.url))
-    for name in ("route", "cancelled", "find_session", "sse_elsewhere", "health"):
-        register_hook(name, getattr(SHARED, {"find_session": "find"}.get(name, name)))
-    register_hook("session_opened", SHARED.opened)
-    register_hook("session_deleted", SHARED.deleted)
-    register_hook("sse_opened", SHARED.sse_opened)
+    for name in ("route", "cancelled", "find_session", "session_opened", "session_deleted",
+                 "sse_opened", "sse_elsewhere", "health"):
+        register_hook(name, getattr(SHARED, name))      # the hooks of the same names
 
 
 SHARED = None             # the SharedService, with REDIS_URL over HTTP (shared_setup)

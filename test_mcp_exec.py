@@ -6523,3 +6523,15 @@ def test_rediss_with_a_self_signed_certificate_works_as_on_heroku(tmp_path):
     finally:
         instance.stop()
         redis_server.stop()
+
+
+@needs_redis
+def test_a_2026_task_is_got_and_cancelled_from_any_instance(service):
+    router, _, _ = service
+    status, body = modern(router, "tools/call", 2, name=TOOL,
+                          arguments={"code": "import time; time.sleep(60)"})
+    assert body["result"]["resultType"] == "task", body
+    handle = body["result"]["taskId"]
+    assert check_modern_task(modern(router, "tasks/get", 3, taskId=handle)[1]["result"], "working")
+    assert modern(router, "tasks/cancel", 4, taskId=handle)[1]["result"] is not None
+    assert check_modern_task(modern(router, "tasks/get", 5, taskId=handle)[1]["result"], "cancelled")
