@@ -3295,7 +3295,7 @@ def serve_template(config, fresh_modules):
             sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
 
 
-def _prepare_template(sandbox, own_uids):
+def _prepare_template(sandbox, own_uids=False):
     """What each child would otherwise do for itself, done once before any fork (7.2)."""
     become_subreaper()
     libc = _libc()
