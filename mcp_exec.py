@@ -6383,8 +6383,11 @@ class SharedService:
         hid = self.store.hid(session_id)
         try:
             known = self.store.drop("session", hid)
-            self.tell_all("end", hid=hid)
-        except StoreError as exc:
+            for instance in self.store.instances():     # each ends it before DELETE answers
+                if instance != INSTANCE:
+                    with contextlib.suppress(OwnerGone):
+                        self.carry(instance, "end", 5.0, hid=hid)
+        except (StoreError, RuntimeError) as exc:
             log("%s: the session ends here only" % exc)
             return False
         with self.lock:
