@@ -879,15 +879,9 @@ def calls_per_second(servers, seconds):
             turn += 1
             server.call("print(1)")
             count[0] += 1
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    time.sleep(seconds)
-    stop.set()
-    for th in threads:
-        th.join()
-    return count[0] / (time.perf_counter() - t)
+    turns = iter(range(16))
+    elapsed = run_clients(16, lambda: client(next(turns)), stop, seconds)
+    return count[0] / elapsed
 
 
 SECTIONS = ("startup", "round_trip", "cpu", "parallel", "packages", "http_throughput", "http_calls", "memory", "images", "shared")

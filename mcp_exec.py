@@ -439,6 +439,8 @@ def protocol(version):
 #                                                      session_deleted(id) -> known elsewhere?
 #                                                      sse_opened(server, session)
 #                                                      sse_elsewhere(id, body) -> an HttpReply
+#                                                      job_published(job, request) -> problem
+#                                                      job_ended(job), job_answered(job)
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
@@ -4613,6 +4615,7 @@ class OutputStore:
         self.lock = threading.Lock()
         self.calls = {}          # token -> [created, bytes, owner], oldest first
         self.swept = 0.0
+        self.capacity = OUTPUT_STORE_MB << 20    # bytes; several instances share it (section 14)
 
     def keep(self, token, work, rel, move, session):
         """Keep work/rel (moved, or copied from a kernel's directory) -> its URI, or None. The
@@ -4647,7 +4650,7 @@ class OutputStore:
         with self.lock:
             total = sum(entry[1] for entry in self.calls.values())
             for key, (created, kept, whose, _) in list(self.calls.items()):
-                if total + size <= OUTPUT_STORE_MB << 20:
+                if total + size <= self.capacity:
                     break
                 if key != token and (whose == owner or now - created > OUTPUT_MIN_AGE):
                     doomed.append(key)
@@ -4655,7 +4658,7 @@ class OutputStore:
                     del self.calls[key]
         for key in doomed:
             remove_tree(os.path.join(self.root, key))
-        return total + size <= OUTPUT_STORE_MB << 20
+        return total + size <= self.capacity
 
     def read(self, uri, reader=None):
         """The bytes behind a URI (a string), or None if it expired, never existed, or is
@@ -5363,6 +5366,8 @@ class Job:
             if self.status == "working":            # a cancel already said "cancelled"
                 self.status = "cancelled" if result.cancelled else status
         self.done.set()
+        for ended in HOOKS["job_ended"]:            # a published job's result, kept elsewhere
+            ended(self)
         if self.notify:        # tasks.mdx: optional, and only where the channel outlives the call
             self.notify({"jsonrpc": "2.0", "method": "notifications/tasks/status",
                          "params": self.task(False)})
@@ -5388,11 +5393,13 @@ class Job:
         self.cancel.set()
         return True
 
-    def answer(self):
-        """What a poll is answered now: the new output, and once the run ended, its Result."""
+    def answer(self, take=True):
+        """What a poll is answered now: the new output, and once the run ended, its Result.
+        take=False: the same, leaving the output unread (a copy kept elsewhere, section 14)."""
         with self.lock:
             out, err = self.unread["stdout"], self.unread["stderr"]
-            self.unread = {stream: OutputBuffer(OUTPUT_LIMIT) for stream in self.unread}
+            if take:
+                self.unread = {stream: OutputBuffer(OUTPUT_LIMIT) for stream in self.unread}
         ended = self.done.is_set()
         final = self.result if ended else Result(None)    # still going: no exit status yet
         answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
@@ -5518,10 +5525,14 @@ def job_call_mode(request, call):
         cancel = request.session.start_call(request.id)
         if wait_for_job(job, request, cancel, CALL_WAIT or None) is None:
             return CANCELLED
-        return tool_result(job.answer(), request.version)
+        answer = tool_result(job.answer(), request.version)
+        for answered in HOOKS["job_answered"] if job.done.is_set() else ():
+            answered(job)             # its last output went out: no copy may hand it over again
+        return answer
     if protocol(request.version).tasks and isinstance(request.params.get("task"), dict):
         lasting = request.session.lasting_channel          # stdio, not a POST
         job = JOBS.start(call, request.session, request.notify if lasting else None)
+        publish_job(job, request, task=True)
         return {"task": job.task(False)}                        # at once (tasks.mdx)
     as_task = declares_extension(request, TASKS_EXTENSION)
     cancel = request.session.start_call(request.id)             # before the code can start
@@ -5535,9 +5546,21 @@ def job_call_mode(request, call):
     if ended:
         JOBS.forget(job)                   # never a job: the call looks as it always did
         return CANCELLED if job.result.cancelled else tool_result(job.result, request.version)
+    publish_job(job, request, task=as_task)
     if as_task:
         return dict(job.task(True), resultType="task")     # 2026-07-28 extension, Task Creation
     return tool_result(job.answer(), request.version)
+
+
+def publish_job(job, request, task):
+    """Before a handle goes out: the "job_published" hooks (section 14 keeps the job's record in
+    Redis) -> None, or, where one could not, the task is not created (ext-tasks: "MUST NOT
+    return CreateTaskResult until the task is durably created"); a job runs on regardless."""
+    for published in HOOKS["job_published"]:
+        problem = published(job, request)
+        if problem and task:
+            job.stop(problem)
+            raise ProtocolError(INTERNAL_ERROR, "The task was not created: " + problem)
 
 
 def _unknown_job(handle):
@@ -6197,6 +6220,15 @@ class SharedStore:
                 pipe.pexpire(self.name(kind, hid), int(ttl * 1000))
             self.do("renew %ss" % kind, pipe.execute)
 
+    def take_field(self, kind, hid, field):
+        """A record's field, removed in the same step (MULTI) -> str, or None: handed out once."""
+        key = self.name(kind, hid)
+        with self.redis.pipeline() as pipe:
+            pipe.hget(key, field)
+            pipe.hdel(key, field)
+            found = self.do("take from a %s" % kind, pipe.execute)[0]
+        return found.decode() if found is not None else None
+
     def drop(self, kind, hid):
         """Delete a record -> whether it was there."""
         return bool(self.do("drop a %s" % kind,
@@ -6250,6 +6282,7 @@ class SharedService:
         self.server = None
         self.sessions = {}               # hid -> Session
         self.streams = {}                # hid -> SseSession open here
+        self.published = {}              # job handle -> PublishedJob, for its record in Redis
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.down_since = None           # when Redis stopped answering the heartbeat
@@ -6271,12 +6304,15 @@ class SharedService:
             now = time.monotonic()
             with self.lock:
                 self.streams = {h: s for h, s in self.streams.items() if not s.closed}
+                self.published = {h: p for h, p in self.published.items() if JOBS.get(h)}
                 streams = list(self.streams)
                 used = [h for h, s in self.sessions.items()
                         if getattr(s, "last_used", 0) >= last and isinstance(s, HttpSession)]
             try:
                 self.store.beat(streams)
                 self.store.renew("session", used, SESSION_IDLE_TIMEOUT)
+                # Returned files stay on their instance; OUTPUT_STORE_MB bounds them all.
+                OUTPUTS.capacity = (OUTPUT_STORE_MB << 20) // max(1, len(self.store.instances()))
             except StoreError as exc:
                 if self.down_since is None:
                     log("%s; plain calls go on, requests for other instances fail" % exc)
@@ -6469,7 +6505,7 @@ class SharedService:
                                   message=request_message(request),
                                   session=self.described(request.session))
         except OwnerGone:
-            return lost_response(request, handle, instance)
+            return self.from_record(request, handle) or lost_response(request, handle, instance)
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
         return CANCELLED if response is None else response
@@ -6514,13 +6550,108 @@ class SharedService:
             session.cancel(message["id"])
 
     def health(self):
-        return {"instance": INSTANCE, "shared": "redis down" if self.down_since else "redis"}
+        return {"instance": INSTANCE, "shared": "redis down" if self.down_since else "redis",
+                "files_capacity": OUTPUTS.capacity}
+
+    # -- jobs and tasks: a record in Redis, from before the handle goes out ---------------
+    def job_published(self, job, request):
+        """The "job_published" hook: the job's record, before its handle is returned -> None,
+        or what failed. It names the owner, and, once the run ends, holds its result."""
+        record = {"owner": INSTANCE, "status": "working", "created": str(job.created)}
+        try:
+            self.store.put("job", self.store.hid(job.handle), record,
+                           EXEC_TIMEOUT_MAX + JOB_TTL + CARRIED_WAIT)
+        except StoreError as exc:
+            log("%s: job %s is known here only" % (exc, job.handle))
+            return str(exc)
+        with self.lock:
+            self.published[job.handle] = PublishedJob(request.version, request.modern)
+        if job.done.is_set():           # it ended before it was published: job_ended skipped it
+            self.job_ended(job)
+        return None
+
+    def job_ended(self, job):
+        """The "job_ended" hook: its status, Task and result go into its record (kept JOB_TTL),
+        with what no poll took yet: so they outlive this instance."""
+        published = self.published.get(job.handle)
+        if published is None:
+            return
+        version = published.version
+        done = job.answer(take=False)
+        done.stdout, done.truncated = "", False
+        if job.code_wrote_stderr:
+            done.stderr = ""
+        sealed = lambda value: json.dumps(value).replace(job.handle, HANDLE_MARK)  # noqa: E731
+        record = {"status": job.status, "task": sealed(job.task(False)),
+                  "modern_task": sealed(job.task(True)),
+                  "result": sealed(tool_result(job.result, version)),
+                  "done": sealed(tool_result(done, version))}
+        with published.lock:      # job_answered() waits: the tail it took is never put back
+            record["tail"] = sealed(tool_result(job.answer(take=False), version))
+            with contextlib.suppress(StoreError):
+                self.store.put("job", self.store.hid(job.handle), record, JOB_TTL)
+
+    def job_answered(self, job):
+        """The "job_answered" hook: a poll here took the last output: the copy goes."""
+        published = self.published.get(job.handle)
+        if published is not None:
+            with published.lock, contextlib.suppress(StoreError):
+                self.store.take_field("job", self.store.hid(job.handle), "tail")
+
+    def from_record(self, request, handle):
+        """A request for a job whose instance stopped after it ended -> the response its
+        record gives (each output line still once), or None: nothing was kept (lost)."""
+        try:
+            record = self.store.get("job", self.store.hid(handle)) if handle[:2] == "j-" else None
+            if not record or "result" not in record:
+                return None
+            record = {k: v.replace(HANDLE_MARK, handle) for k, v in record.items()}
+            if request.method == "tools/call":
+                tail = self.store.take_field("job", self.store.hid(handle), "tail")
+                result = json.loads(tail.replace(HANDLE_MARK, handle) if tail else record["done"])
+            else:
+                result = task_from_record(request, record, handle)
+        except StoreError as exc:
+            return failed_response(request, str(exc))
+        if isinstance(result, ProtocolError):
+            return error_response(request.id, result.code, result.message)
+        request.decorate(result)
+        return {"jsonrpc": "2.0", "id": request.id, "result": result}
 
 
 # What another instance may ask of this one (SharedService.answer).
 CARRIED = {"request": SharedService.request_here, "sse_post": SharedService.sse_post_here,
            "tasks": SharedService.tasks_here, "cancel": SharedService.cancel_here,
            "end": SharedService.end_copy}
+
+
+HANDLE_MARK = "@handle@"      # stands for a job's handle in its record: no handle in clear
+
+
+class PublishedJob:
+    """What the record of a job whose handle went out needs: the version its results are
+    written in, and a lock that orders its last output's copy against a poll that takes it."""
+
+    def __init__(self, version, modern):
+        self.version, self.modern = version, modern
+        self.lock = threading.Lock()
+
+
+def task_from_record(request, record, handle):
+    """tasks/get, tasks/result, tasks/cancel of an ended task, from its record -> the result,
+    or a ProtocolError (a 2025 cancel of an ended task)."""
+    result = json.loads(record["result"])
+    if request.method == "tasks/result":
+        return dict(result, _meta={RELATED_TASK: {"taskId": handle}})
+    if request.method == "tasks/cancel":
+        if request.modern:
+            return {}
+        return ProtocolError(INVALID_PARAMS, "Invalid params: task %s already %s"
+                             % (handle, record["status"]))
+    task = json.loads(record["modern_task" if request.modern else "task"])
+    if request.modern and record["status"] == "completed":
+        task["result"] = dict(result, resultType="complete")
+    return task
 
 
 def handle_named(request):
@@ -6592,7 +6723,8 @@ def shared_setup():
     SHARED.start()
     log("instance %s of a shared service: Redis %s at %s" % (INSTANCE, version, store.url))
     for name in ("route", "cancelled", "find_session", "session_opened", "session_deleted",
-                 "sse_opened", "sse_elsewhere", "health"):
+                 "sse_opened", "sse_elsewhere", "health", "job_published", "job_ended",
+                 "job_answered"):
         register_hook(name, getattr(SHARED, name))      # the hooks of the same names
 
 

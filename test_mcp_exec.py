@@ -2585,10 +2585,9 @@ print(" ".join(seen))
 """
 
 
-@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
-def test_over_http_code_reaches_no_unix_socket_and_sets_no_watch(web, tmp_path):
-    # connect() to a socket file (docker.sock, the D-Bus) is out of Landlock's reach, and an
-    # inotify watch names what a call may not list: both go over HTTP. socketpair() stays.
+def host_socket(tmp_path):
+    """A listening 0600 unix socket in a 0700 directory, as docker.sock or a user's D-Bus ->
+    (its path, the listener)."""
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     path = str(private / "host.sock")
@@ -2596,6 +2595,14 @@ def test_over_http_code_reaches_no_unix_socket_and_sets_no_watch(web, tmp_path):
     listener.bind(path)
     os.chmod(path, 0o600)
     listener.listen(1)
+    return path, listener
+
+
+@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
+def test_over_http_code_reaches_no_unix_socket_and_sets_no_watch(web, tmp_path):
+    # connect() to a socket file (docker.sock, the D-Bus) is out of Landlock's reach, and an
+    # inotify watch names what a call may not list: both go over HTTP. socketpair() stays.
+    path, listener = host_socket(tmp_path)
     listener.settimeout(0.5)
     served = []
 
@@ -2621,13 +2628,7 @@ def test_over_http_code_reaches_no_unix_socket_and_sets_no_watch(web, tmp_path):
 def test_over_stdio_code_reaches_no_unix_socket_either(server, tmp_path):
     # Over stdio too: a socket file of the host (here a 0600 one in a 0700 directory, as
     # docker.sock or the user's D-Bus) is not reached; socketpair() and asyncio still work.
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)
-    path = str(private / "host.sock")
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(path)
-    os.chmod(path, 0o600)
-    listener.listen(1)
+    path, listener = host_socket(tmp_path)
     try:
         out = server.run(UNIX_AND_WATCH % path)[1]
     finally:
@@ -6290,8 +6291,8 @@ class Router:
 def start_instance(tmp_path, redis_url, name, **env):
     folder = tmp_path / name
     folder.mkdir()
-    return HttpProcess(folder, REDIS_URL=redis_url, DYNO=name, MCP_EXEC_DIR=folder / "state",
-                       CALL_WAIT="1", **env)
+    env = dict({"CALL_WAIT": "1", "OUTPUT_STORE_MB": "3"}, **env)
+    return HttpProcess(folder, REDIS_URL=redis_url, DYNO=name, MCP_EXEC_DIR=folder / "state", **env)
 
 
 @pytest.fixture(scope="module")
@@ -6535,3 +6536,60 @@ def test_a_2026_task_is_got_and_cancelled_from_any_instance(service):
     assert check_modern_task(modern(router, "tasks/get", 3, taskId=handle)[1]["result"], "working")
     assert modern(router, "tasks/cancel", 4, taskId=handle)[1]["result"] is not None
     assert check_modern_task(modern(router, "tasks/get", 5, taskId=handle)[1]["result"], "cancelled")
+
+
+def job_record(redis_server, handle):
+    """The record the service keeps of a job, read as an operator would: keys are keyed hashes
+    (section 14: HMAC-SHA256 of the handle, keyed from API_KEY)."""
+    import hashlib
+    import hmac
+    key = hmac.new(KEY.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
+    hid = hmac.new(key, handle.encode(), hashlib.sha256).hexdigest()[:32]
+    return _redis_py.Redis(port=redis_server.port).hgetall("mcp-exec:job:" + hid)
+
+
+@needs_redis
+def test_a_finished_job_and_task_outlive_their_instance_and_hand_each_line_over_once(service):
+    # The record holds the result from the end of the run: a restart (a deploy, a daily dyno
+    # restart) no longer loses what was done. The last output still goes out once.
+    router, redis_server, tmp_path = service
+    doomed = start_instance(tmp_path, redis_server.url, "web.8")
+    sid = routed_initialize(router, "2025-11-25")
+    try:
+        code = "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('last')"
+        status, _, body = doomed.mcp(call_message(code), sid)
+        job = tool_output(json.loads(body)["result"])["job"]
+        message = call_message("print('done')", 3)
+        message["params"]["task"] = {"ttl": 60000}
+        task = json.loads(doomed.mcp(message, sid)[2])["result"]["task"]["taskId"]
+        assert record_has_result(redis_server, job) and record_has_result(redis_server, task)
+        assert job.encode() not in repr(job_record(redis_server, job)).encode()   # no handle
+    finally:
+        doomed.proc.kill()
+        doomed.proc.wait()
+    result = task_request(router, sid, "tasks/result", task, 4)["result"]
+    assert tool_output(result)["stdout"] == "done\n"
+    assert task_request(router, sid, "tasks/get", task, 5)["result"]["status"] == "completed"
+    first = tool_output(routed_call(router, sid, job=job, request_id=6))
+    again = tool_output(routed_call(router, sid, job=job, request_id=7))
+    assert (first["stdout"], first["returncode"]) == ("last\n", 0), first
+    assert (again["stdout"], again["returncode"]) == ("", 0), again
+
+
+def record_has_result(redis_server, handle):
+    return wait_until(lambda: b"result" in job_record(redis_server, handle), seconds=HANG)
+
+
+@needs_redis
+def test_returned_files_share_one_output_store_mb_across_the_service(service):
+    # OUTPUT_STORE_MB=3 over three instances: each keeps 1 MB (the heartbeat sets the share).
+    router, _, _ = service
+    shares = lambda: {json.loads(i.request("GET", "/health")[2])["files_capacity"]
+                      for i in router.instances}
+    assert wait_until(lambda: shares() == {1 << 20}, seconds=HANG), shares()
+    sid = routed_initialize(router)
+    for _ in range(3):
+        out = tool_output(routed_call(router, sid, "open('big.bin', 'wb').write(b'x' * 1500000)"))
+        assert "OUTPUT_STORE_MB" in out["files"][0].get("note", ""), out["files"]
+    out = tool_output(routed_call(router, sid, "open('small.bin', 'wb').write(b'x' * 500000)"))
+    assert out["files"][0].get("uri"), out["files"]
