@@ -6214,6 +6214,13 @@ class SharedStore:
             found = self.do("read a %s" % kind, pipe.execute)[0]
         return {k.decode(): v.decode() for k, v in found.items()} or None
 
+    def ttls(self, kind, hids):
+        """The seconds each record has left (negative: none)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for hid in hids:
+                pipe.pttl(self.name(kind, hid))
+            return [ms / 1000.0 for ms in self.do("read %s TTLs" % kind, pipe.execute)]
+
     def renew(self, kind, hids, ttl):
         with self.redis.pipeline(transaction=False) as pipe:
             for hid in hids:
@@ -6306,11 +6313,12 @@ class SharedService:
                 self.streams = {h: s for h, s in self.streams.items() if not s.closed}
                 self.published = {h: p for h, p in self.published.items() if JOBS.get(h)}
                 streams = list(self.streams)
-                used = [h for h, s in self.sessions.items()
-                        if getattr(s, "last_used", 0) >= last and isinstance(s, HttpSession)]
+                known = {h: s for h, s in self.sessions.items() if isinstance(s, HttpSession)}
+                used = [h for h, s in known.items() if s.last_used >= last]
             try:
                 self.store.beat(streams)
                 self.store.renew("session", used, SESSION_IDLE_TIMEOUT)
+                self.follow_idle_clocks(known)
                 # Returned files stay on their instance; OUTPUT_STORE_MB bounds them all.
                 OUTPUTS.capacity = (OUTPUT_STORE_MB << 20) // max(1, len(self.store.instances()))
             except StoreError as exc:
@@ -6323,6 +6331,20 @@ class SharedService:
                     % (self.store.url, now - self.down_since))
                 self.down_since = None
             last = now
+
+    def follow_idle_clocks(self, known):
+        """A session's idle time is the service's: its record's TTL, renewed by a use anywhere,
+        sets back the clock of this instance's copy, so that the copy (and the jobs and
+        kernels it has here) does not expire while the session is used elsewhere."""
+        now = time.monotonic()
+        for (hid, session), left in zip(known.items(), self.store.ttls("session", list(known))):
+            if left > 0:
+                session.last_used = max(session.last_used, now - (SESSION_IDLE_TIMEOUT - left))
+            elif now - session.last_used > SESSION_IDLE_TIMEOUT:     # over, everywhere
+                with self.lock:
+                    self.sessions.pop(hid, None)
+                if session.session_id is None:     # a copy for carried requests: no server
+                    session.end()                  # expires it but this
 
     def serve_inbox(self):
         """Answer what other instances carry here, each on a worker thread."""

@@ -6593,3 +6593,25 @@ def test_returned_files_share_one_output_store_mb_across_the_service(service):
         assert "OUTPUT_STORE_MB" in out["files"][0].get("note", ""), out["files"]
     out = tool_output(routed_call(router, sid, "open('small.bin', 'wb').write(b'x' * 500000)"))
     assert out["files"][0].get("uri"), out["files"]
+
+
+@needs_redis
+def test_a_session_used_elsewhere_does_not_expire_here_with_its_kernel(service, tmp_path):
+    # Idle time is the service's: web.b's copy of a session used only on web.a follows its
+    # record's TTL, so web.b's sweep of idle sessions (run when a session opens there) does
+    # not end the session, nor the kernel it has on web.b. SESSION_IDLE_TIMEOUT=8.
+    _, redis_server, _ = service
+    here, there = (start_instance(tmp_path, redis_server.url, name, SESSION_IDLE_TIMEOUT="8")
+                   for name in ("web.a", "web.b"))
+    try:
+        sid, _ = here.initialize(LATEST)
+        kernel = tool_output(http_call(there, sid, "x = 41", session="new"))["session"]
+        for n in range(12):                       # used on web.a alone for 12 s
+            assert tool_output(http_call(here, sid, "print(%d)" % n, 3 + n))["stdout"] == "%d\n" % n
+            time.sleep(1)
+        there.initialize(LATEST)                  # web.b sweeps its idle sessions
+        out = tool_output(http_call(there, sid, "x + 1", 20, session=kernel))
+        assert out.get("value") == "42", out
+    finally:
+        here.stop()
+        there.stop()
