@@ -6170,7 +6170,7 @@ class SharedStore:
                 failure = exc
                 break
         raise StoreError("the shared store (Redis at %s) failed to %s: %s"
-                         % (self.url, what, failure or type(failure).__name__)) from None
+                         % (self.url, what, str(failure) or type(failure).__name__)) from None
 
     def name(self, kind, value):
         return self.prefix + kind + ":" + value
@@ -6178,13 +6178,22 @@ class SharedStore:
     def ping(self):
         return self.do("answer PING", lambda: self.redis.info("server")["redis_version"])
 
+    def pipelined(self, what, build, transaction=True):
+        """One round trip: build(pipe) queues the commands -> their answers. A retry (do())
+        builds the pipeline anew: a failed one comes back empty."""
+        def act():
+            with self.redis.pipeline(transaction=transaction) as pipe:
+                build(pipe)
+                return pipe.execute()
+        return self.do(what, act)
+
     def beat(self, sse_hids):
         """The heartbeat, and the records of this instance's open /sse streams."""
-        with self.redis.pipeline(transaction=False) as pipe:
+        def build(pipe):
             pipe.set(self.name("hb", self.instance), "1", px=int(HEARTBEAT_TTL * 1000))
             for hid in sse_hids:
                 pipe.set(self.name("sse", hid), self.instance, px=int(SSE_RECORD_TTL * 1000))
-            self.do("renew the heartbeat", pipe.execute)
+        self.pipelined("renew the heartbeat", build, transaction=False)
 
     def alive(self, instance):
         return bool(self.do("ask if %s is alive" % instance,
@@ -6197,43 +6206,37 @@ class SharedStore:
         return sorted(key.decode()[len(self.name("hb", "")):] for key in found)
 
     def put(self, kind, hid, record, ttl):
-        """A record (a dict of strings) for `ttl` seconds."""
+        """A record (a dict of strings) for `ttl` seconds (MULTI: never one without its TTL)."""
         key = self.name(kind, hid)
-        with self.redis.pipeline() as pipe:       # MULTI: never a record without its TTL
-            pipe.hset(key, mapping=record)
-            pipe.pexpire(key, int(ttl * 1000))
-            self.do("store a %s" % kind, pipe.execute)
+        self.pipelined("store a %s" % kind, lambda pipe: pipe.hset(key, mapping=record).pexpire(
+            key, int(ttl * 1000)))
 
     def get(self, kind, hid, ttl=None):
         """The record, its TTL renewed if given -> a dict of str, or None."""
         key = self.name(kind, hid)
-        with self.redis.pipeline() as pipe:
-            pipe.hgetall(key)
-            if ttl:
-                pipe.pexpire(key, int(ttl * 1000))
-            found = self.do("read a %s" % kind, pipe.execute)[0]
+        found = self.pipelined("read a %s" % kind, lambda pipe: pipe.hgetall(key).pexpire(
+            key, int(ttl * 1000)) if ttl else pipe.hgetall(key))[0]
         return {k.decode(): v.decode() for k, v in found.items()} or None
 
     def ttls(self, kind, hids):
         """The seconds each record has left (negative: none)."""
-        with self.redis.pipeline(transaction=False) as pipe:
+        def build(pipe):
             for hid in hids:
                 pipe.pttl(self.name(kind, hid))
-            return [ms / 1000.0 for ms in self.do("read %s TTLs" % kind, pipe.execute)]
+        answers = self.pipelined("read %s TTLs" % kind, build, transaction=False)
+        return [ms / 1000.0 for ms in answers]
 
     def renew(self, kind, hids, ttl):
-        with self.redis.pipeline(transaction=False) as pipe:
+        def build(pipe):
             for hid in hids:
                 pipe.pexpire(self.name(kind, hid), int(ttl * 1000))
-            self.do("renew %ss" % kind, pipe.execute)
+        self.pipelined("renew %ss" % kind, build, transaction=False)
 
     def take_field(self, kind, hid, field):
         """A record's field, removed in the same step (MULTI) -> str, or None: handed out once."""
         key = self.name(kind, hid)
-        with self.redis.pipeline() as pipe:
-            pipe.hget(key, field)
-            pipe.hdel(key, field)
-            found = self.do("take from a %s" % kind, pipe.execute)[0]
+        found = self.pipelined("take from a %s" % kind,
+                               lambda pipe: pipe.hget(key, field).hdel(key, field))[0]
         return found.decode() if found is not None else None
 
     def drop(self, kind, hid):
@@ -6246,11 +6249,11 @@ class SharedStore:
         return found.decode() if found else None
 
     def send(self, instance, message):
-        """Put a request in an instance's inbox; it answers on message["reply"]."""
-        with self.redis.pipeline() as pipe:
-            pipe.rpush(self.name("inbox", instance), json.dumps(message))
-            pipe.pexpire(self.name("inbox", instance), 60000)
-            self.do("send a request to %s" % instance, pipe.execute)
+        """Put a request in an instance's inbox; it answers on message["reply"]. A retry may
+        deliver it twice: the inbox's reader runs each reply key once."""
+        inbox = self.name("inbox", instance)
+        self.pipelined("send a request to %s" % instance, lambda pipe: pipe.rpush(
+            inbox, json.dumps(message)).pexpire(inbox, 60000))
 
     def next_request(self):
         """The next request in this instance's inbox, waiting up to REDIS_BLOCK -> dict or None."""
@@ -6259,10 +6262,8 @@ class SharedStore:
         return json.loads(got[1]) if got else None
 
     def reply(self, key, answer, seconds):
-        with self.redis.pipeline() as pipe:
-            pipe.rpush(key, json.dumps(answer))
-            pipe.expire(key, int(seconds) + 5)
-            self.do("answer a request", pipe.execute)
+        self.pipelined("answer a request", lambda pipe: pipe.rpush(key, json.dumps(answer)).expire(
+            key, int(seconds) + 5))
 
     def wait_reply(self, key):
         """The answer on `key`, waiting up to REDIS_BLOCK -> dict or None."""
@@ -6290,6 +6291,7 @@ class SharedService:
         self.sessions = {}               # hid -> Session
         self.streams = {}                # hid -> SseSession open here
         self.published = {}              # job handle -> PublishedJob, for its record in Redis
+        self.seen = {}                   # reply key -> until when: carried requests run once
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.down_since = None           # when Redis stopped answering the heartbeat
@@ -6354,8 +6356,18 @@ class SharedService:
             except StoreError:
                 self.stopped.wait(REDIS_BLOCK)     # the heartbeat logs it
                 continue
-            if message is not None:
+            if message is not None and self.first_time(message):
                 self.workers.start(lambda message=message: self.answer(message))
+
+    def first_time(self, message):
+        """Whether a carried request is new: a retried send may deliver it twice."""
+        now, reply = time.monotonic(), message.get("reply")
+        self.seen = {key: until for key, until in self.seen.items() if until > now}
+        if reply in self.seen:
+            return False
+        if reply:
+            self.seen[reply] = now + message["wait"] + 5
+        return True
 
     def answer(self, message):
         try:
