@@ -2454,6 +2454,7 @@ class HttpSession(Session):
         self.identified = session_id is not None
         self.session_id = session_id
         self.last_used = time.monotonic()
+        self.shared_hid = None         # the name other instances know it by (section 14)
 
 
 class SseSession(Session):
@@ -6410,7 +6411,7 @@ class SharedService:
             return self.store.hid("sse " + session.session_id)
         if getattr(session, "session_id", None):
             return self.store.hid(session.session_id)
-        return getattr(session, "shared_hid", None)
+        return getattr(session, "shared_hid", None)     # an HttpSession; stdio has none
 
     def remember(self, hid, session):
         session.shared_hid = hid

@@ -6483,11 +6483,23 @@ def test_without_redis_at_start_an_instance_says_so_and_exits_2(tmp_path):
 
 
 @needs_redis
-def test_when_redis_goes_plain_calls_go_on_others_fail_clearly_and_it_heals(tmp_path):
+def test_when_redis_goes_under_load_plain_calls_go_on_others_fail_clearly_and_it_heals(tmp_path):
     redis_server = RedisServer(tmp_path)
     first = start_instance(tmp_path, redis_server.url, "web.1")
     second = start_instance(tmp_path, redis_server.url, "web.2")
+    stop, outcomes = threading.Event(), []
+
+    def load(server):            # plain calls, stateless, all along: none needs Redis
+        n = 0
+        while not stop.is_set():
+            n += 1
+            status, _, body = server.mcp(call_message("print(%d)" % n, n))
+            outcomes.append(status == 200 and tool_output(json.loads(body)["result"])["stdout"]
+                            == "%d\n" % n)
+    loaders = [threading.Thread(target=load, args=(server,)) for server in (first, second) * 2]
     try:
+        for loader in loaders:
+            loader.start()
         sid, _ = first.initialize(LATEST)
         job = tool_output(http_call(first, sid, "import time; time.sleep(60)"))["job"]
         redis_server.stop()
@@ -6502,7 +6514,12 @@ def test_when_redis_goes_plain_calls_go_on_others_fail_clearly_and_it_heals(tmp_
         assert wait_until(healthy, seconds=20)
         sid, _ = first.initialize(LATEST)
         assert tool_output(http_call(second, sid, "print('healed')"))["stdout"] == "healed\n"
+        stop.set()
+        for loader in loaders:
+            loader.join(HANG)
+        assert outcomes and all(outcomes), outcomes.count(False)
     finally:
+        stop.set()
         first.stop()
         second.stop()
         redis_server.stop()
