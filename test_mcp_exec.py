@@ -6406,7 +6406,7 @@ def test_tasks_are_got_listed_awaited_and_cancelled_from_any_instance(service):
 def instance_of(router, handle):
     """The instance a handle names (its DYNO, before the per-boot id)."""
     dyno = handle.split("-")[1].rsplit(".", 1)[0]
-    return next(i for i in router.instances if ("web.%s" % i.out.parent.name[4:]) == dyno)
+    return next(i for i in router.instances if i.out.parent.name == dyno)     # its folder
 
 
 @needs_redis
