@@ -695,11 +695,11 @@ def handshake_request(request_id, method, params, session, notify):
 def answer_request(request):
     """Run a Request's method handler -> its response object, or None (cancelled). A "route"
     hook may answer instead: with REDIS_URL, what another instance holds is asked there."""
-    for route in HOOKS["route"]:
-        response = route(request)
-        if response is not None:
-            return None if response is CANCELLED else response
     try:
+        for route in HOOKS["route"]:
+            response = route(request)
+            if response is not None:
+                return None if response is CANCELLED else response
         result = METHODS[request.method][0](request)
     except ProtocolError as exc:
         return error_response(request.id, exc.code, exc.message, exc.data)

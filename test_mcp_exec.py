@@ -6401,6 +6401,9 @@ def test_tasks_are_got_listed_awaited_and_cancelled_from_any_instance(service):
     assert task_request(router, sid, "tasks/cancel", slow, 6)["result"]["status"] == "cancelled"
     assert task_request(router, sid, "tasks/get", slow, 7)["result"]["status"] == "cancelled"
     assert task_request(router, sid, "tasks/get", quick, 8)["result"]["status"] == "completed"
+    status, _, body = router.mcp({"jsonrpc": "2.0", "id": 9, "method": "tasks/list",
+                                  "params": {"cursor": "nonsense"}}, sid)
+    assert json.loads(body)["error"]["code"] == -32602, body       # the handler's own error
 
 
 def instance_of(router, handle):
