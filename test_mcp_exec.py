@@ -2719,6 +2719,27 @@ def test_a_server_that_is_not_root_changes_no_metadata_of_its_own_files_either()
         shutil.rmtree(parent)
 
 
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0 and SECCOMP_HERE
+                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
+                    reason="needs Linux with seccomp, root (to switch to nobody), setpriv and a system Python")
+def test_a_server_that_is_not_root_reaches_no_unix_socket_either():
+    # A socket any uid may connect to (0666, as the system D-Bus): only seccomp refuses it.
+    parent = pathlib.Path(tempfile.mkdtemp(prefix="mcp-exec-sock-"))
+    try:
+        os.chmod(parent, 0o755)
+        path = str(parent / "bus.sock")
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(path)
+        os.chmod(path, 0o666)
+        listener.listen(1)
+        reply, stderr = one_shot_as_nobody(UNIX_AND_WATCH % path)
+        listener.close()
+        out = reply["result"]["structuredContent"]["stdout"]
+        assert out.startswith("unix EPERM pair"), (out, stderr)
+    finally:
+        shutil.rmtree(parent)
+
+
 def world_readable_python():
     """A Python others may run, of our version, and the folder holding Flask -> (python, folder)
     or None: a per-call uid needs an interpreter it can read (a pyenv under a 0700 /root is not)."""
