@@ -2814,7 +2814,7 @@ class HttpServer:
                              on_close)
         try:
             if inline:
-                reply = answer_request(request)
+                reply = self.answered(request)
             else:                  # the response is the message with an id (progress has none)
                 replies = [m for m in self.watch(request, client_disconnected)
                            if m is not None and "id" in m]
@@ -2832,7 +2832,7 @@ class HttpServer:
 
         def run():
             try:
-                reply = answer_request(request)
+                reply = self.answered(request)
                 if reply is not None:
                     outbox.put(reply)
             finally:
@@ -2842,6 +2842,16 @@ class HttpServer:
             yield message
         if request.modern and client_disconnected is not None and client_disconnected():
             request.session.close()
+
+    def answered(self, request):
+        """answer_request(); but a request cut short by the end of its session (DELETE /mcp,
+        expiry) is told so: that is no cancellation, which alone goes unanswered."""
+        reply = answer_request(request)
+        if reply is None and request.session.closed and request.session.identified:
+            reply = error_response(request.id, INVALID_REQUEST, "Session ended while the "
+                                   "request ran (DELETE /mcp, or idle past "
+                                   "SESSION_IDLE_TIMEOUT): initialize again")
+        return reply
 
     def quick_reply(self, reply, accept, status=200):
         """A request answered at once: JSON, or one SSE event for a client accepting only that."""

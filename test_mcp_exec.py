@@ -5480,6 +5480,27 @@ def test_streamable_http_full_flow(web):
     assert status == 404
 
 
+def test_a_call_cut_short_by_delete_gets_an_error_not_silence(web):
+    # Over a stream and as JSON: the session's end is no cancellation, so the waiting client
+    # hears why, instead of a stream that just ends (or a 202 for a request).
+    for n, accept in enumerate((ACCEPT_BOTH, "application/json")):
+        sid, _ = web.initialize()
+        mark = web.out / ("cut-short-%d" % n)
+        conn = web.connect()
+        code = "open(%r, 'w').close()\nimport time; time.sleep(60)" % str(mark)
+        conn.request("POST", "/mcp", json.dumps(call_message(code)),
+                     dict(AUTH, Accept=accept, **{"Mcp-Session-Id": sid, "Content-Type": "application/json"}))
+        assert wait_until(mark.exists, seconds=20)           # the call runs
+        web.request("DELETE", "/mcp", headers=dict(AUTH, **{"Mcp-Session-Id": sid}))
+        resp = conn.getresponse()
+        if accept == ACCEPT_BOTH:
+            reply = json.loads([data for kind, data in read_events(resp, until_id=2) if kind == "message"][-1])
+        else:
+            reply = json.loads(resp.read())
+        conn.close()
+        assert reply["id"] == 2 and "Session ended" in reply["error"]["message"], reply
+
+
 def test_streamable_tool_call_answers_with_sse_when_the_client_accepts_it(web):
     sid, _ = web.initialize()
     conn = web.connect()
