@@ -1991,6 +1991,12 @@ def test_code_cannot_read_the_servers_environment_through_proc():
     assert reply["result"]["structuredContent"]["stdout"].split()[0] == "refused"
 
 
+as_nobody_with_seccomp = pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0 and SECCOMP_HERE
+         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
+    reason="needs Linux with seccomp, root (to switch to nobody), setpriv and a system Python")
+
+
 NONROOT_ATTACKS = r"""
 import ctypes, json, os, resource, socket
 out = {}
@@ -2013,9 +2019,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0 and SECCOMP_HERE
-                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
-                    reason="needs Linux with seccomp, root (to switch to nobody), setpriv and a system Python")
+@as_nobody_with_seccomp
 def test_the_attacks_are_refused_for_a_non_root_server_too():
     # As nobody, the server and its children share a uid: only seccomp stands between code
     # and prlimit/sched_setaffinity on the server; raw sockets need capabilities it lacks.
@@ -2699,9 +2703,7 @@ def test_code_changes_no_mode_owner_time_or_xattr_outside_its_call_over_http(web
     assert untouched(path, before)
 
 
-@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0 and SECCOMP_HERE
-                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
-                    reason="needs Linux with seccomp, root (to switch to nobody), setpriv and a system Python")
+@as_nobody_with_seccomp
 def test_a_server_that_is_not_root_changes_no_metadata_of_its_own_files_either():
     # As nobody the server's files are the code's uid's: only seccomp refuses their chmod.
     parent = pathlib.Path(tempfile.mkdtemp(prefix="mcp-exec-theirs-"))
@@ -2719,9 +2721,7 @@ def test_a_server_that_is_not_root_changes_no_metadata_of_its_own_files_either()
         shutil.rmtree(parent)
 
 
-@pytest.mark.skipif(not (sys.platform.startswith("linux") and POSIX and os.geteuid() == 0 and SECCOMP_HERE
-                         and shutil.which("setpriv") and os.path.exists(SYSTEM_PYTHON)),
-                    reason="needs Linux with seccomp, root (to switch to nobody), setpriv and a system Python")
+@as_nobody_with_seccomp
 def test_a_server_that_is_not_root_reaches_no_unix_socket_either():
     # A socket any uid may connect to (0666, as the system D-Bus): only seccomp refuses it.
     parent = pathlib.Path(tempfile.mkdtemp(prefix="mcp-exec-sock-"))
