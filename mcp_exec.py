@@ -2575,6 +2575,7 @@ class HttpServer:
         self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
         self.sse_sessions = {}      # session_id -> SseSession
         self.waitress_checked = False
+        self.closing = False        # the server is shutting down (close())
         self.workers = Workers()
 
     def check_waitress(self, environ):
@@ -2845,9 +2846,11 @@ class HttpServer:
 
     def answered(self, request):
         """answer_request(); but a request cut short by the end of its session (DELETE /mcp,
-        expiry) is told so: that is no cancellation, which alone goes unanswered."""
+        expiry) is told so: that is no cancellation, which goes unanswered (as does what a
+        shutdown cuts short: the stream then ends)."""
         reply = answer_request(request)
-        if reply is None and request.session.closed and request.session.identified:
+        ended = request.session.closed and request.session.identified and not self.closing
+        if reply is None and ended:
             reply = error_response(request.id, INVALID_REQUEST, "Session ended while the "
                                    "request ran (DELETE /mcp, or idle past "
                                    "SESSION_IDLE_TIMEOUT): initialize again")
@@ -2905,6 +2908,7 @@ class HttpServer:
     def close(self):
         """End every session of both transports: their running executions are killed, and a
         stream waiting in waitress for a client that stopped reading is hung up."""
+        self.closing = True          # what it cuts short goes unanswered, as a cancel does
         with self.lock:
             sessions = list(self.sse_sessions.values()) + list(self.http_sessions.values())
         for session in sessions:
