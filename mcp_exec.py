@@ -1276,11 +1276,23 @@ def start_child(env, directory, mode="run", local=True, extra_fds=()):
 
 
 def spawn_child(env, config, pipes, extra_fds=()):
-    """The core's "start_child" step: a new interpreter, `python -u -c CHILD_COMMAND config`."""
+    """The core's "start_child" step: a new interpreter, child_argv() with the call's config."""
     config = dict(config, results_fd=pipes.child[3], extra_fds=list(extra_fds))
     environment, cwd = config.pop("env"), config.pop("cwd")
-    argv = [env.python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
+    argv = child_argv(env.python, config)
     return SpawnedChild(argv, environment, cwd, pipes, [pipes.child[3]] + list(extra_fds))
+
+
+def child_argv(python, config):
+    """How every child interpreter starts: `python -I -S -u -c CHILD_COMMAND config`.
+
+    Nothing the call brings may run before child_setup() has put the sandbox in place, and the
+    call's files are already in its working directory. So the interpreter starts isolated: -I
+    puts neither the working directory nor the user's site-packages on sys.path and ignores
+    every PYTHON* variable, and -S runs no site: no .pth file, no sitecustomize. A given ast.py,
+    sitecustomize.py or a package's .pth would otherwise run first, unconfined. After the
+    sandbox, finish_startup() does what they skipped, so the code finds `python -c` as usual."""
+    return [python, "-I", "-S", "-u", "-c", CHILD_COMMAND, json.dumps(config)]
 
 
 class SpawnedChild(Child):
@@ -1546,15 +1558,38 @@ def reap_orphans():
 def kill_orphans(ours):
     """Kill and reap every child of this process that ours() does not claim, with all it started.
     As a subreaper we get the children of orphans that exit: all are stopped first (stop_all), then
-    killed, again while any is left. Not yet reaped, their pids cannot be reused meanwhile."""
+    killed, again while any is left. Not yet reaped, their pids cannot be reused meanwhile.
+
+    It never waits long for one: a process stuck in the kernel (D state, an I/O that will not end)
+    dies only when that I/O does, and the caller (a template, serving every other call) must not
+    stop with it. Such a process is kept in _DYING and reaped by a later call, without waiting."""
     for _ in range(100):
-        stopped = stop_all(lambda: set(children_of(os.getpid())) - ours(), 1000)
+        _DYING.difference_update(reap_within(set(_DYING), 0))
+        stopped = stop_all(lambda: set(children_of(os.getpid())) - ours() - _DYING, 1000)
         if not stopped:
             return
         for pid in stopped:
             kill_tree(pid)
+        _DYING.update(stopped - reap_within(stopped, 1.0))
+
+
+_DYING = set()        # children killed but not yet reaped: stuck in the kernel
+
+
+def reap_within(pids, seconds):
+    """Reap those of `pids` (this process's children, killed) that end within `seconds` -> the
+    pids reaped (or not ours to reap)."""
+    deadline = time.monotonic() + seconds
+    reaped = set()
+    while True:
+        for pid in pids - reaped:
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+                if not os.waitpid(pid, os.WNOHANG)[0]:
+                    continue                                  # alive still
+            reaped.add(pid)
+        if reaped == pids or time.monotonic() >= deadline:
+            return reaped
+        time.sleep(0.001)
 
 # --- Directories: the server's, each call's, and removing them --------------------------
 # Every call gets a fresh directory under the server's own, STATE_DIR/run/<pid>-<random>/, and
@@ -2020,10 +2055,12 @@ def _waiting(try_lock, cancel, deadline, release=None):
             release()
 
 # --- The child's side: one call's life in the child process ----------------------------
-# Every child starts with CHILD_COMMAND: it imports this file by path (sys.path stays as it was)
-# and calls child_main(). The server's settings mean nothing there: all the child needs is its
-# config. The code finds the interpreter as `python -c` leaves it: this file's imports are
-# forgotten first.
+# Every child starts isolated (child_argv) with CHILD_COMMAND: it imports `site` without running
+# it, then this file by path (appended to sys.path, so no file beside it hides a standard
+# module), and calls child_main(). The server's settings mean nothing there: all the child needs
+# is its config. The code finds the interpreter as `python -c` leaves it: this file's imports
+# are forgotten first, and finish_startup() runs site and puts '' first on sys.path, once the
+# sandbox is in place.
 
 
 try:
@@ -2031,8 +2068,8 @@ try:
 except ImportError:
     ctypes = None
 
-CHILD_COMMAND = ("import sys; fresh = set(sys.modules); sys.path.insert(0, %r); import %s as m; "
-                 "del sys.path[0]; m.child_main(fresh)"
+CHILD_COMMAND = ("import sys, site; fresh = set(sys.modules); sys.path.append(%r); "
+                 "import %s as m; del sys.path[-1]; m.child_main(fresh)"
                  % (os.path.dirname(os.path.abspath(__file__)),
                     os.path.splitext(os.path.basename(__file__))[0]))
 CODE_FILENAME = "<code>"
@@ -2050,10 +2087,30 @@ def child_main(fresh_modules):
     else:
         forget_modules(fresh_modules)                     # re-imported if the code wants them
     child_setup(config)
+    finish_startup()
     mode = CHILD_MODES.get(config["mode"])
     if mode:
         mode.serve(config, fresh_modules)
     run_in_child(config)
+
+
+SITE_DONE = []      # [True] in a template that ran site itself: its children inherit it
+
+
+def finish_startup():
+    """In the child, sandboxed: what `python -c` does at start and child_argv() held back. site
+    adds site-packages, runs .pth files, sitecustomize and usercustomize (where the user's site
+    would be on: -I turned it off); '' first on sys.path imports the call's own files; stdout
+    and stderr are UTF-8, as PYTHONIOENCODING (which -I ignores) asks of every child."""
+    if not SITE_DONE:
+        site = sys.modules["site"]
+        site.ENABLE_USER_SITE = os.getuid() == os.geteuid() and os.getgid() == os.getegid()
+        site.main()
+    sys.path.insert(0, "")
+    for stream in (sys.stdout, sys.stderr):
+        if stream.encoding.replace("-", "").lower() != "utf8":    # a non-UTF-8 locale's
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.reconfigure(encoding="utf-8")
 
 
 def run_in_child(config):
@@ -3269,6 +3326,10 @@ def serve_template(config, fresh_modules):
     the exit reported."""
     sock = socket.socket(fileno=config["socket_fd"])
     _prepare_template(config.get("sandbox"), config.get("own_uids"))
+    if config.get("run_site"):      # the server's own packages: none came with a call
+        finish_startup()
+        del sys.path[0]                     # '' is each child's, in its own directory
+        SITE_DONE.append(True)
     poller = select.poll()
     roots = {}                                                 # roots: pidfd -> call's child
     limits = _rlimits()
@@ -3278,7 +3339,10 @@ def serve_template(config, fresh_modules):
     gc.freeze()         # our objects are never collected: forked children do not copy them
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
-        for fd, _ in poller.poll():
+        events = poller.poll(1000 if _DYING else None)      # a stuck orphan: reaped later
+        if not events:
+            kill_orphans(lambda: set(roots.values()))
+        for fd, _ in events:
             if fd in roots:                             # a call's child ended
                 poller.unregister(fd)
                 os.close(fd)
@@ -3343,9 +3407,12 @@ class Template:
         self.retired = False
         self.next_id = 0
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # site (.pth files, sitecustomize) runs here only for the server's own interpreter,
+        # whose packages the operator installed; in an environment a call's `packages` made, it
+        # runs in each child, sandboxed (child_argv).
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
-                  "own_uids": SANDBOX.own_uids}
-        argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
+                  "own_uids": SANDBOX.own_uids, "run_site": python == sys.executable}
+        argv = child_argv(python, config)
         try:
             self.proc = spawn(argv, child_environment(), RUN_DIR.path(),
                               (subprocess.DEVNULL, subprocess.DEVNULL, None), [theirs.fileno()])
@@ -3376,7 +3443,12 @@ class Template:
         except OSError:
             child.forked.set()
         if not child.forked.wait(30):
-            self.close()        # it forked nothing in 30 s: it may not fork onto these pipes later
+            # It forked nothing in 30 s: it must not fork onto these pipes later, so it ends,
+            # and so do the calls it forked. Its reaping never waits (kill_orphans): this is a
+            # template that is broken, not one busy with a stuck call.
+            log("the template for %s did not fork a call in 30 s: it is stopped, and so are the "
+                "%d calls and kernels it runs" % (self.python, len(self.running)))
+            self.close()
         with self.lock:
             self.forking.pop(request_id, None)
             return child if child.pid is not None else None
@@ -3601,9 +3673,11 @@ class Sandbox:
     strongest of two means this process has, decided here and named in the start-up line:
     - "uid" (root, calls over HTTP): each call runs as a uid of its own, CALL_UID_BASE + its pid,
       with no groups; its directory is chowned to it. A chmod of anything else fails by
-      ownership, and os.chmod, shutil.copy2 and tarfile keep working in its own directory.
+      ownership, and os.chmod and tarfile keep working in its own directory.
     - "seccomp" (not root, or over stdio, where the code reads the user's files as the user): the
-      filter refuses the chmod, chown, utime and xattr families, inside its own directory too.
+      filter refuses the chmod, chown and xattr families, inside its own directory too.
+    File times (the utime family) are refused in both: "now" needs only the right to write, and
+    /tmp is writable by every uid. So shutil.copy2 and copystat fail; shutil.copyfile works.
     (Per-call namespaces were measured at 2.3-2.8 ms a call, over the 1.5 ms this sandbox may
     cost: they are not used; see the README.)"""
 
@@ -3661,7 +3735,7 @@ class Sandbox:
             "seccomp filter: no unix sockets (socketpair works), over HTTP no file watches"
             if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
             "file metadata: " + ("each HTTP call its own uid; over stdio " if self.own_uids
-                                 else "") + "seccomp refuses chmod, chown, utime, xattrs" +
+                                 else "") + "seccomp refuses chmod, chown, xattrs; utime always" +
             (" (no uid per call: others cannot read %s)" % self.uid_problem
              if self.uid_problem else ""),
             "network off" if self.network == "off" else "network on"])
@@ -3682,7 +3756,10 @@ def sandbox_config(call_root, local):
     """The sandbox a child applies to itself (apply_sandbox), or None when there is none."""
     if not SANDBOX.active:
         return None
-    reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root]
+    # site runs after the sandbox (child_argv): the server's site-packages, which a workspace's
+    # .pth adds, are named here, as they are not yet on the child's sys.path.
+    site_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root] + site_dirs
     return {"abi": SANDBOX.abi, "read": reads,
             "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
             "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp,
@@ -3729,7 +3806,8 @@ def _apply_landlock(libc, spec):
                                   ctypes.c_uint32(0)))
     reads = spec["read"] if spec["read"] is not None else ["/"]
     if spec["read"] is not None:     # the interpreter's own directories, wherever they are
-        reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix,
+        venv = os.path.dirname(os.path.dirname(sys.executable))   # site makes it sys.prefix
+        reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, venv,
                          os.path.dirname(os.path.realpath(sys.executable))]
         reads += [p for p in sys.path if os.path.isabs(p)]
     for paths, access in ((reads, FS_READ), (spec["write"], handled)):
@@ -3831,7 +3909,13 @@ _ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 k
     vhangup 153 58 settimeofday 164 170 clock_settime 227 112 adjtimex 159 171 setns 308 268
     migrate_pages 256 238 move_pages 279 239 shmget 29 194 shmat 30 196 shmctl 31 195
     shmdt 67 197 semget 64 190 semop 65 193 semtimedop 220 192 semctl 66 191 msgget 68 186
-    msgsnd 69 189 msgrcv 70 188 msgctl 71 187 modify_ldt 154 -"""
+    msgsnd 69 189 msgrcv 70 188 msgctl 71 187 modify_ldt 154 -
+    io_setup 206 0 io_destroy 207 1 io_submit 209 2 io_cancel 210 3 io_getevents 208 4
+    io_pgetevents 333 292
+    utime 132 - utimes 235 - futimesat 261 - utimensat 280 88"""
+# Kernel AIO (io_submit) can leave a process in the kernel, unkillable, for minutes: its reads are
+# refused (a thread pool does the same for the code). File times are refused even to a call with
+# a uid of its own: the kernel lets anyone set "now" on a file it may write, such as /tmp itself.
 # Over HTTP only, where a call may not even list what lies outside its own directory: watches
 # (inotify, fanotify) would name what it may not read: other calls' files, output tokens.
 _REMOTE = """inotify_init 253 - inotify_init1 294 26 fanotify_init 300 262"""
@@ -3839,8 +3923,7 @@ _REMOTE = """inotify_init 253 - inotify_init1 294 26 fanotify_init 300 262"""
 # (Sandbox.own_uids), whose ownership then refuses it outside its directory. file_setattr (6.17)
 # sets the same inode flags as the FS_IOC_SETFLAGS/FSSETXATTR ioctls refused below.
 _METADATA = """chmod 90 - fchmod 91 52 fchmodat 268 53 fchmodat2 452 452 chown 92 - fchown 93 55
-    lchown 94 - fchownat 260 54 utime 132 - utimes 235 - futimesat 261 - utimensat 280 88
-    setxattr 188 5 lsetxattr 189 6 fsetxattr 190 7 removexattr 197 14 lremovexattr 198 15
+    lchown 94 - fchownat 260 54 setxattr 188 5 lsetxattr 189 6 fsetxattr 190 7 removexattr 197 14 lremovexattr 198 15
     fremovexattr 199 16 setxattrat 463 463 removexattrat 466 466 file_setattr 469 469"""
 _BY_ARG = """prlimit64 302 261 sched_setaffinity 203 122 sched_setscheduler 144 119
     sched_setparam 142 118 sched_setattr 314 274 setpriority 141 140 ioprio_set 251 30
@@ -3882,7 +3965,8 @@ def _program(arch, network_off, remote=False, own_uid=False):
     p += ["ioctl", arg(1), (JEQ, "deny", 0, 0x5412), (JEQ, "deny", 0, 0x541c)]   # TIOCSTI/LINUX
     p += [(JEQ, "allow", 0, 0) if own_uid else (JEQ, "deny", 0, 0x40086602),  # FS_IOC_SETFLAGS
           (JEQ, "deny", "allow", 0x401c5820)]                              # FS_IOC_FSSETXATTR
-    p += ["prctl", arg(0), (JEQ, "deny", "allow", 36)]             # keep PR_SET_CHILD_SUBREAPER
+    p += ["prctl", arg(0), (JEQ, "deny", 0, 36),                  # keep PR_SET_CHILD_SUBREAPER
+          (JEQ, "deny", "allow", PR_SET_DUMPABLE)]    # and not dumpable, as setuid() left it
     # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's, outside the call.
     p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
     # socket: an allow-list of families. No AF_UNIX, over stdio or HTTP: its connect() would
@@ -4156,8 +4240,9 @@ def limits_note(local):
         return note + "The code is not sandboxed: it runs with the server user's rights."
     seccomp_limits = ", and cannot open unix sockets (socketpair() works)%s%s" % (
         "" if local else " or watch files",
-        "" if SANDBOX.own_uids and not local else
-        " or change modes, owners, times or xattrs (os.chmod, shutil.copystat fail; "
+        " or change file times (shutil.copy2 fails; use shutil.copyfile)"
+        if SANDBOX.own_uids and not local else
+        " or change modes, owners, times or xattrs (os.chmod, shutil.copy2 fail; "
         "use shutil.copyfile)")
     return note + ("The code is sandboxed (Landlock%s): it can write only in its working "
                    "directory and TMPDIR%s, and cannot touch other processes%s%s." % (
