@@ -1383,7 +1383,7 @@ def supervise(child, code, timeout, cancel, on_output):
                 break
     finally:
         if watch:
-            watch.close()
+            stop = stop or watch.close()        # the kernel may have ended it (section 7)
         for fd in list(names):
             _close(poller, names, fd)
     return finish(child, stop, interrupted, out, err, results, timeout)
@@ -3738,7 +3738,11 @@ class Sandbox:
                                  else "") + "seccomp refuses chmod, chown, xattrs; utime always" +
             (" (no uid per call: others cannot read %s)" % self.uid_problem
              if self.uid_problem else ""),
-            "network off" if self.network == "off" else "network on"])
+            "network off" if self.network == "off" else "network on",
+            "limits the kernel keeps: " + ", ".join(filter(None, [
+                CGROUPS.describe(), "RLIMIT_NPROC per call uid" if self.own_uids else
+                "RLIMIT_NPROC for this user" if self.nproc_limit else None,
+                "RLIMIT_FSIZE, RLIMIT_AS"])) + "; totals also polled"])
 
 
 def _others_reach(path):
@@ -4038,23 +4042,36 @@ class Watch:
         self.on_over = on_over
         self.reason = None
         self.due = time.monotonic() + MONITOR_INTERVAL         # when it is next checked
+        self.cgroup = os.path.basename(directory)                 # CallCgroups: its name
+        self.cgroup_events = CGROUPS.events(self.cgroup)
 
     def close(self):
-        """The call is over: stop watching it."""
+        """The call is over: stop watching it -> why the kernel stopped it (a cgroup), or None."""
         MONITOR.unwatch(self)
+        verdict = self.reason or CGROUPS.verdict(self.cgroup, self.cgroup_events)
+        CGROUPS.close(self.cgroup)
+        return verdict
 
     def check(self):
-        pids = [self.pid] + descendants(self.pid)
-        if EXEC_MAX_PROCS and sum(_thread_count(p) for p in pids) > EXEC_MAX_PROCS:
-            self.reason = ("Stopped: the call ran more than %d processes and threads at once "
-                           "(EXEC_MAX_PROCS)." % EXEC_MAX_PROCS)
-        elif EXEC_MEMORY_MB and sum(_memory_kb(p) for p in pids) > EXEC_MEMORY_MB * 1024:
-            self.reason = ("Stopped: the call's processes used more than %d MB of memory together "
-                           "(EXEC_MEMORY_MB)." % EXEC_MEMORY_MB)
-        else:
-            self.reason = _disk_over(self.directory)
+        self.reason = (CGROUPS.verdict(self.cgroup, self.cgroup_events)   # the kernel's word
+                       or self.over_limits())
         if self.reason and self.on_over:
             threading.Thread(target=self.on_over, args=(self.reason,), daemon=True).start()
+
+    def over_limits(self):
+        """What polling finds over a limit, or None."""
+        pids = [self.pid] + descendants(self.pid)
+        memfd_kb, unlinked_kb = _held_kb(pids)
+        if "memory" in CGROUPS.bases:
+            memfd_kb = 0                       # the cgroup counts it, and keeps the limit itself
+        if EXEC_MAX_PROCS and sum(_thread_count(p) for p in pids) > EXEC_MAX_PROCS:
+            return ("Stopped: the call ran more than %d processes and threads at once "
+                    "(EXEC_MAX_PROCS)." % EXEC_MAX_PROCS)
+        if EXEC_MEMORY_MB and (sum(_memory_kb(p) for p in pids) + memfd_kb
+                               > EXEC_MEMORY_MB * 1024):
+            return ("Stopped: the call's processes used more than %d MB of memory together "
+                    "(EXEC_MEMORY_MB)." % EXEC_MEMORY_MB)
+        return _disk_over(self.directory, unlinked_kb)
 
 
 def _thread_count(pid):
@@ -4071,6 +4088,35 @@ def _memory_kb(pid):
             return int(line.split()[1])
     resident = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[1]     # in pages
     return int(resident) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def _held_kb(pids):
+    """What the processes hold open that no path shows -> (kB of memfd files, kB of unlinked and
+    O_TMPFILE files): memory and disk that neither their maps nor the directory walk see.
+    Each file counts once, however many descriptors or processes hold it."""
+    seen, memfd_kb, unlinked_kb = set(), 0, 0
+    for pid in pids:
+        fds = "/proc/%d/fd/" % pid
+        for fd in _listdir(fds):
+            target = info = None
+            with contextlib.suppress(OSError):         # closed meanwhile
+                target = os.readlink(fds + fd)
+                info = os.stat(fds + fd) if target.endswith(" (deleted)") else None
+            if info is None or (info.st_dev, info.st_ino) in seen:
+                continue
+            seen.add((info.st_dev, info.st_ino))
+            if target.startswith("/memfd:"):
+                memfd_kb += info.st_blocks // 2
+            else:
+                unlinked_kb += info.st_blocks // 2
+    return memfd_kb, unlinked_kb
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def walk_tree(top, limit):
@@ -4094,12 +4140,13 @@ def walk_tree(top, limit):
                 todo.append(rel)
 
 
-def _disk_over(directory):
+def _disk_over(directory, unlinked_kb=0):
     """Why a call's directory is over its limits (EXEC_MAX_ENTRIES, EXEC_DISK_MB), or None.
-    Entries count as well as bytes: empty files cost inodes and directory blocks."""
+    Entries count as well as bytes: empty files cost inodes and directory blocks; so do files
+    the call holds open with no name left (unlinked_kb)."""
     if not (EXEC_DISK_MB or EXEC_MAX_ENTRIES):
         return None
-    entries = kb = 0
+    entries, kb = 0, unlinked_kb
     for _, info in walk_tree(directory, (EXEC_MAX_ENTRIES or 1 << 20) + 1):
         entries += 1
         kb += info.st_blocks // 2                # 512-byte blocks (only Linux calls are watched)
@@ -4153,6 +4200,145 @@ class Monitor:
             # A watch added meanwhile is due MONITOR_INTERVAL after it came: no sooner.
             wake = min([watch.due for watch in watches] + [now + MONITOR_INTERVAL])
             time.sleep(max(0.01, wake - time.monotonic()))
+
+
+class CallCgroups:
+    """A cgroup per call (and per kernel), where this server may make them: the limits the kernel
+    keeps at every fork and every page, where the Watch above only polls. The cgroup v1 `pids`
+    controller caps tasks at EXEC_MAX_PROCS: fork() and pthread_create() fail past it. The v1
+    `memory` controller caps what the call's pages take at EXEC_MEMORY_MB, and it sees what no
+    process's map shows: memfd, tmpfs and /dev/shm pages, and the page cache of its writes. Past
+    it the kernel reclaims, then kills (an OOM kill), and close() says so.
+
+    Pages a forked call shares with its template stay charged to the template (who touched
+    them first): a call is charged for its own pages only.
+
+    Made under the server's own cgroup, as STATE: <controller>/<server's cgroup>/mcp-exec-<pid>/
+    <call directory's name>; only where the server may write there (root, or a delegated
+    subtree). The child joins them itself, before its sandbox (join_cgroups). cgroup v2 is not
+    used: its "no internal processes" rule would make the server move itself into a leaf."""
+
+    def __init__(self):
+        self.bases = {}                      # controller -> this server's directory
+        self.left = set()                    # cgroups whose processes had not all died yet
+
+    def start(self):
+        """In the server, at start (children import this file too, and make none)."""
+        if LINUX and SANDBOX.active:
+            for controller, directory in _cgroup_v1_dirs().items():
+                base = os.path.join(directory, "mcp-exec-%d" % os.getpid())
+                _remove_dead_servers_cgroups(directory)
+                with contextlib.suppress(OSError):
+                    os.mkdir(base)
+                    self.bases[controller] = base
+
+    def describe(self):
+        return "cgroup v1 %s per call" % "+".join(sorted(self.bases)) if self.bases else None
+
+    def make(self, name):
+        """-> the call's cgroup directories, made with their limits (none where there are none)."""
+        limits = {"pids": ("pids.max", EXEC_MAX_PROCS),
+                  "memory": ("memory.limit_in_bytes", EXEC_MEMORY_MB << 20)}
+        made = []
+        for controller, base in self.bases.items():
+            knob, value = limits[controller]
+            if value <= 0:
+                continue
+            path = os.path.join(base, name)
+            with contextlib.suppress(OSError):
+                os.mkdir(path)
+                made.append(path)
+                _write_text(os.path.join(path, knob), str(value))
+        return made
+
+    def events(self, name):
+        """(OOM kills, forks refused at pids.max) in the cgroups `name` so far."""
+        counts = []
+        for controller, knob, key in (("memory", "memory.oom_control", "oom_kill"),
+                                      ("pids", "pids.events", "max")):
+            text = _read_text(os.path.join(self.bases.get(controller, "/-"), name, knob)) or ""
+            found = re.search(r"^%s (\d+)" % key, text, re.M)
+            counts.append(int(found.group(1)) if found else 0)
+        return tuple(counts)
+
+    def verdict(self, name, before):
+        """Why the kernel stopped the call since `before` (events() then), or None."""
+        oom, refused = (now - then for now, then in zip(self.events(name), before))
+        if oom:
+            return ("Stopped: the call's processes used more than %d MB of memory together "
+                    "(EXEC_MEMORY_MB). The kernel counts memfd and tmpfs pages too."
+                    % EXEC_MEMORY_MB)
+        if refused:
+            return ("Stopped: the call ran more than %d processes and threads at once "
+                    "(EXEC_MAX_PROCS); the kernel refused the rest." % EXEC_MAX_PROCS)
+        return None
+
+    def close(self, name):
+        """The call is over: its cgroups go now, or once what is left of it has died (tried
+        again at each close and at shutdown). A kernel's stay till the kernel ends."""
+        self.left.update(os.path.join(base, name) for base in self.bases.values())
+        for path in sorted(self.left, key=len, reverse=True):      # a call's before its base
+            with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):    # busy: a process in it is still dying
+                    os.rmdir(path)
+                    self.left.discard(path)
+                continue
+            self.left.discard(path)
+
+    def shutdown(self):
+        self.close("")                       # what is left, then this server's own directories
+
+
+def _cgroup_v1_dirs():
+    """{controller: this process's cgroup directory} for the v1 pids and memory controllers."""
+    found = {}
+    mounts = {}
+    for line in (_read_text("/proc/self/mountinfo") or "").splitlines():
+        fields = line.split(" - ")
+        if len(fields) == 2 and fields[1].startswith("cgroup "):
+            root, mount_point = line.split()[3:5]
+            for controller in fields[1].split()[2].split(","):
+                mounts[controller] = (root, mount_point)
+    for line in (_read_text("/proc/self/cgroup") or "").splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            if controller in ("pids", "memory") and controller in mounts:
+                root, mount_point = mounts[controller]
+                relative = path[len(root):] if path.startswith(root) and root != "/" else path
+                found[controller] = mount_point + relative.rstrip("/")
+    return {c: d for c, d in found.items() if os.access(d, os.W_OK)}
+
+
+def _remove_dead_servers_cgroups(directory):
+    """What a dead server (mcp-exec-<pid>, no such process) left: its calls killed, removed."""
+    for name in os.listdir(directory):
+        pid = name[len("mcp-exec-"):]
+        if not (name.startswith("mcp-exec-") and pid.isdigit()) or os.path.exists(
+                "/proc/" + pid):
+            continue
+        base = os.path.join(directory, name)
+        for call in [entry.path for entry in os.scandir(base) if entry.is_dir()] + [base]:
+            for task in (_read_text(os.path.join(call, "cgroup.procs")) or "").split():
+                kill_tree(int(task))
+            with contextlib.suppress(OSError):
+                os.rmdir(call)
+
+
+def _write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def join_cgroups(config):
+    """The "child_setup" hook, before the sandbox: the child enters its call's cgroups, and all
+    it starts stays in them. A failure ends it: the limits were promised."""
+    try:
+        for path in config.get("cgroups", ()):
+            _write_text(os.path.join(path, "cgroup.procs"), str(os.getpid()))
+    except OSError as exc:
+        sys.stderr.write("mcp-exec: the call's cgroup could not be joined (%s); the code was not "
+                         "run\n" % exc)
+        os._exit(125)
 
 
 # --- 7.4 Recovery after a crash ----------------------------------------------------------
@@ -4255,8 +4441,14 @@ def limits_note(local):
 def contain_child(config, environ, directory, local):
     """The "child_config" hook: the sandbox the child applies to itself, where caches go, and
     RLIMIT_NPROC where it applies."""
+    limits = config["limits"]
     if SANDBOX.nproc_limit:
-        config["limits"]["RLIMIT_NPROC"] = SANDBOX.nproc_limit
+        limits["RLIMIT_NPROC"] = SANDBOX.nproc_limit
+    elif SANDBOX.own_uids and not local and EXEC_MAX_PROCS:
+        limits["RLIMIT_NPROC"] = EXEC_MAX_PROCS      # the call's own uid: it counts its tasks only
+    if EXEC_DISK_MB:         # no one file outgrows the directory's total between two polls
+        limits["RLIMIT_FSIZE"] = min(limits.get("RLIMIT_FSIZE", 1 << 62), EXEC_DISK_MB << 20)
+    config["cgroups"] = CGROUPS.make(os.path.basename(directory.root))
     config["sandbox"] = sandbox_config(directory.root, local)
     environ.update(containment_env(directory, local))
 
@@ -4269,8 +4461,11 @@ def sandbox_child(config):
 
 register_part("SANDBOX", lambda: Sandbox(EXEC_SANDBOX, EXEC_NETWORK))
 register_part("MONITOR", Monitor)
+register_part("CGROUPS", CallCgroups)
 register_hook("child_config", contain_child)
+register_hook("child_setup", join_cgroups)
 register_hook("child_setup", sandbox_child)
+register_lifecycle(setup=lambda: CGROUPS.start(), shutdown=lambda: CGROUPS.shutdown())
 register_hook("health", lambda: {"sandbox": SANDBOX.name()})
 register_step("watch", lambda pid, directory: MONITOR.watch(pid, directory))
 register_lifecycle(setup=server_setup)

@@ -2658,6 +2658,7 @@ open("mine.txt", "w").write("mine")
 attempt("own chmod", lambda: os.chmod("mine.txt", 0o700))
 attempt("own copy2", lambda: shutil.copy2("mine.txt", "copy2.txt"))
 attempt("own copyfile", lambda: shutil.copyfile("mine.txt", "copyfile.txt"))
+attempt("utime now on /tmp", lambda: os.utime("/tmp"))
 outcomes["uid"] = os.getuid()
 print(json.dumps(outcomes))
 """
@@ -2760,8 +2761,8 @@ def world_readable_python():
                            "that others may read (with Flask and waitress)")
 def test_as_root_each_http_call_has_its_own_uid_so_metadata_works_inside_only(tmp_path):
     # Root with a readable Python: each call is CALL_UID_BASE + its pid, its directory its
-    # own. Outside, ownership refuses the metadata calls; inside chmod and copy2 work; a
-    # kernel may change the files it is given.
+    # own. Outside, ownership refuses the metadata calls; inside chmod works (copy2 does not:
+    # seccomp refuses file times everywhere); a kernel may change the files it is given.
     python, site = world_readable_python()
     home = pathlib.Path(tempfile.mkdtemp(prefix="mcp-exec-uids-"))
     try:
@@ -2783,7 +2784,9 @@ def test_as_root_each_http_call_has_its_own_uid_so_metadata_works_inside_only(tm
         finally:
             web.stop()
         assert {outcomes[name] for name in OUTSIDE} <= {"EPERM", "EACCES"}, outcomes
-        assert (outcomes["own chmod"], outcomes["own copy2"]) == ("allowed", "allowed"), outcomes
+        # File times are refused even at home: "now" on a world-writable /tmp needs no ownership.
+        assert (outcomes["own chmod"], outcomes["own copy2"]) == ("allowed", "EPERM"), outcomes
+        assert outcomes["utime now on /tmp"] == "EPERM", outcomes
         assert outcomes["uid"] >= 1 << 31 and untouched(path, before)
         assert edited["value"] == "(%s, 'xb')" % kernel["value"], edited
     finally:
@@ -3067,6 +3070,117 @@ def test_a_disk_flood_is_stopped(start_initialized, flood):
     result, out = s.run(flood + "import time\ntime.sleep(30)\n", timeout=60, guard=60)
     assert result["isError"] and out["returncode"] != 0 and not out["timed_out"], out
     assert s.run("print('next')")[1]["stdout"] == "next\n"
+
+
+# --- Nothing a call brings runs before its sandbox; limits the kernel keeps ---------------------
+# A call's files are in its working directory before its interpreter starts. Each name that child
+# imports before child_setup(), and sitecustomize and usercustomize, is given as a module that
+# writes a mark outside the call: run before the sandbox it could (as root over HTTP, with every
+# capability); after it, Landlock refuses the write and the module does nothing else.
+
+def names_imported_before_the_sandbox():
+    """The top-level modules of a child up to child_main(), as it starts (child_argv)."""
+    probe = ("import sys, site; sys.path.append(%r); import mcp_exec; "
+             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))" % REPO)
+    names = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert {"ast", "json", "site", "os", "mcp_exec"} <= set(names), names
+    return names + ["sitecustomize", "usercustomize"]
+
+
+def brought_files(mark):
+    body = "try:\n    open(%r, 'a').write(__name__ + '\\n')\nexcept OSError:\n    pass\n" % str(mark)
+    return [{"path": name + ".py", "content": body} for name in names_imported_before_the_sandbox()]
+
+
+@pytest.mark.skipif(not LANDLOCK, reason="the mark is refused by Landlock, which this kernel lacks")
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "spawned"])
+@pytest.mark.parametrize("transport", ["stdio", "http", "stdio-kernel"])
+def test_nothing_a_call_brings_runs_before_its_sandbox(start_initialized, tmp_path, fork, transport):
+    mark = tmp_path / "ran-before-the-sandbox"
+    files = brought_files(mark)
+    code = "import sys\nprint(sys.flags.isolated, sys.path[0] == '')"
+    if transport == "http":
+        web = HttpProcess(tmp_path, FORK_SERVER=fork)
+        try:
+            sid, _ = web.initialize(LATEST)
+            out = tool_output(http_call(web, sid, code, files=files))
+        finally:
+            web.stop()
+    else:
+        s = start_initialized(FORK_SERVER=fork)
+        extra = {"session": "new"} if transport == "stdio-kernel" else {}
+        out = s.run(code, files=files, **extra)[1]
+    assert not mark.exists(), "ran before the sandbox: %s" % mark.read_text().split()
+    assert out["stdout"] == "1 True\n", out        # isolated start, then '' first as `python -c`
+
+
+@pytest.mark.skipif(not SECCOMP, reason="needs seccomp (Linux x86_64 or aarch64)")
+def test_kernel_aio_and_making_a_call_dumpable_are_refused(server):
+    # io_submit can leave a process unkillable in the kernel for minutes, and a template that
+    # waited for it would stop serving every other call.
+    io_setup = 206 if os.uname().machine == "x86_64" else 0
+    code = ("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "ctx = ctypes.c_ulong(0)\n"
+            "a = libc.syscall(%d, 8, ctypes.byref(ctx)), ctypes.get_errno()\n"
+            "b = libc.prctl(4, 1, 0, 0, 0), ctypes.get_errno()\n"
+            "print(a[0], errno.errorcode[a[1]], b[0], errno.errorcode[b[1]])" % io_setup)
+    assert server.run(code)[1]["stdout"] == "-1 EPERM -1 EPERM\n"
+
+
+HELD_BY_DESCRIPTORS = {
+    "memfd": ("import os, time\nfd = os.memfd_create('held')\nfor _ in range(300):\n"
+              "    os.write(fd, b'x' * (1 << 20))\ntime.sleep(30)\n",
+              "more than 150 MB of memory together (EXEC_MEMORY_MB)"),
+    "unlinked": ("import os, time\nheld = []\nfor n in range(3):\n"
+                 "    f = open('f%d' % n, 'wb')\n    os.unlink('f%d' % n)\n    held.append(f)\n"
+                 "    for _ in range(40):\n        f.write(b'x' * (1 << 20))\n        f.flush()\n"
+                 "time.sleep(30)\n", "more than 50 MB in its directory (EXEC_DISK_MB)"),
+    "O_TMPFILE": ("import os, time\nheld = []\nfor n in range(3):\n"
+                  "    fd = os.open('.', os.O_TMPFILE | os.O_WRONLY)\n    held.append(fd)\n"
+                  "    for _ in range(40):\n        os.write(fd, b'x' * (1 << 20))\n"
+                  "time.sleep(30)\n", "more than 50 MB in its directory (EXEC_DISK_MB)"),
+}
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="descriptors are counted through /proc")
+@pytest.mark.parametrize("kind", sorted(HELD_BY_DESCRIPTORS))
+def test_memory_and_disk_that_no_path_or_map_shows_count_against_the_limits(start_initialized,
+                                                                            kind):
+    # Each file stays below the per-file cap; held open with no name left, the directory walk
+    # and the processes' maps miss them. The cgroup (root) or the descriptors (else) do not.
+    code, message = HELD_BY_DESCRIPTORS[kind]
+    s = start_initialized(EXEC_MEMORY_MB=150, EXEC_DISK_MB=50 if "DISK" in message else 1000)
+    result, out = s.run(code, timeout=60, guard=60)
+    assert result["isError"] and not out["timed_out"], out
+    assert message in out["stderr"], out
+    assert s.run("print('next')")[1]["stdout"] == "next\n"
+
+
+def test_no_one_file_outgrows_the_disk_limit_between_two_polls(start_initialized):
+    # RLIMIT_FSIZE is at most EXEC_DISK_MB: the kernel refuses the write that would pass it.
+    s = start_initialized(EXEC_DISK_MB=20)
+    code = ("with open('big', 'wb') as f:\n    for _ in range(30):\n"
+            "        f.write(b'x' * (1 << 20))\n")
+    out = s.run(code, timeout=60, guard=60)[1]
+    assert "File too large" in out["stderr"], out
+
+
+CGROUP_V1 = (HAS_PROC and os.geteuid() == 0 and os.access("/sys/fs/cgroup/pids", os.W_OK)
+             and os.access("/sys/fs/cgroup/memory", os.W_OK))
+
+
+@pytest.mark.skipif(not CGROUP_V1, reason="per-call cgroups need root and the cgroup v1 pids and "
+                                          "memory controllers, writable")
+def test_the_kernel_keeps_the_task_limit_with_a_cgroup_per_call(start_initialized, tmp_path):
+    # pids.max: the 20th task is refused at fork time, not found by a poll a quarter second on.
+    s = start_initialized(EXEC_MAX_PROCS=20)
+    code = ("import threading\nstarted = 0\ntry:\n    for _ in range(100):\n"
+            "        threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+            "        started += 1\nexcept RuntimeError:\n    pass\nprint(started)")
+    out = s.run(code, timeout=60, guard=60)[1]
+    assert out["stdout"] == "19\n", out                # and the main thread makes 20
+    assert "more than 20 processes and threads at once (EXEC_MAX_PROCS)" in out["stderr"], out
 
 
 def test_a_sessions_files_are_listed_and_read_by_that_session_alone(web):
