@@ -3927,7 +3927,8 @@ _REMOTE = """inotify_init 253 - inotify_init1 294 26 fanotify_init 300 262"""
 # (Sandbox.own_uids), whose ownership then refuses it outside its directory. file_setattr (6.17)
 # sets the same inode flags as the FS_IOC_SETFLAGS/FSSETXATTR ioctls refused below.
 _METADATA = """chmod 90 - fchmod 91 52 fchmodat 268 53 fchmodat2 452 452 chown 92 - fchown 93 55
-    lchown 94 - fchownat 260 54 setxattr 188 5 lsetxattr 189 6 fsetxattr 190 7 removexattr 197 14 lremovexattr 198 15
+    lchown 94 - fchownat 260 54 setxattr 188 5 lsetxattr 189 6 fsetxattr 190 7
+    removexattr 197 14 lremovexattr 198 15
     fremovexattr 199 16 setxattrat 463 463 removexattrat 466 466 file_setattr 469 469"""
 _BY_ARG = """prlimit64 302 261 sched_setaffinity 203 122 sched_setscheduler 144 119
     sched_setparam 142 118 sched_setattr 314 274 setpriority 141 140 ioprio_set 251 30
