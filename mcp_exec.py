@@ -424,6 +424,7 @@ def protocol(version):
 #   run(call, session, cancel, on_output) -> Result    outputs(result, work, call, session)
 #   start_child(env, config, pipes, extra_fds)         child_config(config, environ, dir, local)
 #   watch(pid, directory) -> a watch, or None          child_setup(config), in the child
+#   installer(argv, env, python) -> argv: how pip/uv start
 #                                                      child_report(value, config) -> dict
 #                                                      read_record(result, record)
 #                                                      http_post(server, payload, headers, gone)
@@ -1865,7 +1866,8 @@ def _install(python, requirements, deadline, cancel, report):
                 env["_PIP_RUNNING_IN_SUBPROCESS"] = "1"
                 argv = [python, runner]
         argv += ["install", "--no-input", "--disable-pip-version-check"]
-    return run_process(argv + ["--"] + list(requirements), env=env, cwd=STATE_DIR,
+    argv = STEPS["installer"](argv + ["--"] + list(requirements), env, python)
+    return run_process(argv, env=env, cwd=STATE_DIR,
                        timeout=max(0.1, deadline - time.monotonic()), cancel=cancel,
                        on_output=report and (lambda stream, chunk: report("install", chunk)))
 
@@ -2253,6 +2255,7 @@ register_part("RUN_DIR", lambda: RunDir(STATE_DIR))
 register_part("ENVIRONMENTS", lambda: Environments(STATE_DIR))
 register_step("run", run_stateless)
 register_step("start_child", spawn_child)
+register_step("installer", lambda argv, env, python: argv)    # section 7 confines it
 register_step("watch", lambda pid, directory: None)     # section 7 watches each call's totals
 register_tool_feature(check=check_packages)
 register_lifecycle(setup=become_subreaper, shutdown=executor_shutdown)
@@ -3791,7 +3794,8 @@ def apply_sandbox(spec):
         if spec["abi"]:
             _apply_landlock(libc, spec)
         if spec["seccomp"]:
-            install_seccomp(libc, spec["network_off"], spec["remote"], bool(spec.get("own_uid")))
+            install_seccomp(libc, spec["network_off"], spec["remote"],
+                            bool(spec.get("own_uid") or spec.get("metadata")))
     except OSError as exc:
         sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n"
                          % exc)
@@ -4454,6 +4458,41 @@ def contain_child(config, environ, directory, local):
     environ.update(containment_env(directory, local))
 
 
+def confine_installer(argv, env, python):
+    """The "installer" step with a sandbox. pip and uv run code that came with a call: an
+    sdist's build script, and the .pth files already in the environment. So the installer starts
+    as a call's child does (child_argv: isolated; no capabilities, Landlock, seccomp), then
+    execs pip or uv (exec_after_setup), which keeps all of it. It may write only the target
+    environment, its caches and a temporary directory of its own; it reads what the server's
+    user may (its configuration, certificates); it may set file modes (pip marks scripts
+    executable), not times; the network is on, whatever EXEC_NETWORK says."""
+    if not SANDBOX.active:
+        return argv
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or "/nonexistent",
+                                                       ".cache")
+    tmp = os.path.join(RUN_DIR.path(), "install-tmp")
+    env.update(TMPDIR=tmp, TEMP=tmp, TMP=tmp)
+    writes = [os.path.dirname(os.path.dirname(python)), tmp, "/dev/null",
+              env.get("PIP_CACHE_DIR") or os.path.join(cache, "pip"),
+              env.get("UV_CACHE_DIR") or os.path.join(cache, "uv")]
+    for path in writes[1:2] + writes[3:]:
+        with contextlib.suppress(OSError):
+            os.makedirs(path, exist_ok=True)
+    for log_file in filter(None, (env.get("PIP_LOG"), env.get("PIP_LOG_FILE"))):
+        with contextlib.suppress(OSError):
+            open(log_file, "a").close()       # the operator's log: a rule needs the file
+            writes.append(log_file)
+    spec = {"abi": SANDBOX.abi, "read": None, "write": writes, "network_off": False,
+            "seccomp": SANDBOX.seccomp, "remote": False, "metadata": True}
+    config = {"mode": "exec", "argv": argv, "limits": {"RLIMIT_CORE": 0}, "sandbox": spec}
+    return child_argv(sys.executable, config)
+
+
+def exec_after_setup(config, fresh_modules):
+    """Exec mode (in the child, its sandbox applied): become the program config["argv"]."""
+    os.execv(config["argv"][0], config["argv"])
+
+
 def sandbox_child(config):
     """The "child_setup" hook, in the child: apply the sandbox its config carries."""
     if config.get("sandbox"):
@@ -4466,6 +4505,8 @@ register_part("CGROUPS", CallCgroups)
 register_hook("child_config", contain_child)
 register_hook("child_setup", join_cgroups)
 register_hook("child_setup", sandbox_child)
+register_step("installer", confine_installer)
+register_child_mode("exec", exec_after_setup)
 register_lifecycle(setup=lambda: CGROUPS.start(), shutdown=lambda: CGROUPS.shutdown())
 register_hook("health", lambda: {"sandbox": SANDBOX.name()})
 register_step("watch", lambda pid, directory: MONITOR.watch(pid, directory))

@@ -22,6 +22,7 @@ format, the executor, stdio, HTTP), then 6. Fork server ... 14. Command line.
 
 import base64
 import errno
+import glob
 import hashlib
 import http.client
 import importlib.util
@@ -2421,9 +2422,28 @@ def slow_uv(tmp_path):
     bin_dir.mkdir()
     uv = bin_dir / "uv"
     uv.write_text("#!/bin/sh\nif [ \"$1\" = venv ]; then for last; do :; done; exec %s -m venv --without-pip \"$last\"; fi\n"
-                  "echo $$ > %s\nexec sleep 60\n" % (sys.executable, tmp_path / "out" / "uv.pid"))
+                  "echo $$ > \"$TMPDIR/uv.pid\"\nexec sleep 60\n" % sys.executable)  # its only
+                                                        # writable place outside the venv
     uv.chmod(0o755)
     return str(bin_dir) + os.pathsep + os.environ.get("PATH", "")
+
+
+@pytest.mark.skipif(not (LANDLOCK and SECCOMP), reason="needs Landlock and seccomp")
+def test_the_installer_runs_in_a_sandbox_of_its_own(start_initialized, tmp_path):
+    # pip and uv run what a package brings (an sdist's build script, the .pth files already in
+    # the environment): an installer that tries to write outside its environment is refused.
+    escaped = tmp_path / "escaped-from-the-installer"
+    bin_dir = tmp_path / "probe-bin"
+    bin_dir.mkdir()
+    (bin_dir / "uv").write_text(
+        "#!/bin/sh\nif [ \"$1\" = venv ]; then for last; do :; done; exec %s -m venv --without-pip "
+        "\"$last\"; fi\n(echo x > %s) 2>/dev/null && echo escaped || echo confined\n"
+        "grep -E '^(Seccomp|CapEff):' /proc/self/status\nexit 3\n" % (sys.executable, escaped))
+    (bin_dir / "uv").chmod(0o755)
+    s = start_initialized(PATH=str(bin_dir) + os.pathsep + os.environ.get("PATH", ""))
+    out = s.run("1", packages=["anything"], use_temp_dir=True)[1]
+    assert "confined" in out["stderr"] and not escaped.exists(), out
+    assert re.search(r"Seccomp:\s+2", out["stderr"]) and re.search(r"CapEff:\s+0+\n", out["stderr"]), out
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="finds processes through /proc")
@@ -2442,7 +2462,9 @@ def test_a_restart_after_kill_9_removes_what_the_dead_server_left(start_initiali
     else:
         doomed.send({"jsonrpc": "2.0", "id": 92, "method": "tools/call", "params": {"name": TOOL, "arguments": {
             "code": "1", "packages": ["anything"], "use_temp_dir": True}}})
-        victim = int(wait_for_file(out_dir(tmp_path) / "uv.pid"))
+        pid_files = lambda: glob.glob(str(tmp_path / "state" / "run" / "*" / "install-tmp" / "uv.pid"))  # noqa
+        assert wait_until(pid_files), "the installer did not start"
+        victim = int(wait_for_file(pathlib.Path(pid_files()[0])))
     runs = set(os.listdir(tmp_path / "state" / "run"))
     doomed.proc.kill()
     doomed.proc.wait()
