@@ -1915,6 +1915,13 @@ class Environments:
         return os.path.join(self.root, "workspace-" + _digest("%s %s" % (sys.executable,
                                                                          sys.version), 12))
 
+    def untouched(self, python):
+        """Did no package in `python`'s environment come with a call? True for the server's own
+        interpreter (the operator installed its packages), and for the workspace while nothing
+        was installed into it; an isolated environment holds just what a call asked for."""
+        return python == sys.executable or (python == _venv_python(self.workspace_venv) and
+                                             not _read_text(self.workspace_venv + ".installed"))
+
     def workspace(self, requirements, deadline, cancel, report=None):
         """-> (python, None), or (None, failure Result), installing what is missing."""
         venv = self.workspace_venv
@@ -3410,11 +3417,10 @@ class Template:
         self.retired = False
         self.next_id = 0
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # site (.pth files, sitecustomize) runs here only for the server's own interpreter,
-        # whose packages the operator installed; in an environment a call's `packages` made, it
-        # runs in each child, sandboxed (child_argv).
+        # site (.pth files, sitecustomize) runs here only where no package came with a call
+        # (Environments.untouched); elsewhere it runs in each child, sandboxed (child_argv).
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
-                  "own_uids": SANDBOX.own_uids, "run_site": python == sys.executable}
+                  "own_uids": SANDBOX.own_uids, "run_site": ENVIRONMENTS.untouched(python)}
         argv = child_argv(python, config)
         try:
             self.proc = spawn(argv, child_environment(), RUN_DIR.path(),

@@ -2428,6 +2428,26 @@ def slow_uv(tmp_path):
     return str(bin_dir) + os.pathsep + os.environ.get("PATH", "")
 
 
+@pytest.mark.skipif(not LANDLOCK, reason="the mark is refused by Landlock, which this kernel lacks")
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "spawned"])
+def test_a_packages_pth_file_runs_only_inside_each_calls_sandbox(start_initialized, tmp_path, fork):
+    # A .pth file's import lines run at every interpreter's start: a package a call installed
+    # into the workspace would otherwise run in the workspace's template, unconfined, before
+    # every later call of every client.
+    mark = tmp_path / "pth-ran-unconfined"
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    line = "import os; exec(%r)\n" % ("try:\n open(%r, 'a').write('pth')\nexcept OSError:\n pass"
+                                      % str(mark))
+    build_wheel(wheels, name="mcpexec_pthpkg", extra={"mcpexec_pthpkg.pth": line})
+    s = start_initialized(FORK_SERVER=fork, **install_env(wheels, tmp_path))
+    out = s.run("import mcpexec_pthpkg\nprint(mcpexec_pthpkg.VALUE)", guard=120,
+                packages=["mcpexec_pthpkg"])[1]
+    assert out["stdout"] == "42\n", out
+    assert s.run("print('later')")[1]["stdout"] == "later\n"       # a template of the workspace
+    assert not mark.exists(), "a package's .pth ran outside a sandbox"
+
+
 @pytest.mark.skipif(not (LANDLOCK and SECCOMP), reason="needs Landlock and seccomp")
 def test_the_installer_runs_in_a_sandbox_of_its_own(start_initialized, tmp_path):
     # pip and uv run what a package brings (an sdist's build script, the .pth files already in
