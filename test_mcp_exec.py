@@ -6280,17 +6280,22 @@ needs_redis = pytest.mark.skipif(not (REDIS_SERVER and REDIS_PY),
                                         "redis-py (pip install redis)")
 
 
-class RedisServer:
-    """redis-server on a loopback port, stopped by stop(); tls=(cert, key) serves rediss://."""
+REDIS_PASSWORD = "pw-" + os.urandom(8).hex()
 
-    def __init__(self, folder, port=None, tls=None):
-        self.folder, self.tls = folder, tls
+
+class RedisServer:
+    """redis-server on a loopback port with a password (an instance refuses one without, and
+    one on loopback unless the code has no network: EXEC_NETWORK=off, as start_instance()
+    sets), stopped by stop(); tls=(cert, key) serves rediss://."""
+
+    def __init__(self, folder, port=None, tls=None, password=REDIS_PASSWORD):
+        self.folder, self.tls, self.password = folder, tls, password
         self.port = port or reserve_port()[0]
         self.start()
 
     def start(self):
         argv = [REDIS_SERVER, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.folder)]
+                "--dir", str(self.folder)] + (["--requirepass", self.password] if self.password else [])
         if self.tls:
             argv += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls[0],
                      "--tls-key-file", self.tls[1], "--tls-ca-cert-file", self.tls[0],
@@ -6309,7 +6314,12 @@ class RedisServer:
 
     @property
     def url(self):
-        return "%s://127.0.0.1:%d/0" % ("rediss" if self.tls else "redis", self.port)
+        return "%s://%s127.0.0.1:%d/0" % ("rediss" if self.tls else "redis",
+                                          ":%s@" % self.password if self.password else "", self.port)
+
+    def client(self):
+        """A redis-py client, as an operator (or an attacker who has the password) would use."""
+        return _redis_py.Redis(port=self.port, password=self.password)
 
     def stop(self):
         self.proc.terminate()
@@ -6333,7 +6343,7 @@ class Router:
 def start_instance(tmp_path, redis_url, name, **env):
     folder = tmp_path / name
     folder.mkdir()
-    env = dict({"CALL_WAIT": "1", "OUTPUT_STORE_MB": "3"}, **env)
+    env = dict({"CALL_WAIT": "1", "OUTPUT_STORE_MB": "3", "EXEC_NETWORK": "off"}, **env)
     return HttpProcess(folder, REDIS_URL=redis_url, DYNO=name, MCP_EXEC_DIR=folder / "state", **env)
 
 
@@ -6493,7 +6503,7 @@ def test_redis_keeps_no_session_id_or_api_key_in_clear(service):
     router, redis_server, _ = service
     sid = routed_initialize(router)
     routed_call(router, sid, "print(1)")
-    client = _redis_py.Redis(port=redis_server.port)
+    client = redis_server.client()
     dump = b""
     for key in client.scan_iter("*"):
         kind = client.type(key)
@@ -6506,7 +6516,7 @@ def test_redis_keeps_no_session_id_or_api_key_in_clear(service):
 def test_without_redis_at_start_an_instance_says_so_and_exits_2(tmp_path):
     port = reserve_port()[0]
     env = dict(os.environ, API_KEY=KEY, PORT=str(reserve_port()[0]), MCP_EXEC_DIR=str(tmp_path),
-               REDIS_URL="redis://127.0.0.1:%d/0" % port)
+               REDIS_URL="redis://:pw@127.0.0.1:%d/0" % port, EXEC_NETWORK="off")
     done = subprocess.run(SERVER_COMMAND + ["--http"], env=env, capture_output=True, text=True,
                           timeout=HANG)
     assert done.returncode == 2 and "REDIS_URL" in done.stderr, done.stderr
@@ -6592,7 +6602,7 @@ def job_record(redis_server, handle):
     import hmac
     key = hmac.new(KEY.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
     hid = hmac.new(key, handle.encode(), hashlib.sha256).hexdigest()[:32]
-    return _redis_py.Redis(port=redis_server.port).hgetall("mcp-exec:job:" + hid)
+    return redis_server.client().hgetall("mcp-exec:job:" + hid)
 
 
 @needs_redis
