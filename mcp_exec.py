@@ -6374,7 +6374,10 @@ class SharedStore:
         message = self.opened(inbox, got and got[1])
         now = time.time()
         self.seen = {key: until for key, until in self.seen.items() if until > now}
-        if not isinstance(message, dict) or message.get("nonce") in self.seen:
+        if not isinstance(message, dict):
+            return None
+        if message.get("nonce") in self.seen:
+            log("dropped a replay of a request from %s" % message.get("sender"))
             return None
         if not isinstance(message.get("sent"), float) or abs(now - message["sent"]) > 60:
             log("dropped a request from %s sent over a minute ago" % message.get("sender"))

@@ -6595,14 +6595,17 @@ def test_a_2026_task_is_got_and_cancelled_from_any_instance(service):
     assert check_modern_task(modern(router, "tasks/get", 5, taskId=handle)[1]["result"], "cancelled")
 
 
-def job_record(redis_server, handle):
-    """The record the service keeps of a job, read as an operator would: keys are keyed hashes
-    (section 14: HMAC-SHA256 of the handle, keyed from API_KEY)."""
+def store_hid(value):
+    """The name an id has in Redis (section 14: HMAC-SHA256 of it, keyed from API_KEY)."""
     import hashlib
     import hmac
     key = hmac.new(KEY.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
-    hid = hmac.new(key, handle.encode(), hashlib.sha256).hexdigest()[:32]
-    return redis_server.client().hgetall("mcp-exec:job:" + hid)
+    return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def job_record(redis_server, handle):
+    """The record the service keeps of a job, read as an operator would: keys are keyed hashes."""
+    return redis_server.client().hgetall("mcp-exec:job:" + store_hid(handle))
 
 
 @needs_redis
@@ -6678,3 +6681,127 @@ def test_a_session_used_elsewhere_does_not_expire_here_with_its_kernel(service, 
     finally:
         here.stop()
         there.stop()
+
+
+# --- The shared store cannot be spoken for (issue 32) -----------------------------------------
+# Whoever reaches the Redis (here: the test, with its password) writes what an attacker would.
+
+def log_text(instance):
+    with open(instance.log.name, "rb") as f:
+        return f.read().decode("utf-8", "replace")
+
+
+def inbox_of(instance):
+    return "mcp-exec:inbox:" + json.loads(instance.request("GET", "/health")[2])["instance"]
+
+
+@needs_redis
+def test_a_forged_end_message_in_an_inbox_is_dropped_and_the_session_lives_on(service):
+    router, redis_server, _ = service
+    sid = routed_initialize(router)
+    kernel = tool_output(routed_call(router, sid, "x = 41", session="new"))["session"]
+    owner = instance_of(router, kernel)
+    forged = {"kind": "end", "hid": store_hid(sid), "reply": None, "wait": 0,
+              "sender": "web.1", "sent": time.time(), "nonce": "n1"}
+    redis_server.client().rpush(inbox_of(owner), json.dumps(forged))
+    assert wait_until(lambda: "did not write" in log_text(owner), seconds=HANG), log_text(owner)
+    assert tool_output(routed_call(router, sid, "x + 1", session=kernel))["value"] == "42"
+
+
+@needs_redis
+def test_a_non_json_item_in_an_inbox_does_not_end_its_reader(service):
+    router, redis_server, _ = service
+    sid = routed_initialize(router)
+    kernel = tool_output(routed_call(router, sid, "x = 41", session="new"))["session"]
+    owner = instance_of(router, kernel)
+    redis_server.client().rpush(inbox_of(owner), b"\xff not json")
+    assert wait_until(lambda: "dropped an item" in log_text(owner), seconds=HANG)
+    for request_id in (3, 4, 5):                 # carried there from the other instances
+        out = tool_output(routed_call(router, sid, "x + 1", request_id, session=kernel))
+        assert out["value"] == "42", out
+
+
+def pushed_while(redis_server, key, action):
+    """Run action() while Redis's MONITOR watches -> the first value RPUSHed to `key` (as
+    whoever reaches an unprotected Redis could read it)."""
+    import codecs
+    conn = _redis_py.Connection(port=redis_server.port, password=redis_server.password)
+    conn.send_command("MONITOR")
+    assert conn.read_response() == b"OK"
+    action()
+    while True:
+        line = conn.read_response()
+        args = [codecs.escape_decode(arg)[0]
+                for arg in re.findall(rb'"((?:[^"\\]|\\.)*)"', line)]
+        if args[:2] == [b"RPUSH", key.encode()]:
+            conn.disconnect()
+            return args[2]
+
+
+@needs_redis
+def test_a_replayed_inbox_message_is_dropped(service):
+    # A genuine carried request, read off the wire with MONITOR, runs once: the same bytes
+    # pushed again after it ran are dropped as a replay.
+    router, redis_server, _ = service
+    sid = routed_initialize(router)
+    kernel = tool_output(routed_call(router, sid, "n = 0", session="new"))["session"]
+    owner = instance_of(router, kernel)
+    carrier = next(i for i in router.instances if i is not owner)
+    inbox, answers = inbox_of(owner), []
+    genuine = pushed_while(redis_server, inbox, lambda: answers.append(
+        http_call(carrier, sid, "n += 1\nn", 3, session=kernel)))
+    assert tool_output(answers[0])["value"] == "1", answers
+    redis_server.client().rpush(inbox, genuine)
+    assert wait_until(lambda: "replay" in log_text(owner), seconds=HANG), log_text(owner)
+    assert tool_output(http_call(owner, sid, "n", 4, session=kernel))["value"] == "1"
+
+
+@needs_redis
+def test_forged_heartbeats_do_not_shrink_the_file_store(service):
+    router, redis_server, _ = service
+    shares = lambda: {json.loads(i.request("GET", "/health")[2])["files_capacity"]
+                      for i in router.instances}
+    assert wait_until(lambda: shares() == {1 << 20}, seconds=HANG), shares()
+    client = redis_server.client()
+    for n in range(5):
+        client.set("mcp-exec:hb:fake.%d" % n, "1", px=60000)
+    try:
+        forged_seen = lambda: all("hb:fake.4" in log_text(i) for i in router.instances)
+        assert wait_until(forged_seen, seconds=HANG)        # a heartbeat round read them
+        assert shares() == {1 << 20}, shares()
+    finally:
+        client.delete(*["mcp-exec:hb:fake.%d" % n for n in range(5)])
+
+
+@needs_redis
+def test_the_redis_password_is_in_no_log_line_and_no_503_body(tmp_path):
+    redis_server = RedisServer(tmp_path)
+    url = "redis://127.0.0.1:%d/0?password=%s" % (redis_server.port, REDIS_PASSWORD)
+    instance = start_instance(tmp_path, url, "web.1")
+    try:
+        assert json.loads(instance.request("GET", "/health")[2])["shared"] == "redis"
+        redis_server.stop()
+        status, _, body = instance.mcp({"jsonrpc": "2.0", "id": 1, "method": "ping"}, "a" * 32)
+        assert status == 503 and b"shared store" in body, body
+        assert wait_until(lambda: "plain calls go on" in log_text(instance), seconds=HANG)
+        assert REDIS_PASSWORD.encode() not in body
+        assert REDIS_PASSWORD not in log_text(instance) and "password=***" in log_text(instance)
+    finally:
+        instance.stop()
+        redis_server.stop()
+
+
+@needs_redis
+def test_a_redis_the_code_could_reach_is_refused_at_start_saying_what_to_set(tmp_path):
+    open_redis = RedisServer(tmp_path, password=None)
+    try:
+        base = dict(os.environ, API_KEY=KEY, PORT=str(reserve_port()[0]),
+                    MCP_EXEC_DIR=str(tmp_path), EXEC_NETWORK="on")
+        for url, told in ((open_redis.url, "no password"),
+                          ("redis://:pw@127.0.0.1:%d/0" % open_redis.port, "EXEC_NETWORK=off")):
+            done = subprocess.run(SERVER_COMMAND + ["--http"], env=dict(base, REDIS_URL=url),
+                                  capture_output=True, text=True, timeout=HANG)
+            assert done.returncode == 2 and told in done.stderr, done.stderr
+            assert ":pw@" not in done.stderr
+    finally:
+        open_redis.stop()
