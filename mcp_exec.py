@@ -1739,6 +1739,11 @@ def normalize_requirement(text):
     return name + ("[%s]" % ",".join(extras) if extras else "") + specs
 
 
+# pip reads a requirement ending in an archive's extension ("foo==1.zip") as a file in its
+# working directory (pip's is_archive_file): no such entry reaches it.
+ARCHIVE_END = re.compile(r"\.(zip|whl|tgz|tbz|txz|tlz|tar(\.(gz|bz2|xz|lz|lzma))?)\s*$", re.I)
+
+
 def check_packages(arguments, call):
     """The "packages" argument -> call.packages, normalized and sorted, or the problem."""
     for item in call.packages:
@@ -1747,6 +1752,11 @@ def check_packages(arguments, call):
                     'optional [extras] and version specifiers, such as "numpy" or '
                     '"pandas>=2,<3"; options, URLs, paths and "name @ url" are not allowed'
                     % json.dumps(item)[:200])
+        archive = ARCHIVE_END.search(item)
+        if archive:
+            return ('"packages" entry %s ends in %s, so pip would read it as a local file, not '
+                    'a package: give a name and a version, such as "numpy==2.1.0"'
+                    % (json.dumps(item)[:200], archive.group(0).strip()))
     call.packages = sorted(set(map(normalize_requirement, call.packages)))
     return None
 

@@ -1400,6 +1400,19 @@ def test_schema_invalid_arguments_are_tool_errors_not_protocol_errors(wire, argu
     assert hint in text, text
 
 
+@pytest.mark.parametrize("packages", [["foo==1.zip"], ["foo==1.0+x.whl"], ["Evil.TAR.GZ"],
+                                      ["numpy", "bar>=2.tgz"]])
+def test_a_package_spec_that_pip_would_read_as_a_local_file_is_refused(start_initialized,
+                                                                       tmp_path, packages):
+    # pip reads "foo==1.zip" as the file foo==1.zip in its working directory: never run it.
+    s = start_initialized(MCP_EXEC_INSTALLER="pip", PIP_LOG=tmp_path / "pip.log")
+    response = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(1)",
+                                                                    "packages": packages}})
+    text = response["result"]["content"][0]["text"]
+    assert response["result"]["isError"] and "local file" in text and "such as" in text, text
+    assert not (tmp_path / "pip.log").exists(), "pip ran"
+
+
 def test_huge_integer_timeout_is_clamped_not_an_internal_error(server):
     # JSON allows any integer; the schema says "number", larger than the cap is clamped.
     server.send(b'{"jsonrpc":"2.0","id":22,"method":"tools/call","params":{"name":"%s",'
