@@ -1061,17 +1061,26 @@ def run_code(call, session=LOCAL, cancel=None, on_output=None):
     return STEPS["run"](call, session, cancel or threading.Event(), on_output)
 
 
+def share_of(session):
+    """The owner whose fair share of the slots (and of the kernels, section 10) a call uses:
+    its MCP session; every sessionless request together (one client may send any number);
+    None for a local session (stdio's one client), which has no share to keep."""
+    if session.local:
+        return None
+    return session.owner if session.identified else "sessionless"
+
+
 def run_stateless(call, session, cancel, on_output):
     """A call that keeps nothing: an EXEC_CONCURRENCY slot, its environment, then run_once().
     The timeout starts with the code, not with the wait for the slot or the install."""
-    slot = EXEC_SLOTS.acquire(cancel, session.owner)
+    slot = EXEC_SLOTS.acquire(cancel, share_of(session))
     if slot != "ok":
         return EXEC_SLOTS.refusal(slot)
     try:
         with Environment(call.packages, call.use_temp_dir, cancel, on_output) as env:
             return env.failure or run_once(env, call, session, cancel, on_output)
     finally:
-        EXEC_SLOTS.release(session.owner)
+        EXEC_SLOTS.release(share_of(session))
 
 
 def run_once(env, call, session, cancel, on_output):
@@ -1105,8 +1114,10 @@ def wait_or_cancel(ready, cancel, deadline=None, wake=None):
 
 class CallSlots:
     """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are refused: no client
-    can pile up unbounded work (tools.mdx: rate limit invocations). A freed slot goes to the oldest
-    waiter, except that while others wait no owner (an MCP session) gets over half the slots."""
+    can pile up unbounded work (tools.mdx: rate limit invocations). Shares are fair: an owner
+    (share_of()) holds at most all slots but one, so another owner's call never waits behind
+    it alone, and a freed slot goes to the waiter whose owner holds fewest (the oldest first).
+    Owner None (stdio's one client, a kernel's turns) has no cap."""
 
     def __init__(self, running, waiting):
         self.max_running, self.max_waiting = running, waiting
@@ -1120,11 +1131,15 @@ class CallSlots:
         turn = self.enqueue(owner)
         return "busy" if turn is None else self.wait(turn, cancel, owner)
 
+    def may_take(self, owner):
+        return owner is None or self.held[owner] < max(1, self.max_running - 1)
+
     def enqueue(self, owner=None):
-        """Take a place in line now -> an Event, set once the slot is ours; None when busy."""
+        """Take a place in line now -> an Event, set once the slot is ours; None when busy.
+        (While a slot is free, every waiter's owner is at its cap: a newcomer may take it.)"""
         turn = threading.Event()
         with self.lock:
-            if self.running < self.max_running and not self.waiters:
+            if self.running < self.max_running and self.may_take(owner):
                 self.running += 1
                 self.held[owner] += 1
                 turn.set()
@@ -1148,12 +1163,11 @@ class CallSlots:
     def release(self, owner=None):
         with self.lock:
             self.held[owner] -= 1
-            if not self.waiters:
+            takers = [waiter for waiter in self.waiters if self.may_take(waiter[1])]
+            if not takers:
                 self.running -= 1
                 return
-            half = (self.max_running + 1) // 2
-            turn, taker = next((w for w in self.waiters if self.held[w[1]] < half),
-                               self.waiters[0])
+            turn, taker = min(takers, key=lambda waiter: self.held[waiter[1]])   # the oldest
             self.waiters.remove((turn, taker))
             self.held[taker] += 1
             turn.set()                           # the slot changes hands: running stays
@@ -4922,7 +4936,8 @@ class Kernel(Child):
 
 class Kernels:
     """The live kernels of this server process, at most SESSION_LIMIT, and over HTTP at most
-    half of them (rounded up) for one MCP session; idle ones end after SESSION_IDLE seconds."""
+    half of them (rounded up) for one MCP session, and half for all sessionless requests
+    together (share_of()); idle ones end after SESSION_IDLE seconds, whoever made them."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -4933,12 +4948,13 @@ class Kernels:
     def start(self, call, session, cancel, on_output):
         """A "session": "new" call -> (kernel, None), or (None, the Result that ends the call)."""
         with self.lock:
-            mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)  # locked
-            over_half = not session.local and mine >= (SESSION_LIMIT + 1) // 2
+            share = share_of(session)
+            mine = sum(1 for k in self.live.values() if k and share_of(k.session) == share)
+            over_half = share is not None and mine >= (SESSION_LIMIT + 1) // 2
             if len(self.live) >= SESSION_LIMIT or over_half:
                 return None, Result.refusal(
-                    "No new session: %d are live (SESSION_LIMIT, of which one client may hold "
-                    "half). End one with \"end_session\": true, reuse one, or call without "
+                    "No new session: %d are live (SESSION_LIMIT, of which one client, or all "
+                    "sessionless requests, may hold half). End one with \"end_session\": true, reuse one, or call without "
                     "\"session\"." % len(self.live))
             handle = new_handle("s")
             self.live[handle] = None                  # reserved while it starts
@@ -5043,7 +5059,7 @@ def run_in_kernel(call, session, cancel, on_output):
     refusal = None if new else kernel.enter(cancel, call.turn)
     if refusal:
         return refusal
-    slot = EXEC_SLOTS.acquire(cancel, session.owner)
+    slot = EXEC_SLOTS.acquire(cancel, share_of(session))
     try:
         if slot != "ok":
             return EXEC_SLOTS.refusal(slot)
@@ -5054,7 +5070,7 @@ def run_in_kernel(call, session, cancel, on_output):
         result = kernel.run(call, cancel, on_output)
     finally:
         if slot == "ok":
-            EXEC_SLOTS.release(session.owner)
+            EXEC_SLOTS.release(share_of(session))
         if kernel is not None:
             kernel.leave()
     result.session = kernel.handle
@@ -5126,6 +5142,8 @@ register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
 register_hook("session_ended", lambda session: KERNELS.end_session(session))
 register_hook("busy_owners", lambda: KERNELS.owners())
+register_hook("health", lambda: {"calls": {"running": EXEC_SLOTS.running,     # the load, no
+                                           "waiting": len(EXEC_SLOTS.waiters)}})   # owners
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
     "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
                 "imports and files across calls; then pass the handle the result gives you."},

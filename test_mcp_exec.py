@@ -716,14 +716,19 @@ def test_inprocess_handles_name_their_instance():
     assert mcp_exec.lives_elsewhere("j-nonsense") is None          # not a handle: just unknown
 
 
-def test_inprocess_while_others_wait_no_session_gets_more_than_half_the_slots():
+def test_inprocess_one_owner_holds_all_slots_but_one_and_a_freed_one_goes_to_the_poorest():
     slots, never = mcp_exec.CallSlots(4, 10), threading.Event()
-    assert [slots.acquire(never, "a") for _ in range(4)] == ["ok"] * 4     # nobody waits: all of them
-    a_turn, b_turn = slots.enqueue("a"), slots.enqueue("b")                 # a asked first
+    assert [slots.acquire(never, "a") for _ in range(3)] == ["ok"] * 3     # all but one
+    a_turn = slots.enqueue("a")
+    assert not a_turn.is_set() and slots.running == 3     # the last slot is kept for others
+    assert slots.acquire(never, "b") == "ok"               # b needs not wait for a
+    c_turn = slots.enqueue("c")                            # after a, but holding nothing
+    slots.release("b")
+    assert c_turn.is_set() and not a_turn.is_set()         # the freed slot goes to c
     slots.release("a")
-    assert b_turn.is_set() and not a_turn.is_set()      # a holds 3 of 4: the slot goes to b
-    slots.release("a")
-    assert a_turn.is_set()                              # no one else waits: a's turn comes
+    assert a_turn.is_set()                                 # a's own freed slot: a's turn
+    local = mcp_exec.CallSlots(2, 0)                      # owner None: stdio's one client
+    assert [local.acquire(never) for _ in range(2)] == ["ok", "ok"]
 
 
 # ===== 1-5. The core: cut off, it is the card's whole server =====
@@ -3252,6 +3257,31 @@ def test_one_client_gets_at_most_half_of_the_sessions(start_http):
     assert http_call(web, a, "1", 12, session="new")["isError"]
     result = http_call(web, b, "1", 13, session="new")
     assert not result["isError"] and tool_output(result)["session"].startswith("s-")
+
+
+def test_one_session_filling_the_slots_leaves_one_for_another_clients_print(start_http):
+    # Issue 32: one session held all EXEC_CONCURRENCY slots for 600 s while another
+    # client's print() waited. Now it holds all but one: its next call waits, not theirs.
+    web = start_http(EXEC_CONCURRENCY=2, CALL_WAIT=30)
+    hog, other = web.initialize(LATEST)[0], web.initialize(LATEST)[0]
+    for n in range(3):
+        threading.Thread(target=web.mcp, daemon=True, args=(
+            call_message("import time; time.sleep(600)", 10 + n), hog)).start()
+    calls = lambda: json.loads(web.request("GET", "/health")[2])["calls"]
+    assert wait_until(lambda: calls() == {"running": 1, "waiting": 2}, seconds=HANG), calls()
+    assert tool_output(http_call(web, other, "print(2 + 2)", 20))["stdout"] == "4\n"
+    out = tool_output(json.loads(web.mcp(call_message("print(5)", 21))[2])["result"])
+    assert out["stdout"] == "5\n"                  # a sessionless request, too
+
+
+def test_sessionless_requests_together_get_at_most_half_of_the_kernels(start_http):
+    web = start_http(SESSION_LIMIT=2)
+    post = lambda sid, n: json.loads(web.mcp(call_message("1", n, session="new"), sid)[2])
+    assert not post(None, 10)["result"]["isError"]
+    refused = post(None, 11)["result"]                  # another sessionless request
+    assert refused["isError"] and "sessionless" in refused["content"][0]["text"], refused
+    sid, _ = web.initialize(LATEST)
+    assert not post(sid, 12)["result"]["isError"]       # a session still gets one
 
 
 def test_a_100_mb_repr_is_capped_and_marked_truncated(server):
