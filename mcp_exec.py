@@ -4954,8 +4954,8 @@ class Kernels:
             if len(self.live) >= SESSION_LIMIT or over_half:
                 return None, Result.refusal(
                     "No new session: %d are live (SESSION_LIMIT, of which one client, or all "
-                    "sessionless requests, may hold half). End one with \"end_session\": true, reuse one, or call without "
-                    "\"session\"." % len(self.live))
+                    "sessionless requests, may hold half). End one with \"end_session\": "
+                    "true, reuse one, or call without \"session\"." % len(self.live))
             handle = new_handle("s")
             self.live[handle] = None                  # reserved while it starts
         with contextlib.ExitStack() as undo:       # until it has started, nothing of it may stay
@@ -6165,11 +6165,6 @@ class StoreError(RuntimeError):
     """Redis could not be reached, or refused: the message names it and why."""
 
 
-class Forged(ValueError):
-    """An item in Redis that this service did not write there: not sealed with its key, moved
-    from where it was written, replayed, or too old."""
-
-
 def url_secrets(url):
     """The passwords a Redis URL holds (user:password@, ?password=)."""
     parts = urlsplit(url)
@@ -6251,10 +6246,11 @@ class SharedStore:
         return nonce + self._tag(place, nonce + body) + body
 
     def unseal(self, place, sealed):
-        """seal()'s bytes, read where they were stored -> the value; anything else -> Forged."""
+        """seal()'s bytes, read where they were stored -> the value; anything else (not sealed
+        with this service's key, or moved from where it was written) -> ValueError."""
         nonce, tag, body = sealed[:16], sealed[16:48], sealed[48:]
         if not self._hmac.compare_digest(tag, self._tag(place, nonce + body)):
-            raise Forged("an item at %s that this service did not write" % place)
+            raise ValueError("an item at %s that this service did not write" % place)
         return json.loads(self._crypt(nonce, body))
 
     def _tag(self, place, data):
@@ -6272,7 +6268,7 @@ class SharedStore:
             return default
         try:
             return self.unseal(place, bytes(sealed))
-        except (Forged, ValueError, TypeError) as exc:
+        except (ValueError, TypeError) as exc:
             log("dropped an item from the shared store: %s" % exc)
             return default
 
@@ -6399,18 +6395,13 @@ class SharedStore:
         inbox = self.name("inbox", self.instance)
         got = self.do("read this instance's inbox",
                       lambda: self.redis.blpop([inbox], timeout=REDIS_BLOCK))
-        message = self.opened(inbox, got and got[1])
-        now = time.time()
+        message, now = self.opened(inbox, got and got[1]), time.time()
         self.seen = {key: until for key, until in self.seen.items() if until > now}
-        if not isinstance(message, dict):
+        if message and (message["nonce"] in self.seen or abs(now - message["sent"]) > 60):
+            log("dropped a replay, or a request over a minute old, from %s" % message["sender"])
             return None
-        if message.get("nonce") in self.seen:
-            log("dropped a replay of a request from %s" % message.get("sender"))
-            return None
-        if not isinstance(message.get("sent"), float) or abs(now - message["sent"]) > 60:
-            log("dropped a request from %s sent over a minute ago" % message.get("sender"))
-            return None
-        self.seen[message["nonce"]] = now + 120
+        if message:
+            self.seen[message["nonce"]] = now + 120      # past any that could pass the test
         return message
 
     def reply(self, key, answer, seconds):
@@ -6890,9 +6881,8 @@ def shared_setup():
     INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())     # per boot: Heroku reuses web.1
     reachable = redis_reachable_by_code(REDIS_URL, EXEC_NETWORK == "off" and SANDBOX.active)
     if reachable:
-        log("cannot start: the code this server runs could reach the Redis at %s (REDIS_URL): "
-            "%s. Whoever speaks to it can speak for this service." % (redacted(REDIS_URL),
-                                                                      reachable))
+        log("cannot start: the code this server runs could reach the Redis at %s (REDIS_URL), "
+            "and speak for this service: %s" % (redacted(REDIS_URL), reachable))
         raise SystemExit(2)
     try:
         store = SharedStore(REDIS_URL, API_KEY, INSTANCE)
