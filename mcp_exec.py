@@ -237,8 +237,9 @@ SETTINGS = [
             "seconds before an idle Streamable HTTP session is dropped"),
     Setting(HTTP, "MAX_SESSIONS", int, 1000, "Streamable HTTP sessions kept; the oldest idle "
             "go first (never one whose job or kernel is alive)", minimum=1),
-    Setting(HTTP, "REDIS_URL", str, "", "redis:// or rediss:// (Heroku Key-Value Store): "
-            "instances share sessions, jobs, tasks, kernels and files through it (section 14)"),
+    Setting(HTTP, "REDIS_URL", str, "", "redis:// or rediss:// (Heroku Key-Value Store), with "
+            "a password, on a public address unless EXEC_NETWORK=off: instances share "
+            "sessions, jobs, tasks, kernels and files through it (section 14)"),
 ]
 
 
