@@ -5143,8 +5143,6 @@ register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
 register_hook("session_ended", lambda session: KERNELS.end_session(session))
 register_hook("busy_owners", lambda: KERNELS.owners())
-register_hook("health", lambda: {"calls": {"running": EXEC_SLOTS.running,     # the load, no
-                                           "waiting": len(EXEC_SLOTS.waiters)}})   # owners
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
     "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
                 "imports and files across calls; then pass the handle the result gives you."},
