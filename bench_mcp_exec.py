@@ -789,19 +789,20 @@ def bench_images(env):
 # --- 10. many instances: REDIS_URL ------------------------------------------------------
 
 def redis_server():
-    """A redis-server of our own on a free loopback port, no persistence -> (process, URL) or None."""
+    """A redis-server of our own on a free loopback port, no persistence, with a password (an
+    instance refuses a Redis without) -> (process, URL) or None."""
     if not shutil.which("redis-server"):
         return None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+                             "--appendonly", "no", "--requirepass", "bench"], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), 1).close()
-            return proc, "redis://127.0.0.1:%d/0" % port
+            return proc, "redis://:bench@127.0.0.1:%d/0" % port
         except OSError:
             time.sleep(0.05)
     proc.kill()
@@ -810,8 +811,8 @@ def redis_server():
 
 def instances(env, url, n, **extra):
     """n servers of one service (REDIS_URL), each with its own DYNO and MCP_EXEC_DIR, sharing the
-    first one's session."""
-    servers = [Http(dict(env, REDIS_URL=url, DYNO="web.%d" % i, CALL_WAIT="0.5",
+    first one's session. EXEC_NETWORK=off: an instance refuses a loopback Redis the code could reach."""
+    servers = [Http(dict(env, REDIS_URL=url, DYNO="web.%d" % i, CALL_WAIT="0.5", EXEC_NETWORK="off",
                          MCP_EXEC_DIR=env["MCP_EXEC_DIR"] + "-web.%d" % i, **extra))
                for i in range(1, n + 1)]
     for server in servers[1:]:

@@ -237,8 +237,9 @@ SETTINGS = [
             "seconds before an idle Streamable HTTP session is dropped"),
     Setting(HTTP, "MAX_SESSIONS", int, 1000, "Streamable HTTP sessions kept; the oldest idle "
             "go first (never one whose job or kernel is alive)", minimum=1),
-    Setting(HTTP, "REDIS_URL", str, "", "redis:// or rediss:// (Heroku Key-Value Store): "
-            "instances share sessions, jobs, tasks, kernels and files through it (section 14)"),
+    Setting(HTTP, "REDIS_URL", str, "", "redis:// or rediss:// (Heroku Key-Value Store), with "
+            "a password, on a public address unless EXEC_NETWORK=off: instances share "
+            "sessions, jobs, tasks, kernels and files through it (section 14)"),
 ]
 
 
@@ -1062,17 +1063,26 @@ def run_code(call, session=LOCAL, cancel=None, on_output=None):
     return STEPS["run"](call, session, cancel or threading.Event(), on_output)
 
 
+def share_of(session):
+    """The owner whose fair share of the slots (and of the kernels, section 10) a call uses:
+    its MCP session; every sessionless request together (one client may send any number);
+    None for a local session (stdio's one client), which has no share to keep."""
+    if session.local:
+        return None
+    return session.owner if session.identified else "sessionless"
+
+
 def run_stateless(call, session, cancel, on_output):
     """A call that keeps nothing: an EXEC_CONCURRENCY slot, its environment, then run_once().
     The timeout starts with the code, not with the wait for the slot or the install."""
-    slot = EXEC_SLOTS.acquire(cancel, session.owner)
+    slot = EXEC_SLOTS.acquire(cancel, share_of(session))
     if slot != "ok":
         return EXEC_SLOTS.refusal(slot)
     try:
         with Environment(call.packages, call.use_temp_dir, cancel, on_output) as env:
             return env.failure or run_once(env, call, session, cancel, on_output)
     finally:
-        EXEC_SLOTS.release(session.owner)
+        EXEC_SLOTS.release(share_of(session))
 
 
 def run_once(env, call, session, cancel, on_output):
@@ -1106,8 +1116,10 @@ def wait_or_cancel(ready, cancel, deadline=None, wake=None):
 
 class CallSlots:
     """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are refused: no client
-    can pile up unbounded work (tools.mdx: rate limit invocations). A freed slot goes to the oldest
-    waiter, except that while others wait no owner (an MCP session) gets over half the slots."""
+    can pile up unbounded work (tools.mdx: rate limit invocations). Shares are fair: an owner
+    (share_of()) holds at most all slots but one, so another owner's call never waits behind
+    it alone, and a freed slot goes to the waiter whose owner holds fewest (the oldest first).
+    Owner None (stdio's one client, a kernel's turns) has no cap."""
 
     def __init__(self, running, waiting):
         self.max_running, self.max_waiting = running, waiting
@@ -1121,11 +1133,15 @@ class CallSlots:
         turn = self.enqueue(owner)
         return "busy" if turn is None else self.wait(turn, cancel, owner)
 
+    def may_take(self, owner):
+        return owner is None or self.held[owner] < max(1, self.max_running - 1)
+
     def enqueue(self, owner=None):
-        """Take a place in line now -> an Event, set once the slot is ours; None when busy."""
+        """Take a place in line now -> an Event, set once the slot is ours; None when busy.
+        (While a slot is free, every waiter's owner is at its cap: a newcomer may take it.)"""
         turn = threading.Event()
         with self.lock:
-            if self.running < self.max_running and not self.waiters:
+            if self.running < self.max_running and self.may_take(owner):
                 self.running += 1
                 self.held[owner] += 1
                 turn.set()
@@ -1149,12 +1165,11 @@ class CallSlots:
     def release(self, owner=None):
         with self.lock:
             self.held[owner] -= 1
-            if not self.waiters:
+            takers = [waiter for waiter in self.waiters if self.may_take(waiter[1])]
+            if not takers:
                 self.running -= 1
                 return
-            half = (self.max_running + 1) // 2
-            turn, taker = next((w for w in self.waiters if self.held[w[1]] < half),
-                               self.waiters[0])
+            turn, taker = min(takers, key=lambda waiter: self.held[waiter[1]])   # the oldest
             self.waiters.remove((turn, taker))
             self.held[taker] += 1
             turn.set()                           # the slot changes hands: running stays
@@ -1775,6 +1790,11 @@ def normalize_requirement(text):
     return name + ("[%s]" % ",".join(extras) if extras else "") + specs
 
 
+# pip reads a requirement ending in an archive's extension ("foo==1.zip") as a file in its
+# working directory (pip's is_archive_file): no such entry reaches it.
+ARCHIVE_END = re.compile(r"\.(zip|whl|tgz|tbz|txz|tlz|tar(\.(gz|bz2|xz|lz|lzma))?)\s*$", re.I)
+
+
 def check_packages(arguments, call):
     """The "packages" argument -> call.packages, normalized and sorted, or the problem."""
     for item in call.packages:
@@ -1783,6 +1803,11 @@ def check_packages(arguments, call):
                     'optional [extras] and version specifiers, such as "numpy" or '
                     '"pandas>=2,<3"; options, URLs, paths and "name @ url" are not allowed'
                     % json.dumps(item)[:200])
+        archive = ARCHIVE_END.search(item)
+        if archive:
+            return ('"packages" entry %s ends in %s, so pip would read it as a local file, not '
+                    'a package: give a name and a version, such as "numpy==2.1.0"'
+                    % (json.dumps(item)[:200], archive.group(0).strip()))
     call.packages = sorted(set(map(normalize_requirement, call.packages)))
     return None
 
@@ -5240,7 +5265,8 @@ class Kernel(Child):
 
 class Kernels:
     """The live kernels of this server process, at most SESSION_LIMIT, and over HTTP at most
-    half of them (rounded up) for one MCP session; idle ones end after SESSION_IDLE seconds."""
+    half of them (rounded up) for one MCP session, and half for all sessionless requests
+    together (share_of()); idle ones end after SESSION_IDLE seconds, whoever made them."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -5251,13 +5277,14 @@ class Kernels:
     def start(self, call, session, cancel, on_output):
         """A "session": "new" call -> (kernel, None), or (None, the Result that ends the call)."""
         with self.lock:
-            mine = sum(1 for k in self.live.values() if k and k.owner == session.owner)  # locked
-            over_half = not session.local and mine >= (SESSION_LIMIT + 1) // 2
+            share = share_of(session)
+            mine = sum(1 for k in self.live.values() if k and share_of(k.session) == share)
+            over_half = share is not None and mine >= (SESSION_LIMIT + 1) // 2
             if len(self.live) >= SESSION_LIMIT or over_half:
                 return None, Result.refusal(
-                    "No new session: %d are live (SESSION_LIMIT, of which one client may hold "
-                    "half). End one with \"end_session\": true, reuse one, or call without "
-                    "\"session\"." % len(self.live))
+                    "No new session: %d are live (SESSION_LIMIT, of which one client, or all "
+                    "sessionless requests, may hold half). End one with \"end_session\": "
+                    "true, reuse one, or call without \"session\"." % len(self.live))
             handle = new_handle("s")
             self.live[handle] = None                  # reserved while it starts
         with contextlib.ExitStack() as undo:       # until it has started, nothing of it may stay
@@ -5361,7 +5388,7 @@ def run_in_kernel(call, session, cancel, on_output):
     refusal = None if new else kernel.enter(cancel, call.turn)
     if refusal:
         return refusal
-    slot = EXEC_SLOTS.acquire(cancel, session.owner)
+    slot = EXEC_SLOTS.acquire(cancel, share_of(session))
     try:
         if slot != "ok":
             return EXEC_SLOTS.refusal(slot)
@@ -5372,7 +5399,7 @@ def run_in_kernel(call, session, cancel, on_output):
         result = kernel.run(call, cancel, on_output)
     finally:
         if slot == "ok":
-            EXEC_SLOTS.release(session.owner)
+            EXEC_SLOTS.release(share_of(session))
         if kernel is not None:
             kernel.leave()
     result.session = kernel.handle
@@ -6440,14 +6467,19 @@ def show_result(answers, form, seconds, saved):
 # Without REDIS_URL, none of this loads: no import of redis, no hook registered.
 #
 # The Redis operations, all in SharedStore (P = "mcp-exec:", hid(x) = HMAC-SHA256 of x keyed
-# from API_KEY: no session id, handle or key is stored in clear):
-#   SET P hb:<instance> PX 10000        the heartbeat, renewed every 3.3 s, DEL on shutdown
+# from API_KEY: no session id, handle or key is stored in clear). Every value is sealed
+# (SharedStore.seal: encrypted, and signed for the key it is stored under), so whoever else
+# reaches Redis reads no owner, result or session id, and cannot speak for an instance:
+#   SET P hb:<instance> PX 10000        the heartbeat (sealed: its time), renewed every 3.3 s
 #   HSET/PEXPIRE P session:<hid(id)>    a Streamable HTTP session, SESSION_IDLE_TIMEOUT from
 #                                       its last use anywhere; DEL on DELETE /mcp
 #   SET P sse:<hid(id)> instance PX 30000   where an /sse stream is, renewed while it is open
-#   RPUSH/BLPOP P inbox:<instance>      requests for an instance (PEXPIRE 60 s: a dead one's go)
+#   RPUSH/BLPOP P inbox:<instance>      requests for an instance (PEXPIRE 60 s: a dead one's go;
+#                                       each names its sender, time and id: a replay is dropped)
 #   RPUSH/BLPOP P reply:<random>        one answer (EXPIRE: the wait, plus 5 s)
-#   SCAN P hb:*                         the live instances (tasks/list, DELETE, cancels)
+#   SCAN, MGET P hb:*                   the live instances (tasks/list, DELETE, cancels)
+# Code that can reach this Redis could still drop or delay items: shared_setup() refuses a Redis
+# that the code could reach (no password, or a private address while the code has a network).
 
 REDIS_TIMEOUT = 2.0           # seconds per Redis connect or read: a lost Redis is noticed fast
 HEARTBEAT_TTL = 10.0          # seconds an instance is thought alive after its last heartbeat
@@ -6460,11 +6492,38 @@ class StoreError(RuntimeError):
     """Redis could not be reached, or refused: the message names it and why."""
 
 
-def redacted(url):
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    return scheme + sep + (credentials.split(":")[0] + ":***@" if at else "") + host
+def url_secrets(url):
+    """The passwords a Redis URL holds (user:password@, ?password=)."""
+    parts = urlsplit(url)
+    return [secret for secret in [parts.password] + re.findall(
+        r"(?i)(?:^|&)password=([^&#]+)", parts.query) if secret]
+
+
+def redacted(text, url=None):
+    """`text` (by default the URL) with the URL's passwords as ***, for messages."""
+    for secret in url_secrets(url or text):
+        text = text.replace(secret, "***")
+    return text
+
+
+def redis_reachable_by_code(url, network_off):
+    """Why code run here could speak to the Redis at `url` -> the reason, or None: it has no
+    password, or it is on this machine or a private network while the code has a network."""
+    import ipaddress
+    parts = urlsplit(url)
+    if not url_secrets(url):
+        return "it has no password (set one: redis://:PASSWORD@host:port)"
+    if network_off:
+        return None
+    try:
+        found = {a[4][0] for a in socket.getaddrinfo(parts.hostname or "localhost", 6379)}
+    except (OSError, UnicodeError):
+        return None                                  # ping() says it cannot be reached
+    private = sorted(a for a in found if not ipaddress.ip_address(a.split("%")[0]).is_global)
+    return private and (
+        "its address (%s) is on this machine or a private network, and the code has a "
+        "network (set EXEC_NETWORK=off, or use a Redis on a public address, as Heroku's "
+        "Key-Value Store)" % private[0]) or None
 
 
 class SharedStore:
@@ -6482,8 +6541,12 @@ class SharedStore:
         from redis.retry import Retry
         self.errors = redis.exceptions
         self.url, self.instance, self.prefix = redacted(url), instance, prefix
+        self.url_given = url                   # its passwords are in no message (redacted)
         self.key = hmac.new(secret.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
-        self._hmac, self._sha = hmac, hashlib.sha256
+        self.sign_key = hmac.new(secret.encode(), b"mcp-exec relay v1", hashlib.sha256).digest()
+        self.cipher_key = hmac.new(secret.encode(), b"mcp-exec cipher v1", hashlib.sha256).digest()
+        self._hmac, self._sha, self._shake = hmac, hashlib.sha256, hashlib.shake_256
+        self.seen = {}                   # message nonce -> until when: a replay is dropped
         options = {"socket_timeout": REDIS_TIMEOUT, "socket_connect_timeout": REDIS_TIMEOUT,
                    "retry": Retry(NoBackoff(), 0), "health_check_interval": 10,
                    "max_connections": 64, "timeout": REDIS_TIMEOUT}
@@ -6492,12 +6555,49 @@ class SharedStore:
         try:
             pool = redis.BlockingConnectionPool.from_url(url, **options)
         except ValueError as exc:
-            raise StoreError("REDIS_URL %s is not a Redis URL: %s" % (self.url, exc)) from None
+            raise StoreError("REDIS_URL %s is not a Redis URL: %s"
+                             % (self.url, redacted(str(exc), url))) from None
         self.redis = redis.Redis(connection_pool=pool)
 
     def hid(self, value):
         """The keyed hash that stands for an id in Redis: a reader of Redis cannot replay it."""
         return self._hmac.new(self.key, value.encode(), self._sha).hexdigest()[:32]
+
+    def seal(self, place, value):
+        """A JSON value -> bytes that only holders of API_KEY read or make: a random 16-byte
+        nonce, the HMAC-SHA256 tag of (place, nonce, ciphertext), then the JSON XORed with a
+        SHAKE-256 keystream of (cipher key, nonce): encrypt-then-MAC, standard library only.
+        `place` is the key it is stored under: moved elsewhere, it does not open."""
+        nonce = os.urandom(16)
+        body = self._crypt(nonce, json.dumps(value).encode())
+        return nonce + self._tag(place, nonce + body) + body
+
+    def unseal(self, place, sealed):
+        """seal()'s bytes, read where they were stored -> the value; anything else (not sealed
+        with this service's key, or moved from where it was written) -> ValueError."""
+        nonce, tag, body = sealed[:16], sealed[16:48], sealed[48:]
+        if not self._hmac.compare_digest(tag, self._tag(place, nonce + body)):
+            raise ValueError("an item at %s that this service did not write" % place)
+        return json.loads(self._crypt(nonce, body))
+
+    def _tag(self, place, data):
+        return self._hmac.new(self.sign_key, place.encode() + b"\0" + data, self._sha).digest()
+
+    def _crypt(self, nonce, data):
+        stream = self._shake(self.cipher_key + nonce).digest(len(data))
+        return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
+            len(data), "big")
+
+    def opened(self, place, sealed, default=None):
+        """unseal(), or `default` for a missing item; a forged or malformed one is logged and
+        dropped (-> default): it never ends a thread."""
+        if sealed is None:
+            return default
+        try:
+            return self.unseal(place, bytes(sealed))
+        except (ValueError, TypeError) as exc:
+            log("dropped an item from the shared store: %s" % exc)
+            return default
 
     def do(self, what, act):
         """act() -> its value; a Redis failure -> StoreError saying what failed."""
@@ -6512,8 +6612,9 @@ class SharedStore:
             except self.errors.RedisError as exc:      # OOM, READONLY, a refused command
                 failure = exc
                 break
+        why = redacted(str(failure) or type(failure).__name__, self.url_given)
         raise StoreError("the shared store (Redis at %s) failed to %s: %s"
-                         % (self.url, what, str(failure) or type(failure).__name__)) from None
+                         % (self.url, what, why)) from None
 
     def name(self, kind, value):
         return self.prefix + kind + ":" + value
@@ -6531,35 +6632,49 @@ class SharedStore:
         return self.do(what, act)
 
     def beat(self, sse_hids):
-        """The heartbeat, and the records of this instance's open /sse streams."""
+        """The heartbeat (sealed: its time), and the records of this instance's /sse streams."""
         def build(pipe):
-            pipe.set(self.name("hb", self.instance), "1", px=int(HEARTBEAT_TTL * 1000))
+            hb = self.name("hb", self.instance)
+            pipe.set(hb, self.seal(hb, time.time()), px=int(HEARTBEAT_TTL * 1000))
             for hid in sse_hids:
-                pipe.set(self.name("sse", hid), self.instance, px=int(SSE_RECORD_TTL * 1000))
+                key = self.name("sse", hid)
+                pipe.set(key, self.seal(key, self.instance), px=int(SSE_RECORD_TTL * 1000))
         self.pipelined("renew the heartbeat", build, transaction=False)
 
+    def beating(self, key, sealed):
+        """Whether a heartbeat is this service's, for the instance its key names, and fresh: a
+        forged one (which would shrink each instance's share of OUTPUT_STORE_MB) is not."""
+        return abs(time.time() - self.opened(key, sealed, 0)) < HEARTBEAT_TTL
+
     def alive(self, instance):
-        return bool(self.do("ask if %s is alive" % instance,
-                            lambda: self.redis.exists(self.name("hb", instance))))
+        key = self.name("hb", instance)
+        return self.beating(key, self.do("ask if %s is alive" % instance,
+                                         lambda: self.redis.get(key)))
 
     def instances(self):
         """The live instances, this one included."""
         found = self.do("list the instances", lambda: list(
             self.redis.scan_iter(self.name("hb", "*"), count=1000)))
-        return sorted(key.decode()[len(self.name("hb", "")):] for key in found)
+        beats = self.do("read the heartbeats", lambda: self.redis.mget(found)) if found else []
+        return sorted(key.decode()[len(self.name("hb", "")):]
+                      for key, sealed in zip(found, beats) if self.beating(key.decode(), sealed))
 
     def put(self, kind, hid, record, ttl):
-        """A record (a dict of strings) for `ttl` seconds (MULTI: never one without its TTL)."""
+        """A record (a dict of strings, each sealed) for `ttl` seconds (MULTI: never one
+        without its TTL)."""
         key = self.name(kind, hid)
-        self.pipelined("store a %s" % kind, lambda pipe: pipe.hset(key, mapping=record).pexpire(
+        sealed = {field: self.seal(key + " " + field, value) for field, value in record.items()}
+        self.pipelined("store a %s" % kind, lambda pipe: pipe.hset(key, mapping=sealed).pexpire(
             key, int(ttl * 1000)))
 
     def get(self, kind, hid, ttl=None):
-        """The record, its TTL renewed if given -> a dict of str, or None."""
+        """The record, its TTL renewed if given -> a dict of str, or None (a forged field
+        drops the whole record)."""
         key = self.name(kind, hid)
         found = self.pipelined("read a %s" % kind, lambda pipe: pipe.hgetall(key).pexpire(
             key, int(ttl * 1000)) if ttl else pipe.hgetall(key))[0]
-        return {k.decode(): v.decode() for k, v in found.items()} or None
+        record = {k.decode(): self.opened(key + " " + k.decode(), v) for k, v in found.items()}
+        return None if None in record.values() else record or None
 
     def ttls(self, kind, hids):
         """The seconds each record has left (negative: none)."""
@@ -6580,7 +6695,7 @@ class SharedStore:
         key = self.name(kind, hid)
         found = self.pipelined("take from a %s" % kind,
                                lambda pipe: pipe.hget(key, field).hdel(key, field))[0]
-        return found.decode() if found is not None else None
+        return self.opened(key + " " + field, found)
 
     def drop(self, kind, hid):
         """Delete a record -> whether it was there."""
@@ -6588,30 +6703,42 @@ class SharedStore:
                             lambda: self.redis.delete(self.name(kind, hid))))
 
     def owner_of_stream(self, hid):
-        found = self.do("find an /sse stream", lambda: self.redis.get(self.name("sse", hid)))
-        return found.decode() if found else None
+        key = self.name("sse", hid)
+        return self.opened(key, self.do("find an /sse stream", lambda: self.redis.get(key)))
 
     def send(self, instance, message):
-        """Put a request in an instance's inbox; it answers on message["reply"]. A retry may
-        deliver it twice: the inbox's reader runs each reply key once."""
+        """Put a request in an instance's inbox, sealed with this sender, the time and an id;
+        it answers on message["reply"]. A retry may deliver it twice: the reader drops the
+        second as a replay."""
         inbox = self.name("inbox", instance)
+        sealed = self.seal(inbox, dict(message, sender=self.instance, sent=time.time(),
+                                       nonce=os.urandom(12).hex()))
         self.pipelined("send a request to %s" % instance, lambda pipe: pipe.rpush(
-            inbox, json.dumps(message)).pexpire(inbox, 60000))
+            inbox, sealed).pexpire(inbox, 60000))
 
     def next_request(self):
-        """The next request in this instance's inbox, waiting up to REDIS_BLOCK -> dict or None."""
-        got = self.do("read this instance's inbox", lambda: self.redis.blpop(
-            [self.name("inbox", self.instance)], timeout=REDIS_BLOCK))
-        return json.loads(got[1]) if got else None
+        """The next request in this instance's inbox, waiting up to REDIS_BLOCK -> dict or None
+        (none yet, or one dropped: forged, malformed, replayed, or over a minute old)."""
+        inbox = self.name("inbox", self.instance)
+        got = self.do("read this instance's inbox",
+                      lambda: self.redis.blpop([inbox], timeout=REDIS_BLOCK))
+        message, now = self.opened(inbox, got and got[1]), time.time()
+        self.seen = {key: until for key, until in self.seen.items() if until > now}
+        if message and (message["nonce"] in self.seen or abs(now - message["sent"]) > 60):
+            log("dropped a replay, or a request over a minute old, from %s" % message["sender"])
+            return None
+        if message:
+            self.seen[message["nonce"]] = now + 120      # past any that could pass the test
+        return message
 
     def reply(self, key, answer, seconds):
-        self.pipelined("answer a request", lambda pipe: pipe.rpush(key, json.dumps(answer)).expire(
-            key, int(seconds) + 5))
+        self.pipelined("answer a request", lambda pipe: pipe.rpush(
+            key, self.seal(key, answer)).expire(key, int(seconds) + 5))
 
     def wait_reply(self, key):
         """The answer on `key`, waiting up to REDIS_BLOCK -> dict or None."""
         got = self.do("wait for an answer", lambda: self.redis.blpop([key], timeout=REDIS_BLOCK))
-        return json.loads(got[1]) if got else None
+        return self.opened(key, got and got[1])
 
     def close(self):
         with contextlib.suppress(self.errors.RedisError):
@@ -6634,7 +6761,6 @@ class SharedService:
         self.sessions = {}               # hid -> Session
         self.streams = {}                # hid -> SseSession open here
         self.published = {}              # job handle -> PublishedJob, for its record in Redis
-        self.seen = {}                   # reply key -> until when: carried requests run once
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.down_since = None           # when Redis stopped answering the heartbeat
@@ -6692,25 +6818,17 @@ class SharedService:
                     session.end()                  # expires it but this
 
     def serve_inbox(self):
-        """Answer what other instances carry here, each on a worker thread."""
+        """Answer what other instances carry here, each on a worker thread, for the life of
+        the instance: nothing in the inbox ends it."""
         while not self.stopped.is_set():
             try:
                 message = self.store.next_request()
+                if message is not None:
+                    self.workers.start(lambda message=message: self.answer(message))
             except StoreError:
                 self.stopped.wait(REDIS_BLOCK)     # the heartbeat logs it
-                continue
-            if message is not None and self.first_time(message):
-                self.workers.start(lambda message=message: self.answer(message))
-
-    def first_time(self, message):
-        """Whether a carried request is new: a retried send may deliver it twice."""
-        now, reply = time.monotonic(), message.get("reply")
-        self.seen = {key: until for key, until in self.seen.items() if until > now}
-        if reply in self.seen:
-            return False
-        if reply:
-            self.seen[reply] = now + message["wait"] + 5
-        return True
+            except Exception:
+                log("error in the inbox's reader:\n%s" % traceback.format_exc())
 
     def answer(self, message):
         try:
@@ -7082,11 +7200,17 @@ def failed_response(request, text):
 
 
 def shared_setup():
-    """With REDIS_URL, for HTTP: this instance joins the service; Redis unreachable -> exit 2."""
+    """With REDIS_URL, for HTTP: this instance joins the service. Exit 2 if Redis cannot be
+    reached, or if the code could reach it (redis_reachable_by_code), saying what to set."""
     global INSTANCE, SHARED
     if not REDIS_URL or "flask" not in sys.modules:     # create_app() imported it: HTTP
         return
     INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())     # per boot: Heroku reuses web.1
+    reachable = redis_reachable_by_code(REDIS_URL, EXEC_NETWORK == "off" and SANDBOX.active)
+    if reachable:
+        log("cannot start: the code this server runs could reach the Redis at %s (REDIS_URL), "
+            "and speak for this service: %s" % (redacted(REDIS_URL), reachable))
+        raise SystemExit(2)
     try:
         store = SharedStore(REDIS_URL, API_KEY, INSTANCE)
         version = store.ping()

@@ -21,6 +21,7 @@ format, the executor, stdio, HTTP), then 6. Fork server ... 14. Command line.
 """
 
 import base64
+import contextlib
 import errno
 import glob
 import hashlib
@@ -717,14 +718,19 @@ def test_inprocess_handles_name_their_instance():
     assert mcp_exec.lives_elsewhere("j-nonsense") is None          # not a handle: just unknown
 
 
-def test_inprocess_while_others_wait_no_session_gets_more_than_half_the_slots():
+def test_inprocess_one_owner_holds_all_slots_but_one_and_a_freed_one_goes_to_the_poorest():
     slots, never = mcp_exec.CallSlots(4, 10), threading.Event()
-    assert [slots.acquire(never, "a") for _ in range(4)] == ["ok"] * 4     # nobody waits: all of them
-    a_turn, b_turn = slots.enqueue("a"), slots.enqueue("b")                 # a asked first
+    assert [slots.acquire(never, "a") for _ in range(3)] == ["ok"] * 3     # all but one
+    a_turn = slots.enqueue("a")
+    assert not a_turn.is_set() and slots.running == 3     # the last slot is kept for others
+    assert slots.acquire(never, "b") == "ok"               # b needs not wait for a
+    c_turn = slots.enqueue("c")                            # after a, but holding nothing
+    slots.release("b")
+    assert c_turn.is_set() and not a_turn.is_set()         # the freed slot goes to c
     slots.release("a")
-    assert b_turn.is_set() and not a_turn.is_set()      # a holds 3 of 4: the slot goes to b
-    slots.release("a")
-    assert a_turn.is_set()                              # no one else waits: a's turn comes
+    assert a_turn.is_set()                                 # a's own freed slot: a's turn
+    local = mcp_exec.CallSlots(2, 0)                      # owner None: stdio's one client
+    assert [local.acquire(never) for _ in range(2)] == ["ok", "ok"]
 
 
 # ===== 1-5. The core: cut off, it is the card's whole server =====
@@ -1399,6 +1405,19 @@ def test_schema_invalid_arguments_are_tool_errors_not_protocol_errors(wire, argu
     text = result["content"][0]["text"]
     assert text.startswith("Invalid arguments for %s" % TOOL), text
     assert hint in text, text
+
+
+@pytest.mark.parametrize("packages", [["foo==1.zip"], ["foo==1.0+x.whl"], ["Evil.TAR.GZ"],
+                                      ["numpy", "bar>=2.tgz"]])
+def test_a_package_spec_that_pip_would_read_as_a_local_file_is_refused(start_initialized,
+                                                                       tmp_path, packages):
+    # pip reads "foo==1.zip" as the file foo==1.zip in its working directory: never run it.
+    s = start_initialized(MCP_EXEC_INSTALLER="pip", PIP_LOG=tmp_path / "pip.log")
+    response = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(1)",
+                                                                    "packages": packages}})
+    text = response["result"]["content"][0]["text"]
+    assert response["result"]["isError"] and "local file" in text and "such as" in text, text
+    assert not (tmp_path / "pip.log").exists(), "pip ran"
 
 
 def test_huge_integer_timeout_is_clamped_not_an_internal_error(server):
@@ -3395,6 +3414,36 @@ def test_one_client_gets_at_most_half_of_the_sessions(start_http):
     assert http_call(web, a, "1", 12, session="new")["isError"]
     result = http_call(web, b, "1", 13, session="new")
     assert not result["isError"] and tool_output(result)["session"].startswith("s-")
+
+
+def test_one_session_filling_the_slots_leaves_one_for_another_clients_print(start_http):
+    # Issue 32: one session held all EXEC_CONCURRENCY slots for 600 s while another
+    # client's print() waited. Now it holds all but one: its next call waits, not theirs.
+    # Its calls go in until one is refused as busy: then it holds all it may, and the queue
+    # (EXEC_QUEUE=1) is full.
+    web = start_http(EXEC_CONCURRENCY=2, EXEC_QUEUE=1, CALL_WAIT=30)
+    hog, other = web.initialize(LATEST)[0], web.initialize(LATEST)[0]
+    answers = []
+
+    def hog_call(n):
+        with contextlib.suppress(OSError):          # the ones that run time out here
+            answers.append(web.mcp(call_message("import time; time.sleep(600)", n), hog)[2])
+    for n in range(4):
+        threading.Thread(target=hog_call, args=(10 + n,), daemon=True).start()
+    assert wait_until(lambda: any(b"Server busy" in answer for answer in answers), seconds=HANG)
+    assert tool_output(http_call(web, other, "print(2 + 2)", 20))["stdout"] == "4\n"
+    out = tool_output(json.loads(web.mcp(call_message("print(5)", 21))[2])["result"])
+    assert out["stdout"] == "5\n"                   # a sessionless request, too
+
+
+def test_sessionless_requests_together_get_at_most_half_of_the_kernels(start_http):
+    web = start_http(SESSION_LIMIT=2)
+    post = lambda sid, n: json.loads(web.mcp(call_message("1", n, session="new"), sid)[2])
+    assert not post(None, 10)["result"]["isError"]
+    refused = post(None, 11)["result"]                  # another sessionless request
+    assert refused["isError"] and "sessionless" in refused["content"][0]["text"], refused
+    sid, _ = web.initialize(LATEST)
+    assert not post(sid, 12)["result"]["isError"]       # a session still gets one
 
 
 def test_a_100_mb_repr_is_capped_and_marked_truncated(server):
@@ -6436,17 +6485,22 @@ needs_redis = pytest.mark.skipif(not (REDIS_SERVER and REDIS_PY),
                                         "redis-py (pip install redis)")
 
 
-class RedisServer:
-    """redis-server on a loopback port, stopped by stop(); tls=(cert, key) serves rediss://."""
+REDIS_PASSWORD = "pw-" + os.urandom(8).hex()
 
-    def __init__(self, folder, port=None, tls=None):
-        self.folder, self.tls = folder, tls
+
+class RedisServer:
+    """redis-server on a loopback port with a password (an instance refuses one without, and
+    one on loopback unless the code has no network: EXEC_NETWORK=off, as start_instance()
+    sets), stopped by stop(); tls=(cert, key) serves rediss://."""
+
+    def __init__(self, folder, port=None, tls=None, password=REDIS_PASSWORD):
+        self.folder, self.tls, self.password = folder, tls, password
         self.port = port or reserve_port()[0]
         self.start()
 
     def start(self):
         argv = [REDIS_SERVER, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.folder)]
+                "--dir", str(self.folder)] + (["--requirepass", self.password] if self.password else [])
         if self.tls:
             argv += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", self.tls[0],
                      "--tls-key-file", self.tls[1], "--tls-ca-cert-file", self.tls[0],
@@ -6465,7 +6519,12 @@ class RedisServer:
 
     @property
     def url(self):
-        return "%s://127.0.0.1:%d/0" % ("rediss" if self.tls else "redis", self.port)
+        return "%s://%s127.0.0.1:%d/0" % ("rediss" if self.tls else "redis",
+                                          ":%s@" % self.password if self.password else "", self.port)
+
+    def client(self):
+        """A redis-py client, as an operator (or an attacker who has the password) would use."""
+        return _redis_py.Redis(port=self.port, password=self.password)
 
     def stop(self):
         self.proc.terminate()
@@ -6489,7 +6548,7 @@ class Router:
 def start_instance(tmp_path, redis_url, name, **env):
     folder = tmp_path / name
     folder.mkdir()
-    env = dict({"CALL_WAIT": "1", "OUTPUT_STORE_MB": "3"}, **env)
+    env = dict({"CALL_WAIT": "1", "OUTPUT_STORE_MB": "3", "EXEC_NETWORK": "off"}, **env)
     return HttpProcess(folder, REDIS_URL=redis_url, DYNO=name, MCP_EXEC_DIR=folder / "state", **env)
 
 
@@ -6649,7 +6708,7 @@ def test_redis_keeps_no_session_id_or_api_key_in_clear(service):
     router, redis_server, _ = service
     sid = routed_initialize(router)
     routed_call(router, sid, "print(1)")
-    client = _redis_py.Redis(port=redis_server.port)
+    client = redis_server.client()
     dump = b""
     for key in client.scan_iter("*"):
         kind = client.type(key)
@@ -6662,7 +6721,7 @@ def test_redis_keeps_no_session_id_or_api_key_in_clear(service):
 def test_without_redis_at_start_an_instance_says_so_and_exits_2(tmp_path):
     port = reserve_port()[0]
     env = dict(os.environ, API_KEY=KEY, PORT=str(reserve_port()[0]), MCP_EXEC_DIR=str(tmp_path),
-               REDIS_URL="redis://127.0.0.1:%d/0" % port)
+               REDIS_URL="redis://:pw@127.0.0.1:%d/0" % port, EXEC_NETWORK="off")
     done = subprocess.run(SERVER_COMMAND + ["--http"], env=env, capture_output=True, text=True,
                           timeout=HANG)
     assert done.returncode == 2 and "REDIS_URL" in done.stderr, done.stderr
@@ -6741,14 +6800,17 @@ def test_a_2026_task_is_got_and_cancelled_from_any_instance(service):
     assert check_modern_task(modern(router, "tasks/get", 5, taskId=handle)[1]["result"], "cancelled")
 
 
-def job_record(redis_server, handle):
-    """The record the service keeps of a job, read as an operator would: keys are keyed hashes
-    (section 14: HMAC-SHA256 of the handle, keyed from API_KEY)."""
+def store_hid(value):
+    """The name an id has in Redis (section 14: HMAC-SHA256 of it, keyed from API_KEY)."""
     import hashlib
     import hmac
     key = hmac.new(KEY.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
-    hid = hmac.new(key, handle.encode(), hashlib.sha256).hexdigest()[:32]
-    return _redis_py.Redis(port=redis_server.port).hgetall("mcp-exec:job:" + hid)
+    return hmac.new(key, value.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def job_record(redis_server, handle):
+    """The record the service keeps of a job, read as an operator would: keys are keyed hashes."""
+    return redis_server.client().hgetall("mcp-exec:job:" + store_hid(handle))
 
 
 @needs_redis
@@ -6824,3 +6886,127 @@ def test_a_session_used_elsewhere_does_not_expire_here_with_its_kernel(service, 
     finally:
         here.stop()
         there.stop()
+
+
+# --- The shared store cannot be spoken for (issue 32) -----------------------------------------
+# Whoever reaches the Redis (here: the test, with its password) writes what an attacker would.
+
+def log_text(instance):
+    with open(instance.log.name, "rb") as f:
+        return f.read().decode("utf-8", "replace")
+
+
+def inbox_of(instance):
+    return "mcp-exec:inbox:" + json.loads(instance.request("GET", "/health")[2])["instance"]
+
+
+@needs_redis
+def test_a_forged_end_message_in_an_inbox_is_dropped_and_the_session_lives_on(service):
+    router, redis_server, _ = service
+    sid = routed_initialize(router)
+    kernel = tool_output(routed_call(router, sid, "x = 41", session="new"))["session"]
+    owner = instance_of(router, kernel)
+    forged = {"kind": "end", "hid": store_hid(sid), "reply": None, "wait": 0,
+              "sender": "web.1", "sent": time.time(), "nonce": "n1"}
+    redis_server.client().rpush(inbox_of(owner), json.dumps(forged))
+    assert wait_until(lambda: "did not write" in log_text(owner), seconds=HANG), log_text(owner)
+    assert tool_output(routed_call(router, sid, "x + 1", session=kernel))["value"] == "42"
+
+
+@needs_redis
+def test_a_non_json_item_in_an_inbox_does_not_end_its_reader(service):
+    router, redis_server, _ = service
+    sid = routed_initialize(router)
+    kernel = tool_output(routed_call(router, sid, "x = 41", session="new"))["session"]
+    owner = instance_of(router, kernel)
+    redis_server.client().rpush(inbox_of(owner), b"\xff not json")
+    assert wait_until(lambda: "dropped an item" in log_text(owner), seconds=HANG)
+    for request_id in (3, 4, 5):                 # carried there from the other instances
+        out = tool_output(routed_call(router, sid, "x + 1", request_id, session=kernel))
+        assert out["value"] == "42", out
+
+
+def pushed_while(redis_server, key, action):
+    """Run action() while Redis's MONITOR watches -> the first value RPUSHed to `key` (as
+    whoever reaches an unprotected Redis could read it)."""
+    import codecs
+    conn = _redis_py.Connection(port=redis_server.port, password=redis_server.password)
+    conn.send_command("MONITOR")
+    assert conn.read_response() == b"OK"
+    action()
+    while True:
+        line = conn.read_response()
+        args = [codecs.escape_decode(arg)[0]
+                for arg in re.findall(rb'"((?:[^"\\]|\\.)*)"', line)]
+        if args[:2] == [b"RPUSH", key.encode()]:
+            conn.disconnect()
+            return args[2]
+
+
+@needs_redis
+def test_a_replayed_inbox_message_is_dropped(service):
+    # A genuine carried request, read off the wire with MONITOR, runs once: the same bytes
+    # pushed again after it ran are dropped as a replay.
+    router, redis_server, _ = service
+    sid = routed_initialize(router)
+    kernel = tool_output(routed_call(router, sid, "n = 0", session="new"))["session"]
+    owner = instance_of(router, kernel)
+    carrier = next(i for i in router.instances if i is not owner)
+    inbox, answers = inbox_of(owner), []
+    genuine = pushed_while(redis_server, inbox, lambda: answers.append(
+        http_call(carrier, sid, "n += 1\nn", 3, session=kernel)))
+    assert tool_output(answers[0])["value"] == "1", answers
+    redis_server.client().rpush(inbox, genuine)
+    assert wait_until(lambda: "replay" in log_text(owner), seconds=HANG), log_text(owner)
+    assert tool_output(http_call(owner, sid, "n", 4, session=kernel))["value"] == "1"
+
+
+@needs_redis
+def test_forged_heartbeats_do_not_shrink_the_file_store(service):
+    router, redis_server, _ = service
+    shares = lambda: {json.loads(i.request("GET", "/health")[2])["files_capacity"]
+                      for i in router.instances}
+    assert wait_until(lambda: shares() == {1 << 20}, seconds=HANG), shares()
+    client = redis_server.client()
+    for n in range(5):
+        client.set("mcp-exec:hb:fake.%d" % n, "1", px=60000)
+    try:
+        forged_seen = lambda: all("hb:fake.4" in log_text(i) for i in router.instances)
+        assert wait_until(forged_seen, seconds=HANG)        # a heartbeat round read them
+        assert shares() == {1 << 20}, shares()
+    finally:
+        client.delete(*["mcp-exec:hb:fake.%d" % n for n in range(5)])
+
+
+@needs_redis
+def test_the_redis_password_is_in_no_log_line_and_no_503_body(tmp_path):
+    redis_server = RedisServer(tmp_path)
+    url = "redis://127.0.0.1:%d/0?password=%s" % (redis_server.port, REDIS_PASSWORD)
+    instance = start_instance(tmp_path, url, "web.1")
+    try:
+        assert json.loads(instance.request("GET", "/health")[2])["shared"] == "redis"
+        redis_server.stop()
+        status, _, body = instance.mcp({"jsonrpc": "2.0", "id": 1, "method": "ping"}, "a" * 32)
+        assert status == 503 and b"shared store" in body, body
+        assert wait_until(lambda: "plain calls go on" in log_text(instance), seconds=HANG)
+        assert REDIS_PASSWORD.encode() not in body
+        assert REDIS_PASSWORD not in log_text(instance) and "password=***" in log_text(instance)
+    finally:
+        instance.stop()
+        redis_server.stop()
+
+
+@needs_redis
+def test_a_redis_the_code_could_reach_is_refused_at_start_saying_what_to_set(tmp_path):
+    open_redis = RedisServer(tmp_path, password=None)
+    try:
+        base = dict(os.environ, API_KEY=KEY, PORT=str(reserve_port()[0]),
+                    MCP_EXEC_DIR=str(tmp_path), EXEC_NETWORK="on")
+        for url, told in ((open_redis.url, "no password"),
+                          ("redis://:pw@127.0.0.1:%d/0" % open_redis.port, "EXEC_NETWORK=off")):
+            done = subprocess.run(SERVER_COMMAND + ["--http"], env=dict(base, REDIS_URL=url),
+                                  capture_output=True, text=True, timeout=HANG)
+            assert done.returncode == 2 and told in done.stderr, done.stderr
+            assert ":pw@" not in done.stderr
+    finally:
+        open_redis.stop()
