@@ -191,6 +191,10 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
     Setting(EXECUTION, "FORK_SERVER", bool, True,
             "fork each call from a template interpreter (Linux); 0 = spawn", 1),
+    Setting(EXECUTION, "EXEC_PRELOAD", list, [], "modules each template imports before it "
+            "forks calls, besides those its calls import; -NAME: never NAME; -*: only those named"),
+    Setting(EXECUTION, "TEMPLATE_MEMORY_MB", int, 160, "memory (RSS) of the templates together, "
+            "MB: preloading stops short of it; 0 = no preloading", minimum=0),
     Setting(EXECUTION, "IMAGE_LIMIT", int, 4, "images (plots) returned per call", minimum=0),
     Setting(EXECUTION, "IMAGE_MAX_BYTES", int, 1024 * 1024,
             "bytes of one PNG (larger: drawn smaller)", minimum=1024),
@@ -272,6 +276,8 @@ EXEC_NETWORK = _EXEC["EXEC_NETWORK"].lower()
 EXEC_READ_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_READ_PATHS"]]
 EXEC_WRITE_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_WRITE_PATHS"]]
 FORK_SERVER = _EXEC["FORK_SERVER"]
+EXEC_PRELOAD = _EXEC["EXEC_PRELOAD"]
+TEMPLATE_MEMORY_MB = _EXEC["TEMPLATE_MEMORY_MB"]
 PROGRESS_INTERVAL = _EXEC["PROGRESS_INTERVAL"]
 IMAGE_LIMIT = _EXEC["IMAGE_LIMIT"]
 IMAGE_MAX_BYTES = _EXEC["IMAGE_MAX_BYTES"]
@@ -3274,9 +3280,10 @@ def serve_template(config, fresh_modules):
     limits = _rlimits()
     poller.register(sock, select.POLLIN)
     template_env = dict(os.environ)
+    preloaded = preload_modules(config, fresh_modules, sock)    # kept by the forgetting below
     forget_modules(fresh_modules)       # once for all its children, who find them forgotten
     gc.freeze()         # our objects are never collected: forked children do not copy them
-    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
     while True:
         for fd, _ in poller.poll():
             if fd in roots:                             # a call's child ended
@@ -3324,6 +3331,50 @@ def _prepare_template(sandbox, own_uids=False):
             drop_capabilities(libc)       # its children inherit none, and skip their own drop
 
 
+def preload_modules(config, fresh_modules, sock):
+    """In a template, before it forks: import config["preload"], the modules its calls use, by
+    name (never a call's code) -> what its ready message says it preloaded, and skipped. What
+    they import joins fresh_modules, so forget_modules() keeps it, as `python -c "import numpy"`
+    would have it; this file's imports are forgotten first (they load anew if needed). A module
+    that starts a thread (a fork copies only the forking one) or takes the template over
+    config["budget_mb"] ends the template, which says so: the server starts one without it."""
+    if not config.get("preload"):
+        return {}
+    forget_modules(fresh_modules)
+    before = set(sys.modules)
+    preloaded, skipped = [], {}
+    for name in config["preload"]:
+        try:
+            __import__(name)
+        except BaseException as exc:        # not installed, or broken: its calls will see why
+            skipped[name] = ("%s: %s" % (type(exc).__name__, exc))[:200]
+            continue
+        why = ("it started a thread" if len(os.listdir("/proc/self/task")) > 1 else
+               "over the template's share of TEMPLATE_MEMORY_MB, %d MB" % config["budget_mb"]
+               if process_rss_mb(os.getpid()) > config["budget_mb"] else None)
+        if why:
+            sock.send(json.dumps({"refused": name, "why": why}).encode())
+            os._exit(0)
+        preloaded.append(name)
+    fresh_modules.update(set(sys.modules) - before)
+    return {"preloaded": preloaded, "skipped": skipped}
+
+
+def process_rss_mb(pid):
+    """A process's resident memory (RSS), MB; 0 once it is gone."""
+    pages = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[1]
+    return int(pages) * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+
+
+def reseed_preloaded(config):
+    """The "child_setup" hook: a numpy the template preloaded seeded its global random state
+    there, once; each call reseeds it from the OS, as its own import would have (Python's random
+    module reseeds itself after a fork)."""
+    mtrand = sys.modules.get("numpy.random.mtrand")
+    if mtrand is not None and hasattr(mtrand, "seed"):
+        mtrand.seed()
+
+
 def _rlimits():
     import resource
     return [resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_NOFILE",
@@ -3335,8 +3386,9 @@ def _rlimits():
 class Template:
     """The server's side of one template process."""
 
-    def __init__(self, python, generation):
+    def __init__(self, python, generation, preload=(), budget_mb=0):
         self.python, self.generation = python, generation
+        self.asked, self.preloaded, self.skipped = list(preload), [], {}
         self.lock = threading.Lock()
         self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
         self.alive = True
@@ -3344,22 +3396,31 @@ class Template:
         self.next_id = 0
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
-                  "own_uids": SANDBOX.own_uids}
+                  "own_uids": SANDBOX.own_uids, "preload": self.asked, "budget_mb": budget_mb}
         argv = [python, "-u", "-c", CHILD_COMMAND, json.dumps(config)]
         try:
-            self.proc = spawn(argv, child_environment(), RUN_DIR.path(),
-                              (subprocess.DEVNULL, subprocess.DEVNULL, None), [theirs.fileno()])
+            self.proc = spawn(argv, dict(template_environment(), **child_environment()),
+                              RUN_DIR.path(), (subprocess.DEVNULL, subprocess.DEVNULL, None),
+                              [theirs.fileno()])
         finally:
             theirs.close()
         self.sock.settimeout(60)
         ready = b""
         with contextlib.suppress(OSError):
-            ready = self.sock.recv(4096)          # sent once its imports are done
+            ready = self.sock.recv(65536)         # sent once its imports are done
         self.sock.settimeout(None)
         if not ready:
             self.close()
             raise OSError("the template for %s did not start" % python)
+        self.took(json.loads(ready))
         threading.Thread(target=self._reader, daemon=True).start()
+
+    def took(self, status):
+        """Its ready message: what it preloaded and skipped; or that it refused a module."""
+        if "refused" in status:
+            self.close()
+            raise PreloadRefused(status["refused"], status["why"])
+        self.preloaded, self.skipped = status.get("preloaded", []), status.get("skipped", {})
 
     def fork(self, config, pipes, extra_fds):
         """Fork a child for a call -> ForkedChild, or None if this template is gone."""
@@ -3478,11 +3539,16 @@ class Templates:
         self.by_python = {}                    # python -> Template, least recently used first
         self.starting = {}                     # python -> lock held while one starts
         self.failed = {}                       # python -> until when not to try again
+        self.wanted = collections.defaultdict(dict)   # python -> {module its calls import: None}
+        self.never = collections.defaultdict(dict)    # python -> {module: why not preloaded}
+        self.building = set()                  # pythons whose preloading template is starting
+        self.heard = {}                        # a call's directory -> the modules it imports
 
     def fork(self, env, config, pipes, extra_fds=()):
         """A ForkedChild for this environment's call, from the live template of its interpreter
         and generation (started if need be), or None: the caller spawns instead."""
         python = env.python
+        heard = self.heard.pop(config["cwd"], ())
         with self.lock:
             if not self.enabled or time.monotonic() < self.failed.get(python, 0):
                 return None                    # off, or it failed to start lately: spawn
@@ -3508,7 +3574,82 @@ class Templates:
                     stale.append(self.by_python.pop(next(iter(self.by_python))))
         for old in stale:
             old.retire()
+        if template:
+            self.learn(python, env.generation, template, heard)
         return template.fork(config, pipes, extra_fds) if template else None
+
+    def learn(self, python, generation, template, names):
+        """Note the modules a call imports: where the template lacks some, one that preloads them
+        starts in the background (calls never wait for it) and replaces it when ready."""
+        with self.lock:
+            wanted = self.wanted[python]
+            for name in names:
+                if len(wanted) < MAX_PRELOAD_LEARNED:
+                    wanted.setdefault(name)
+            if (python in self.building or TEMPLATE_MEMORY_MB <= 0
+                    or set(self.preload_list(python)) <= set(template.asked)):
+                return
+            self.building.add(python)
+        threading.Thread(target=self._build, args=(python, generation), daemon=True).start()
+
+    def preload_list(self, python):
+        """What this environment's template should preload: EXEC_PRELOAD's names, then those its
+        calls import, less EXEC_PRELOAD's -NAMEs, those refused before and NEVER_PRELOAD."""
+        never = {name[1:] for name in EXEC_PRELOAD if name.startswith("-")} | NEVER_PRELOAD
+        names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
+        names += [] if "*" in never else list(self.wanted[python])
+        return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
+                and name not in self.never[python]]
+
+    def _build(self, python, generation):
+        """On its own thread: start a template preloading what the calls of `python` use, then
+        swap it in. A module it refuses (a thread, memory) is left out of the next try."""
+        try:
+            while True:
+                with self.lock:
+                    names = self.preload_list(python)
+                    others = sum(process_rss_mb(t.proc.pid) for other, t in
+                                 self.by_python.items() if other != python)
+                try:
+                    fresh = Template(python, generation, names, TEMPLATE_MEMORY_MB - others)
+                except PreloadRefused as exc:
+                    log("not preloading %s for %s: %s" % (exc.name, python, exc.why))
+                    with self.lock:
+                        self.never[python][exc.name] = exc.why
+                    continue
+                except OSError as exc:
+                    log("no preloading template for %s (%s)" % (python, exc))
+                    return
+                if not self._swap(python, generation, fresh):
+                    return
+                with self.lock:
+                    if set(self.preload_list(python)) <= set(fresh.asked):
+                        return                         # else: calls taught it more meanwhile
+        finally:
+            with self.lock:
+                self.building.discard(python)
+
+    def _swap(self, python, generation, fresh):
+        """Put `fresh` in the place of the current template of `python` (retired once its calls
+        are over) -> True; False, closing `fresh`, if the environment changed or went meanwhile."""
+        with self.lock:
+            start_lock = self.starting.setdefault(python, threading.Lock())
+        with start_lock, self.lock:
+            old = self.by_python.get(python)
+            if self.enabled and old and old.alive and old.generation == generation:
+                self.by_python[python] = fresh
+            else:
+                old = fresh
+        old.retire()
+        return old is not fresh
+
+    def describe(self):
+        """For /health: each template's environment, resident memory and what it preloaded."""
+        with self.lock:
+            templates = list(self.by_python.values())
+        return [{"environment": os.path.basename(os.path.dirname(os.path.dirname(t.python))),
+                 "rss_mb": process_rss_mb(t.proc.pid), "preloaded": t.preloaded,
+                 "skipped": len(t.skipped)} for t in templates]
 
     def discard(self, python):
         """The environment is being deleted: retire its template."""
@@ -3525,6 +3666,52 @@ class Templates:
             template.close()
 
 
+class PreloadRefused(OSError):
+    """A template refused to preload a module: `why` (it started a thread, or memory)."""
+
+    def __init__(self, name, why):
+        super().__init__("%s: %s" % (name, why))
+        self.name, self.why = name, why
+
+
+MAX_PRELOAD_LEARNED = 48     # modules learned per environment
+# Never preloaded: modules whose import acts (opens a browser, prints, starts a GUI); this file.
+NEVER_PRELOAD = {"antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
+                 "turtledemo", "__main__", "mcp_exec", __name__}
+
+
+def template_environment():
+    """What a template imports under, besides the code's environment: BLAS and OpenMP libraries
+    that start no thread pool (fork() would copy none of its threads), matplotlib's off-screen
+    backend (as calls get) and a font cache in STATE_DIR, built once, not in the user's home."""
+    single = dict.fromkeys(("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
+                            "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"), "1")
+    return dict(single, MPLBACKEND="Agg", MPLCONFIGDIR=os.path.join(STATE_DIR, "matplotlib"))
+
+
+def modules_imported(code, packages=()):
+    """The modules a call's code imports (`import a.b`, `from a.b import c`: a.b), read from its
+    syntax tree, never run, and its packages' names (as modules: scikit-learn -> scikit_learn,
+    which the template skips). Nothing for code over 64 kB or that does not parse."""
+    names = [re.split(r"[^\w.-]", package)[0].lower().replace("-", "_") for package in packages]
+    try:
+        tree = ast.parse(code) if len(code) <= 65536 else None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = None
+    for node in ast.walk(tree) if tree else ():
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
+def hear_imports(work_dir, call):
+    """The "inputs" hook: what this call imports, for its template to learn (Templates.fork)."""
+    if TEMPLATES.enabled and TEMPLATE_MEMORY_MB > 0 and len(TEMPLATES.heard) < 4096:
+        TEMPLATES.heard[work_dir] = modules_imported(call.code, call.packages)
+
+
 def fork_child(env, config, pipes, extra_fds=()):
     """The "start_child" step with a fork server: a ForkedChild from the template of the
     call's environment, else (no template, or none can start) the core's spawn_child()."""
@@ -3535,6 +3722,9 @@ def fork_child(env, config, pipes, extra_fds=()):
 register_part("TEMPLATES", lambda: Templates(FORK_SERVER))
 register_step("start_child", fork_child)
 register_child_mode("template", serve_template, before_setup=True)
+register_hook("inputs", hear_imports)
+register_hook("child_setup", reseed_preloaded)
+register_hook("health", lambda: {"templates": TEMPLATES.describe()})
 register_lifecycle(shutdown=lambda: TEMPLATES.close())
 
 
