@@ -2217,6 +2217,85 @@ def proc_state(pid):
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
+# --- warm imports: templates that preload what calls import (section 6) -------------------
+
+PRELOAD_PROBE = ("import sys\nloaded = 'mcpexec_testpkg' in sys.modules\nimport mcpexec_testpkg\n"
+                 "print(loaded, mcpexec_testpkg.VALUE)\nmcpexec_testpkg.VALUE = 7\n")
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_template_learns_what_calls_import_and_each_call_gets_it_unchanged(
+        start_initialized, tmp_path, wheelhouse):
+    # The first call installs the package and imports it: its template learns the module and a
+    # new one, preloading it, replaces it in the background. Every call sets VALUE = 7 in the
+    # module it found loaded: the next call, a fresh copy-on-write child, sees 42 again.
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
+    assert s.run(PRELOAD_PROBE, guard=120, packages=["mcpexec_testpkg"])[1]["stdout"] == "False 42\n"
+    assert wait_until(lambda: s.run(PRELOAD_PROBE)[1]["stdout"] == "True 42\n", seconds=60), \
+        s.stderr[-2000:]
+    assert s.run(PRELOAD_PROBE)[1]["stdout"] == "True 42\n"      # after one that set it to 7
+
+
+THREAD_AT_IMPORT = "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\nVALUE = 1\n"
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_module_that_starts_a_thread_is_not_preloaded_and_the_log_says_so(
+        start_initialized, tmp_path, wheelhouse):
+    build_wheel(tmp_path, "mcpexec_threader", source=THREAD_AT_IMPORT)
+    s = start_initialized(**dict(install_env(tmp_path, tmp_path), EXEC_PRELOAD="json"))
+    code = "import sys\nprint('json' in sys.modules, 'mcpexec_threader' in sys.modules)\nimport mcpexec_threader\n"
+    assert s.run(code, guard=120, packages=["mcpexec_threader"])[1]["returncode"] == 0
+    assert wait_until(lambda: "not preloading mcpexec_threader" in s.stderr, seconds=60), s.stderr
+    assert "it started a thread" in s.stderr
+    # The next template preloads the rest; the module still imports in each call, itself.
+    assert wait_until(lambda: s.run(code)[1]["stdout"] == "True False\n", seconds=60), s.stderr
+
+
+def have_modules(*names):
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason="%s not importable by %s (.ci/run installs them)"
+                              % (", ".join(missing), sys.executable))
+
+
+DATA_CALL = """import sys
+preloaded = all(name in sys.modules for name in ("numpy", "pandas", "matplotlib.pyplot"))
+import io, numpy, pandas, matplotlib, matplotlib.pyplot as plt
+a = numpy.random.rand(300, 300) + 300 * numpy.eye(300)
+inverse_ok = numpy.allclose(a @ numpy.linalg.inv(a), numpy.eye(300))
+frame = pandas.DataFrame({"x": numpy.arange(50), "y": numpy.random.rand(50)})
+frame.plot()
+png = io.BytesIO()
+plt.savefig(png, format="png")
+plt.close("all")
+print(preloaded, inverse_ok, png.getvalue()[:4] == b"\\x89PNG", matplotlib.rcParams["lines.linewidth"],
+      hasattr(numpy, "mutated"), numpy.random.rand())
+numpy.mutated = True
+matplotlib.rcParams["lines.linewidth"] = 9.0
+"""
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+@have_modules("numpy", "pandas", "matplotlib")
+def test_preloaded_numpy_and_matplotlib_work_forked_while_other_calls_run(start_initialized):
+    # Its template preloads numpy (its BLAS started no thread pool there), pandas and pyplot.
+    s = start_initialized(EXEC_PRELOAD="numpy,pandas,matplotlib.pyplot")
+    assert wait_until(lambda: s.run(DATA_CALL, guard=120)[1]["stdout"].startswith("True "),
+                      seconds=120), s.stderr[-2000:]
+    ids = [s.new_id() for _ in range(6)]
+    for n, request_id in enumerate(ids):        # data calls and plain ones, all at once
+        code = DATA_CALL if n % 2 == 0 else "import time\ntime.sleep(0.2)\nprint('other')\n"
+        s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": TOOL, "arguments": {"code": code}}})
+    outs = [tool_output(s.wait_for(request_id, timeout=120)["result"]) for request_id in ids]
+    assert all(out["returncode"] == 0 for out in outs), outs
+    data = [out["stdout"].split() for out in outs[::2]]
+    # Each is fresh: numpy unmutated, rcParams as matplotlib loads them, its own random numbers.
+    assert all(fields[:5] == ["True", "True", "True", "1.5", "False"] for fields in data), data
+    assert len({fields[5] for fields in data}) == len(data), data
+    assert all(out["stdout"] == "other\n" for out in outs[1::2]), outs
+
+
 @pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
 def test_the_orphans_of_a_call_leave_no_zombie_in_its_template(server):
     """A call that leaves processes running: the template kills them, and reaps them before
