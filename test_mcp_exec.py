@@ -5396,7 +5396,24 @@ def test_health_needs_no_key_and_reveals_nothing(web):
     status, headers, body = web.request("GET", "/health", headers={})
     assert status == 200
     layers = [name for name, on in (("landlock", LANDLOCK), ("seccomp", SECCOMP)) if on]
-    assert json.loads(body) == {"status": "ok", "sandbox": "+".join(layers) or "off"}
+    health = json.loads(body)
+    templates = health.pop("templates", [])       # each one's size and modules, nobody's code
+    assert health == {"status": "ok", "sandbox": "+".join(layers) or "off"}
+    assert all(set(t) == {"environment", "rss_mb", "preloaded", "skipped"} for t in templates)
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_health_tells_each_templates_memory_and_what_it_preloaded(start_http):
+    server = start_http(EXEC_PRELOAD="json,mcpexec_not_installed")
+    sid, _ = server.initialize()
+    assert server.mcp(call_message("print(1)"), sid)[0] == 200      # a template starts
+
+    def preloading():
+        templates = json.loads(server.request("GET", "/health", headers={})[2])["templates"]
+        return [t for t in templates if t["preloaded"] == ["json"]]
+    assert wait_until(preloading, seconds=60), server.request("GET", "/health", headers={})
+    template = preloading()[0]
+    assert template["rss_mb"] > 0 and template["skipped"] == 1, template
 
 
 def test_mcp_with_a_trailing_slash_is_served_as_mcp(web):
