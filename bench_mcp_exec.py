@@ -786,6 +786,140 @@ def bench_images(env):
         "%.2fx" % (median(shown) / median(closed)), "(baseline: the same code, figure closed)")
 
 
+# --- 11. warm imports: the data cell, stateless, against a warm Jupyter kernel -------------
+
+DATA_CELL = """import numpy, pandas, matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from io import BytesIO
+df = pandas.DataFrame({"x": numpy.arange(200), "y": numpy.random.rand(200).cumsum()})
+df.plot()
+plt.savefig(BytesIO(), format="png")
+plt.close("all")
+"""
+DATA_PACKAGES = ["numpy", "pandas", "matplotlib"]
+# Which of the cell's modules a call found loaded before it ran: through __import__, which the
+# server does not read as an import (an import statement here would teach the template "sys").
+WARM_PROBE = ("print(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot', 'io') "
+              "if m in __import__('sys').modules))")
+KERNEL_DRIVER = r"""
+import json, sys, time
+from jupyter_client.manager import start_new_kernel
+km, kc = start_new_kernel(kernel_name="python3")
+def run(code):
+    t = time.perf_counter()
+    reply = kc.execute_interactive(code, timeout=300, output_hook=lambda message: None)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return time.perf_counter() - t
+first = run(sys.argv[1])
+times = [run(sys.argv[1]) for _ in range(int(sys.argv[2]))]
+kc.stop_channels()
+km.shutdown_kernel(now=True)
+print(json.dumps({"first": first, "times": times}))
+"""
+
+
+def kernel_times(folder, n):
+    """The data cell in a warm ipykernel, driven by jupyter_client (what jupyter-mcp-server
+    drives), in a scratch venv the bench makes -> ({"first", "times"}, None) or (None, why not)."""
+    venv = os.path.join(folder, "kernel-venv")
+    python = os.path.join(venv, "bin", "python")
+    steps = [[PYTHON, "-m", "venv", venv],
+             [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+              "ipykernel", "jupyter_client"] + DATA_PACKAGES,
+             [python, "-c", KERNEL_DRIVER, DATA_CELL, str(n)]]
+    for argv in steps:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=folder)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, "%s: %s" % (" ".join(argv[:4]), exc)
+        if done.returncode != 0:
+            return None, "%s failed: %s" % (" ".join(argv[:4]), (done.stderr.strip().splitlines() or ["?"])[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1]), None
+
+
+def timed_call(server, code, **arguments):
+    t = time.perf_counter()
+    server.call(code, timeout=300, **arguments)
+    return time.perf_counter() - t
+
+
+def wait_warm(server, seconds=300):
+    """Until a call finds the cell's modules preloaded -> seconds waited (None: never)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        if "matplotlib.pyplot" in server.call(WARM_PROBE)["stdout"]:
+            return time.perf_counter() - start
+        time.sleep(0.2)
+    return None
+
+
+def template_rss(server):
+    """The resident memory of the server's templates (its children), MB each."""
+    children = []
+    for task in os.listdir("/proc/%d/task" % server.proc.pid):
+        with open("/proc/%d/task/%s/children" % (server.proc.pid, task)) as f:
+            children += [int(pid) for pid in f.read().split()]
+    return ["%.0f MB" % (rss_kb(pid) / 1024.0) for pid in children if rss_kb(pid)]
+
+
+def bench_data(env, n):
+    print("11. the data cell (numpy, pandas, a matplotlib plot) as a stateless call (baseline: a warm "
+          "ipykernel running the same cell, same run)")
+    folder = tempfile.mkdtemp(prefix="bench-data-")
+    try:
+        kernel, why_not = kernel_times(folder, n)
+        if kernel is None:
+            print("  (skipped: no ipykernel, jupyter_client, numpy, pandas, matplotlib in a scratch venv: %s)"
+                  % why_not)
+            return
+        base = median(kernel["times"])
+        server = Stdio(dict(env, MCP_EXEC_DIR=os.path.join(folder, "state")))
+        server.initialize()
+        install = timed_call(server, DATA_CELL, packages=DATA_PACKAGES)
+        first = timed_call(server, DATA_CELL)
+        warm_after = wait_warm(server)
+        rows = [("the call that installs the packages", install),
+                ("the first call after the install", first)]
+        for label, arguments in (("stateless, packages repeated", {"packages": DATA_PACKAGES}),
+                                 ("stateless, no packages", {})):
+            times = []
+            for _ in range(n):
+                time.sleep(0.05)
+                times.append(timed_call(server, DATA_CELL, **arguments))
+            rows.append((label + ", median", median(times)))
+        server.call("import decimal")                  # something new: a template is replaced
+        during = timed_call(server, DATA_CELL)
+        replaced = wait_warm_module(server, "decimal")
+        right_after = timed_call(server, DATA_CELL)
+        rows += [("a call while its template is replaced", during),
+                 ("the first call on the replaced template", right_after)]
+        handle = server.call("pass", session="new")["session"]
+        timed_call(server, DATA_CELL, session=handle)
+        in_session = [timed_call(server, DATA_CELL, session=handle) for _ in range(n)]
+        rows.append(("in a session, median", median(in_session)))
+        preloaded = server.call(WARM_PROBE)["stdout"].strip()
+        rss = template_rss(server)
+        server.close()
+        for label, value in rows:
+            goal = "(goal <= 1.5x)" if "median" in label and "stateless" in label else ""
+            row(label, ms(value), ms(base), "%.2fx" % (value / base), goal)
+        print("  the kernel's own first run of the cell (its imports): %s; the template was warm %.1f s "
+              "after the first call, replaced in %.1f s" % (ms(kernel["first"]), warm_after or -1, replaced or -1))
+        print("  templates' RSS: %s; the cell's modules a call found preloaded: %s" % (", ".join(rss), preloaded))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_warm_module(server, name, seconds=300):
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        if server.call("print(%r in __import__('sys').modules)" % name)["stdout"] == "True\n":
+            return time.perf_counter() - start
+        time.sleep(0.1)
+    return None
+
+
 # --- 10. many instances: REDIS_URL ------------------------------------------------------
 
 def redis_server():
@@ -884,7 +1018,8 @@ def calls_per_second(servers, seconds):
     return count[0] / elapsed
 
 
-SECTIONS = ("startup", "round_trip", "cpu", "parallel", "packages", "http_throughput", "http_calls", "memory", "images", "shared")
+SECTIONS = ("startup", "round_trip", "cpu", "parallel", "packages", "http_throughput", "http_calls", "memory", "images",
+            "shared", "data")
 
 
 def parse_arguments(argv):
@@ -942,7 +1077,8 @@ def main(argv):
             "http_calls": lambda: bench_http_calls(env, 3.0 if quick else 20.0),
             "memory": lambda: bench_memory(env),
             "images": lambda: bench_images(env),
-            "shared": lambda: bench_shared(env, 10 if quick else 60, 2.0 if quick else 10.0)}
+            "shared": lambda: bench_shared(env, 10 if quick else 60, 2.0 if quick else 10.0),
+            "data": lambda: bench_data(env, 5 if quick else 20)}
     try:
         for name in SECTIONS:
             if name in chosen:

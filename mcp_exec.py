@@ -192,7 +192,7 @@ SETTINGS = [
     Setting(EXECUTION, "FORK_SERVER", bool, True,
             "fork each call from a template interpreter (Linux); 0 = spawn", 1),
     Setting(EXECUTION, "EXEC_PRELOAD", list, [], "modules each template imports before it "
-            "forks calls, besides those its calls import; -NAME: never NAME; -*: only those named"),
+            "forks calls, besides those its calls import; -NAME: never it; -*: only those named"),
     Setting(EXECUTION, "TEMPLATE_MEMORY_MB", int, 160, "memory (RSS) of the templates together, "
             "MB: preloading stops short of it; 0 = no preloading", minimum=0),
     Setting(EXECUTION, "IMAGE_LIMIT", int, 4, "images (plots) returned per call", minimum=0),
@@ -3341,8 +3341,12 @@ def preload_modules(config, fresh_modules, sock):
     if not config.get("preload"):
         return {}
     forget_modules(fresh_modules)
-    before = set(sys.modules)
+    before, mapped = set(sys.modules), _address_space()
     preloaded, skipped = [], {}
+    # Only from where calls cannot write: not the run directory (our cwd), where each call's
+    # directory would pass for a namespace package.
+    path = sys.path[:]
+    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(os.getcwd())]
     for name in config["preload"]:
         try:
             __import__(name)
@@ -3356,8 +3360,14 @@ def preload_modules(config, fresh_modules, sock):
             sock.send(json.dumps({"refused": name, "why": why}).encode())
             os._exit(0)
         preloaded.append(name)
+    sys.path[:] = path
     fresh_modules.update(set(sys.modules) - before)
-    return {"preloaded": preloaded, "skipped": skipped}
+    return {"preloaded": preloaded, "skipped": skipped, "mapped": _address_space() - mapped}
+
+
+def _address_space():
+    """This process's address space (virtual memory), bytes."""
+    return int(_read_text("/proc/self/statm").split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def process_rss_mb(pid):
@@ -3369,10 +3379,24 @@ def process_rss_mb(pid):
 def reseed_preloaded(config):
     """The "child_setup" hook: a numpy the template preloaded seeded its global random state
     there, once; each call reseeds it from the OS, as its own import would have (Python's random
-    module reseeds itself after a fork)."""
+    module reseeds itself after a fork). And the modules loaded before the code are noted."""
     mtrand = sys.modules.get("numpy.random.mtrand")
     if mtrand is not None and hasattr(mtrand, "seed"):
         mtrand.seed()
+    LOADED_BEFORE_CODE.update(sys.modules)
+
+
+LOADED_BEFORE_CODE = set()      # in a child: sys.modules as the code found it
+
+
+def modules_code_loaded(value, config):
+    """The "child_report" hook: the modules the code loaded that its template may preload for
+    the next calls: new top-level ones, and submodules of what it found loaded (pandas' plotting,
+    matplotlib's Agg backend: imported at the first plot). Their own submodules come with them."""
+    LOADED_BEFORE_CODE.add("")                   # the "parent" of a top-level module
+    loaded = [name for name in sys.modules if name not in LOADED_BEFORE_CODE and
+              name.rpartition(".")[0] in LOADED_BEFORE_CODE]
+    return {"modules": loaded[:64]} if loaded else {}
 
 
 def _rlimits():
@@ -3388,7 +3412,7 @@ class Template:
 
     def __init__(self, python, generation, preload=(), budget_mb=0):
         self.python, self.generation = python, generation
-        self.asked, self.preloaded, self.skipped = list(preload), [], {}
+        self.asked, self.preloaded, self.skipped, self.mapped = list(preload), [], {}, 0
         self.lock = threading.Lock()
         self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
         self.alive = True
@@ -3421,6 +3445,15 @@ class Template:
             self.close()
             raise PreloadRefused(status["refused"], status["why"])
         self.preloaded, self.skipped = status.get("preloaded", []), status.get("skipped", {})
+        self.mapped = status.get("mapped", 0)
+
+    def widened(self, config):
+        """A call's config, its address-space limit (RLIMIT_AS) raised by what preloading mapped:
+        a call that fit in EXEC_MEMORY_MB without the preloaded modules still fits."""
+        limits = config["limits"]
+        if not (self.mapped and "RLIMIT_AS" in limits):
+            return config
+        return dict(config, limits=dict(limits, RLIMIT_AS=limits["RLIMIT_AS"] + self.mapped))
 
     def fork(self, config, pipes, extra_fds):
         """Fork a child for a call -> ForkedChild, or None if this template is gone."""
@@ -3507,6 +3540,13 @@ class ForkedChild(Child):
     def exit_code(self):
         return self.code if self.ended.is_set() else None
 
+    def status(self, record):
+        """Its exit status; and its template learns the modules its code loaded."""
+        if isinstance(record.get("modules"), list):
+            TEMPLATES.learn(self.template.python, self.template.generation, self.template,
+                            [name for name in record["modules"] if isinstance(name, str)])
+        return super().status(record)
+
     def wait(self, seconds):
         self.ended.wait(seconds)
 
@@ -3574,9 +3614,10 @@ class Templates:
                     stale.append(self.by_python.pop(next(iter(self.by_python))))
         for old in stale:
             old.retire()
-        if template:
-            self.learn(python, env.generation, template, heard)
-        return template.fork(config, pipes, extra_fds) if template else None
+        if not template:
+            return None
+        self.learn(python, env.generation, template, heard)
+        return template.fork(template.widened(config), pipes, extra_fds)
 
     def learn(self, python, generation, template, names):
         """Note the modules a call imports: where the template lacks some, one that preloads them
@@ -3584,7 +3625,7 @@ class Templates:
         with self.lock:
             wanted = self.wanted[python]
             for name in names:
-                if len(wanted) < MAX_PRELOAD_LEARNED:
+                if len(wanted) < MAX_PRELOAD_LEARNED and MODULE_NAME.fullmatch(name):
                     wanted.setdefault(name)
             if (python in self.building or TEMPLATE_MEMORY_MB <= 0
                     or set(self.preload_list(python)) <= set(template.asked)):
@@ -3674,7 +3715,8 @@ class PreloadRefused(OSError):
         self.name, self.why = name, why
 
 
-MAX_PRELOAD_LEARNED = 48     # modules learned per environment
+MAX_PRELOAD_LEARNED = 64     # modules learned per environment
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # Never preloaded: modules whose import acts (opens a browser, prints, starts a GUI); this file.
 NEVER_PRELOAD = {"antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
                  "turtledemo", "__main__", "mcp_exec", __name__}
@@ -3724,6 +3766,7 @@ register_step("start_child", fork_child)
 register_child_mode("template", serve_template, before_setup=True)
 register_hook("inputs", hear_imports)
 register_hook("child_setup", reseed_preloaded)
+register_hook("child_report", modules_code_loaded)
 register_hook("health", lambda: {"templates": TEMPLATES.describe()})
 register_lifecycle(shutdown=lambda: TEMPLATES.close())
 

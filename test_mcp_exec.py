@@ -2297,6 +2297,18 @@ def test_preloaded_numpy_and_matplotlib_work_forked_while_other_calls_run(start_
 
 
 @pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+@have_modules("numpy", "pandas", "matplotlib")
+def test_a_call_that_fit_in_its_memory_limit_still_fits_beside_preloaded_modules(start_initialized):
+    # numpy, pandas and pyplot map about 190 MB of address space into the template; each call's
+    # RLIMIT_AS (EXEC_MEMORY_MB) is raised by what they mapped, so 60 MB of its own still fit.
+    s = start_initialized(EXEC_PRELOAD="numpy,pandas,matplotlib.pyplot", EXEC_MEMORY_MB="160")
+    code = ("import sys\npreloaded = 'matplotlib.pyplot' in sys.modules\n"
+            "block = bytearray(60 << 20)\nprint(preloaded, len(block) >> 20)\n")
+    assert wait_until(lambda: s.run(code, guard=120)[1]["stdout"] == "True 60\n", seconds=120), \
+        (s.run(code)[1], s.stderr[-2000:])
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
 def test_the_orphans_of_a_call_leave_no_zombie_in_its_template(server):
     """A call that leaves processes running: the template kills them, and reaps them before
     it reports the call's end, so no zombie holds a pid (or counts against RLIMIT_NPROC)."""
