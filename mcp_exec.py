@@ -3391,12 +3391,12 @@ LOADED_BEFORE_CODE = set()      # in a child: sys.modules as the code found it
 
 def modules_code_loaded(value, config):
     """The "child_report" hook: the modules the code loaded that its template may preload for
-    the next calls: new top-level ones, and submodules of what it found loaded (pandas' plotting,
-    matplotlib's Agg backend: imported at the first plot). Their own submodules come with them."""
-    LOADED_BEFORE_CODE.add("")                   # the "parent" of a top-level module
+    the next calls, besides those its code names (modules_imported): the submodules of what it
+    found loaded, as pandas' plotting and matplotlib's Agg backend, imported at the first plot
+    (their own submodules come with them)."""
     loaded = [name for name in sys.modules if name not in LOADED_BEFORE_CODE and
               name.rpartition(".")[0] in LOADED_BEFORE_CODE]
-    return {"modules": loaded[:64]} if loaded else {}
+    return {"modules": loaded[:32]} if loaded else {}
 
 
 def _rlimits():

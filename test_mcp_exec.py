@@ -2236,6 +2236,23 @@ def test_a_template_learns_what_calls_import_and_each_call_gets_it_unchanged(
     assert s.run(PRELOAD_PROBE)[1]["stdout"] == "True 42\n"      # after one that set it to 7
 
 
+LAZY_PACKAGE = {"mcpexec_lazy/__init__.py": "def load():\n    from mcpexec_lazy import sub\n    return sub.VALUE\n",
+                "mcpexec_lazy/sub.py": "VALUE = 'sub'\n"}
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_template_learns_the_submodules_a_call_loaded_that_its_code_does_not_name(
+        start_initialized, tmp_path):
+    # As pandas imports its plotting code at the first plot: the code names only mcpexec_lazy;
+    # what its interpreter loaded (mcpexec_lazy.sub) comes back on the results pipe.
+    build_wheel(tmp_path, "mcpexec_lazypkg", extra=LAZY_PACKAGE)
+    s = start_initialized(**install_env(tmp_path, tmp_path))
+    code = ("import sys\nfound = 'mcpexec_lazy.sub' in sys.modules\nimport mcpexec_lazy\n"
+            "print(found, mcpexec_lazy.load())\n")
+    assert s.run(code, guard=120, packages=["mcpexec_lazypkg"])[1]["stdout"] == "False sub\n"
+    assert wait_until(lambda: s.run(code)[1]["stdout"] == "True sub\n", seconds=60), s.stderr[-2000:]
+
+
 THREAD_AT_IMPORT = "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\nVALUE = 1\n"
 
 
