@@ -2316,12 +2316,12 @@ def test_preloaded_numpy_and_matplotlib_work_forked_while_other_calls_run(start_
 @pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
 @have_modules("numpy", "pandas", "matplotlib")
 def test_a_call_that_fit_in_its_memory_limit_still_fits_beside_preloaded_modules(start_initialized):
-    # numpy, pandas and pyplot map about 190 MB of address space into the template; each call's
-    # RLIMIT_AS (EXEC_MEMORY_MB) is raised by what they mapped, so 60 MB of its own still fit.
-    s = start_initialized(EXEC_PRELOAD="numpy,pandas,matplotlib.pyplot", EXEC_MEMORY_MB="160")
+    # numpy, pandas and pyplot map about 250 MB of address space into the template; each call's
+    # RLIMIT_AS (EXEC_MEMORY_MB) is raised by what they mapped, so 200 MB of its own still fit.
+    s = start_initialized(EXEC_PRELOAD="numpy,pandas,matplotlib.pyplot", EXEC_MEMORY_MB="320")
     code = ("import sys\npreloaded = 'matplotlib.pyplot' in sys.modules\n"
-            "block = bytearray(60 << 20)\nprint(preloaded, len(block) >> 20)\n")
-    assert wait_until(lambda: s.run(code, guard=120)[1]["stdout"] == "True 60\n", seconds=120), \
+            "block = bytearray(200 << 20)\nprint(preloaded, len(block) >> 20)\n")
+    assert wait_until(lambda: s.run(code, guard=120)[1]["stdout"] == "True 200\n", seconds=120), \
         (s.run(code)[1], s.stderr[-2000:])
 
 
