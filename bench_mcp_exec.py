@@ -802,40 +802,54 @@ DATA_PACKAGES = ["numpy", "pandas", "matplotlib"]
 # server does not read as an import (an import statement here would teach the template "sys").
 WARM_PROBE = ("print(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot', 'io') "
               "if m in __import__('sys').modules))")
+# Run in the scratch venv: a warm kernel that runs the cell once per line read, printing seconds.
 KERNEL_DRIVER = r"""
-import json, sys, time
+import sys, time
 from jupyter_client.manager import start_new_kernel
 km, kc = start_new_kernel(kernel_name="python3")
-def run(code):
+for line in sys.stdin:
     t = time.perf_counter()
-    reply = kc.execute_interactive(code, timeout=300, output_hook=lambda message: None)
+    reply = kc.execute_interactive(sys.argv[1], timeout=300, output_hook=lambda message: None)
     assert reply["content"]["status"] == "ok", reply["content"]
-    return time.perf_counter() - t
-first = run(sys.argv[1])
-times = [run(sys.argv[1]) for _ in range(int(sys.argv[2]))]
+    print(time.perf_counter() - t, flush=True)
 kc.stop_channels()
 km.shutdown_kernel(now=True)
-print(json.dumps({"first": first, "times": times}))
 """
 
 
-def kernel_times(folder, n):
-    """The data cell in a warm ipykernel, driven by jupyter_client (what jupyter-mcp-server
-    drives), in a scratch venv the bench makes -> ({"first", "times"}, None) or (None, why not)."""
-    venv = os.path.join(folder, "kernel-venv")
-    python = os.path.join(venv, "bin", "python")
-    steps = [[PYTHON, "-m", "venv", venv],
-             [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-              "ipykernel", "jupyter_client"] + DATA_PACKAGES,
-             [python, "-c", KERNEL_DRIVER, DATA_CELL, str(n)]]
-    for argv in steps:
+class Kernel:
+    """A warm ipykernel, driven by jupyter_client (what jupyter-mcp-server drives), in a scratch
+    venv the bench makes; run() times the data cell in it. `why_not`: why there is none."""
+
+    def __init__(self, folder):
+        venv = os.path.join(folder, "kernel-venv")
+        python = os.path.join(venv, "bin", "python")
+        self.proc, self.why_not = None, None
+        for argv in ([PYTHON, "-m", "venv", venv],
+                     [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                      "ipykernel", "jupyter_client"] + DATA_PACKAGES):
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=folder)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                done = subprocess.CompletedProcess(argv, 1, "", str(exc))
+            if done.returncode != 0:
+                self.why_not = "%s failed: %s" % (" ".join(argv[:4]), (done.stderr.strip().splitlines() or ["?"])[-1])
+                return
+        self.proc = subprocess.Popen([python, "-c", KERNEL_DRIVER, DATA_CELL], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=folder, text=True)
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=folder)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, "%s: %s" % (" ".join(argv[:4]), exc)
-        if done.returncode != 0:
-            return None, "%s failed: %s" % (" ".join(argv[:4]), (done.stderr.strip().splitlines() or ["?"])[-1])
-    return json.loads(done.stdout.strip().splitlines()[-1]), None
+            self.first = self.run()            # its imports: the kernel is warm after it
+        except ValueError:
+            self.why_not, self.proc = "the kernel did not run the cell", self.close()
+
+    def run(self):
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(60)
 
 
 def timed_call(server, code, **arguments):
@@ -868,44 +882,43 @@ def bench_data(env, n):
           "ipykernel running the same cell, same run)")
     folder = tempfile.mkdtemp(prefix="bench-data-")
     try:
-        kernel, why_not = kernel_times(folder, n)
-        if kernel is None:
+        kernel = Kernel(folder)
+        if kernel.why_not:
             print("  (skipped: no ipykernel, jupyter_client, numpy, pandas, matplotlib in a scratch venv: %s)"
-                  % why_not)
+                  % kernel.why_not)
             return
-        base = median(kernel["times"])
         server = Stdio(dict(env, MCP_EXEC_DIR=os.path.join(folder, "state")))
         server.initialize()
-        install = timed_call(server, DATA_CELL, packages=DATA_PACKAGES)
-        first = timed_call(server, DATA_CELL)
+        rows = [("the call that installs the packages", [timed_call(server, DATA_CELL, packages=DATA_PACKAGES)]),
+                ("the first call after the install", [timed_call(server, DATA_CELL)])]
         warm_after = wait_warm(server)
-        rows = [("the call that installs the packages", install),
-                ("the first call after the install", first)]
-        for label, arguments in (("stateless, packages repeated", {"packages": DATA_PACKAGES}),
-                                 ("stateless, no packages", {})):
+        base = []
+
+        def in_turn(label, call):          # the kernel and the call in turn: the same noise
             times = []
             for _ in range(n):
                 time.sleep(0.05)
-                times.append(timed_call(server, DATA_CELL, **arguments))
-            rows.append((label + ", median", median(times)))
-        server.call("import decimal")                  # something new: a template is replaced
-        during = timed_call(server, DATA_CELL)
-        replaced = wait_warm_module(server, "decimal")
-        right_after = timed_call(server, DATA_CELL)
-        rows += [("a call while its template is replaced", during),
-                 ("the first call on the replaced template", right_after)]
+                base.append(kernel.run())
+                times.append(call())
+            rows.append((label + ", median", times))
+        in_turn("stateless, packages repeated", lambda: timed_call(server, DATA_CELL, packages=DATA_PACKAGES))
+        in_turn("stateless, no packages", lambda: timed_call(server, DATA_CELL))
+        server.call("import wave")                  # something new: a template is replaced
+        rows.append(("a call while its template is replaced", [timed_call(server, DATA_CELL)]))
+        replaced = wait_warm_module(server, "wave")
+        rows.append(("the first call on the replaced template", [timed_call(server, DATA_CELL)]))
         handle = server.call("pass", session="new")["session"]
         timed_call(server, DATA_CELL, session=handle)
-        in_session = [timed_call(server, DATA_CELL, session=handle) for _ in range(n)]
-        rows.append(("in a session, median", median(in_session)))
+        in_turn("in a session", lambda: timed_call(server, DATA_CELL, session=handle))
         preloaded = server.call(WARM_PROBE)["stdout"].strip()
         rss = template_rss(server)
         server.close()
-        for label, value in rows:
+        kernel.close()
+        for label, times in rows:
             goal = "(goal <= 1.5x)" if "median" in label and "stateless" in label else ""
-            row(label, ms(value), ms(base), "%.2fx" % (value / base), goal)
+            row(label, ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)), goal)
         print("  the kernel's own first run of the cell (its imports): %s; the template was warm %.1f s "
-              "after the first call, replaced in %.1f s" % (ms(kernel["first"]), warm_after or -1, replaced or -1))
+              "after the first call, replaced in %.1f s" % (ms(kernel.first), warm_after or -1, replaced or -1))
         print("  templates' RSS: %s; the cell's modules a call found preloaded: %s" % (", ".join(rss), preloaded))
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -3338,41 +3338,28 @@ def preload_modules(config, fresh_modules, sock):
     would have it; this file's imports are forgotten first (they load anew if needed). A module
     that starts a thread (a fork copies only the forking one) or takes the template over
     config["budget_mb"] ends the template, which says so: the server starts one without it."""
-    if not config.get("preload"):
-        return {}
-    forget_modules(fresh_modules)
-    before, mapped = set(sys.modules), _address_space()
-    preloaded, skipped = [], {}
-    # Only from where calls cannot write: not the run directory (our cwd), where each call's
+    forget_modules(fresh_modules if config.get("preload") else set(sys.modules))
+    before, mapped, path, skipped = set(sys.modules), statm_mb(os.getpid(), 0), sys.path[:], {}
+    # Only from where calls cannot write: not our cwd, the run directory, where each call's
     # directory would pass for a namespace package.
-    path = sys.path[:]
     sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(os.getcwd())]
-    for name in config["preload"]:
+    for name in config.get("preload", ()):
         try:
             __import__(name)
         except BaseException as exc:        # not installed, or broken: its calls will see why
             skipped[name] = ("%s: %s" % (type(exc).__name__, exc))[:200]
-            continue
-        why = ("it started a thread" if len(os.listdir("/proc/self/task")) > 1 else
-               "over the template's share of TEMPLATE_MEMORY_MB, %d MB" % config["budget_mb"]
-               if process_rss_mb(os.getpid()) > config["budget_mb"] else None)
-        if why:
-            sock.send(json.dumps({"refused": name, "why": why}).encode())
+        if len(os.listdir("/proc/self/task")) > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
+            sock.send(json.dumps({"refused": name}).encode())   # a thread, or over its budget
             os._exit(0)
-        preloaded.append(name)
     sys.path[:] = path
     fresh_modules.update(set(sys.modules) - before)
-    return {"preloaded": preloaded, "skipped": skipped, "mapped": _address_space() - mapped}
+    return {"preloaded": [name for name in config.get("preload", ()) if name not in skipped],
+            "skipped": skipped, "mapped": statm_mb(os.getpid(), 0) - mapped}
 
 
-def _address_space():
-    """This process's address space (virtual memory), bytes."""
-    return int(_read_text("/proc/self/statm").split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def process_rss_mb(pid):
-    """A process's resident memory (RSS), MB; 0 once it is gone."""
-    pages = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[1]
+def statm_mb(pid, field=1):
+    """A process's resident memory (RSS; field 0: address space), MB; 0 once it is gone."""
+    pages = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[field]
     return int(pages) * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
 
@@ -3380,9 +3367,7 @@ def reseed_preloaded(config):
     """The "child_setup" hook: a numpy the template preloaded seeded its global random state
     there, once; each call reseeds it from the OS, as its own import would have (Python's random
     module reseeds itself after a fork). And the modules loaded before the code are noted."""
-    mtrand = sys.modules.get("numpy.random.mtrand")
-    if mtrand is not None and hasattr(mtrand, "seed"):
-        mtrand.seed()
+    getattr(sys.modules.get("numpy.random.mtrand"), "seed", int)()
     LOADED_BEFORE_CODE.update(sys.modules)
 
 
@@ -3411,8 +3396,7 @@ class Template:
     """The server's side of one template process."""
 
     def __init__(self, python, generation, preload=(), budget_mb=0):
-        self.python, self.generation = python, generation
-        self.asked, self.preloaded, self.skipped, self.mapped = list(preload), [], {}, 0
+        self.python, self.generation, self.asked = python, generation, list(preload)
         self.lock = threading.Lock()
         self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
         self.alive = True
@@ -3436,24 +3420,18 @@ class Template:
         if not ready:
             self.close()
             raise OSError("the template for %s did not start" % python)
-        self.took(json.loads(ready))
-        threading.Thread(target=self._reader, daemon=True).start()
-
-    def took(self, status):
-        """Its ready message: what it preloaded and skipped; or that it refused a module."""
-        if "refused" in status:
+        self.status = json.loads(ready)   # what it preloaded, skipped; or a module it refused
+        if "refused" in self.status:
             self.close()
-            raise PreloadRefused(status["refused"], status["why"])
-        self.preloaded, self.skipped = status.get("preloaded", []), status.get("skipped", {})
-        self.mapped = status.get("mapped", 0)
+        threading.Thread(target=self._reader, daemon=True).start()
 
     def widened(self, config):
         """A call's config, its address-space limit (RLIMIT_AS) raised by what preloading mapped:
         a call that fit in EXEC_MEMORY_MB without the preloaded modules still fits."""
-        limits = config["limits"]
-        if not (self.mapped and "RLIMIT_AS" in limits):
-            return config
-        return dict(config, limits=dict(limits, RLIMIT_AS=limits["RLIMIT_AS"] + self.mapped))
+        limits = dict(config["limits"])
+        limits["RLIMIT_AS"] = limits.get("RLIMIT_AS") and limits["RLIMIT_AS"] + (
+            self.status.get("mapped", 0) << 20)
+        return dict(config, limits={name: v for name, v in limits.items() if v is not None})
 
     def fork(self, config, pipes, extra_fds):
         """Fork a child for a call -> ForkedChild, or None if this template is gone."""
@@ -3542,9 +3520,8 @@ class ForkedChild(Child):
 
     def status(self, record):
         """Its exit status; and its template learns the modules its code loaded."""
-        if isinstance(record.get("modules"), list):
-            TEMPLATES.learn(self.template.python, self.template.generation, self.template,
-                            [name for name in record["modules"] if isinstance(name, str)])
+        modules = record.get("modules")
+        TEMPLATES.learn(self.template, modules if isinstance(modules, list) else [])
         return super().status(record)
 
     def wait(self, seconds):
@@ -3614,24 +3591,24 @@ class Templates:
                     stale.append(self.by_python.pop(next(iter(self.by_python))))
         for old in stale:
             old.retire()
-        if not template:
-            return None
-        self.learn(python, env.generation, template, heard)
-        return template.fork(template.widened(config), pipes, extra_fds)
+        if template:
+            self.learn(template, heard)
+        return template.fork(template.widened(config), pipes, extra_fds) if template else None
 
-    def learn(self, python, generation, template, names):
-        """Note the modules a call imports: where the template lacks some, one that preloads them
+    def learn(self, template, names):
+        """Note the modules a call imports: where its template lacks some, one that preloads them
         starts in the background (calls never wait for it) and replaces it when ready."""
         with self.lock:
-            wanted = self.wanted[python]
+            wanted = self.wanted[template.python]
             for name in names:
-                if len(wanted) < MAX_PRELOAD_LEARNED and MODULE_NAME.fullmatch(name):
-                    wanted.setdefault(name)
-            if (python in self.building or TEMPLATE_MEMORY_MB <= 0
-                    or set(self.preload_list(python)) <= set(template.asked)):
+                if len(wanted) < 64 and isinstance(name, str) and MODULE_NAME.fullmatch(name):
+                    wanted.setdefault(name)        # 64 modules learned per environment at most
+            if (template.python in self.building or TEMPLATE_MEMORY_MB <= 0
+                    or set(self.preload_list(template.python)) <= set(template.asked)):
                 return
-            self.building.add(python)
-        threading.Thread(target=self._build, args=(python, generation), daemon=True).start()
+            self.building.add(template.python)
+        threading.Thread(target=self._build, args=(template.python, template.generation),
+                         daemon=True).start()
 
     def preload_list(self, python):
         """What this environment's template should preload: EXEC_PRELOAD's names, then those its
@@ -3649,19 +3626,18 @@ class Templates:
             while True:
                 with self.lock:
                     names = self.preload_list(python)
-                    others = sum(process_rss_mb(t.proc.pid) for other, t in
+                    others = sum(statm_mb(t.proc.pid) for other, t in
                                  self.by_python.items() if other != python)
                 try:
                     fresh = Template(python, generation, names, TEMPLATE_MEMORY_MB - others)
-                except PreloadRefused as exc:
-                    log("not preloading %s for %s: %s" % (exc.name, python, exc.why))
-                    with self.lock:
-                        self.never[python][exc.name] = exc.why
-                    continue
                 except OSError as exc:
-                    log("no preloading template for %s (%s)" % (python, exc))
-                    return
-                if not self._swap(python, generation, fresh):
+                    return log("no preloading template for %s (%s)" % (python, exc))
+                refused = fresh.status.get("refused")
+                if refused:
+                    log("not preloading %s for %s: it started a thread, or took the templates "
+                        "over TEMPLATE_MEMORY_MB" % (refused, python))
+                    self.never[python][refused] = True
+                elif not self._swap(python, generation, fresh):
                     return
                 with self.lock:
                     if set(self.preload_list(python)) <= set(fresh.asked):
@@ -3689,8 +3665,8 @@ class Templates:
         with self.lock:
             templates = list(self.by_python.values())
         return [{"environment": os.path.basename(os.path.dirname(os.path.dirname(t.python))),
-                 "rss_mb": process_rss_mb(t.proc.pid), "preloaded": t.preloaded,
-                 "skipped": len(t.skipped)} for t in templates]
+                 "rss_mb": statm_mb(t.proc.pid), "preloaded": t.status.get("preloaded", []),
+                 "skipped": len(t.status.get("skipped", ()))} for t in templates]
 
     def discard(self, python):
         """The environment is being deleted: retire its template."""
@@ -3707,15 +3683,6 @@ class Templates:
             template.close()
 
 
-class PreloadRefused(OSError):
-    """A template refused to preload a module: `why` (it started a thread, or memory)."""
-
-    def __init__(self, name, why):
-        super().__init__("%s: %s" % (name, why))
-        self.name, self.why = name, why
-
-
-MAX_PRELOAD_LEARNED = 64     # modules learned per environment
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # Never preloaded: modules whose import acts (opens a browser, prints, starts a GUI); this file.
 NEVER_PRELOAD = {"antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
@@ -3737,10 +3704,10 @@ def modules_imported(code, packages=()):
     which the template skips). Nothing for code over 64 kB or that does not parse."""
     names = [re.split(r"[^\w.-]", package)[0].lower().replace("-", "_") for package in packages]
     try:
-        tree = ast.parse(code) if len(code) <= 65536 else None
+        tree = ast.parse(code if len(code) <= 65536 else "")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        tree = None
-    for node in ast.walk(tree) if tree else ():
+        tree = ast.Module([], [])
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
