@@ -3612,10 +3612,13 @@ class Templates:
 
     def preload_list(self, python):
         """What this environment's template should preload: EXEC_PRELOAD's names, then those its
-        calls import, less EXEC_PRELOAD's -NAMEs, those refused before and NEVER_PRELOAD."""
+        calls import, less EXEC_PRELOAD's -NAMEs, those refused before and NEVER_PRELOAD. Their
+        imports run outside the sandbox, as installed packages' .pth files do (README)."""
         never = {name[1:] for name in EXEC_PRELOAD if name.startswith("-")} | NEVER_PRELOAD
         names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
-        names += [] if "*" in never else list(self.wanted[python])
+        # A root template (Sandbox.own_uids) keeps its capabilities: it imports no module a call
+        # chose, only those named.
+        names += [] if "*" in never or SANDBOX.own_uids else list(self.wanted[python])
         return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
                 and name not in self.never[python]]
 
