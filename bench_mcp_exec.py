@@ -817,6 +817,28 @@ km.shutdown_kernel(now=True)
 """
 
 
+# Run in the scratch venv: the floor of a stateless data call. Like a template that preloaded
+# what the cell loads, it forks a child per run that runs the cell and exits; prints the median.
+FORK_FLOOR = r"""
+import gc, os, statistics, sys, time
+os.environ.update(MPLBACKEND="Agg", OPENBLAS_NUM_THREADS="1")
+for name in ("numpy", "pandas", "matplotlib.pyplot", "io", "pandas.plotting._matplotlib",
+             "matplotlib.backends.backend_agg", "PIL.PngImagePlugin", "importlib.metadata"):
+    __import__(name)
+gc.freeze()
+times = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        exec(sys.argv[1], {"__name__": "__main__"})
+        os._exit(0)
+    os.waitpid(pid, 0)
+    times.append(time.perf_counter() - t)
+print(statistics.median(times))
+"""
+
+
 class Kernel:
     """A warm ipykernel, driven by jupyter_client (what jupyter-mcp-server drives), in a scratch
     venv the bench makes; run() times the data cell in it. `why_not`: why there is none."""
@@ -841,6 +863,12 @@ class Kernel:
             self.first = self.run()            # its imports: the kernel is warm after it
         except ValueError:
             self.why_not, self.proc = "the kernel did not run the cell", self.close()
+
+    def fork_floor(self, n):
+        """The cell in a fresh fork of a process that preloaded what it loads, median seconds."""
+        python = os.path.join(os.path.dirname(self.proc.args[0]), "python")
+        done = subprocess.run([python, "-c", FORK_FLOOR, DATA_CELL, str(n)], capture_output=True, text=True)
+        return float(done.stdout.strip() or "nan")
 
     def run(self):
         self.proc.stdin.write("run\n")
@@ -913,6 +941,7 @@ def bench_data(env, n):
         preloaded = server.call(WARM_PROBE)["stdout"].strip()
         rss = template_rss(server)
         server.close()
+        rows.append(("floor: the cell in a fresh fork, no server", [kernel.fork_floor(n)]))
         kernel.close()
         for label, times in rows:
             goal = "(goal <= 1.5x)" if "median" in label and "stateless" in label else ""

@@ -3633,8 +3633,12 @@ class Templates:
                                  self.by_python.items() if other != python)
                 try:
                     fresh = Template(python, generation, names, TEMPLATE_MEMORY_MB - others)
-                except OSError as exc:
-                    return log("no preloading template for %s (%s)" % (python, exc))
+                except OSError as exc:           # an import hung or killed it: not again
+                    log("no preloading template for %s (%s)" % (python, exc))
+                    current = self.by_python.get(python)
+                    self.never[python].update(dict.fromkeys(
+                        set(names) - set(current.asked if current else ()), True))
+                    return
                 refused = fresh.status.get("refused")
                 if refused:
                     log("not preloading %s for %s: it started a thread, or took the templates "
