@@ -786,6 +786,182 @@ def bench_images(env):
         "%.2fx" % (median(shown) / median(closed)), "(baseline: the same code, figure closed)")
 
 
+# --- 11. warm imports: the data cell, stateless, against a warm Jupyter kernel -------------
+
+DATA_CELL = """import numpy, pandas, matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from io import BytesIO
+df = pandas.DataFrame({"x": numpy.arange(200), "y": numpy.random.rand(200).cumsum()})
+df.plot()
+plt.savefig(BytesIO(), format="png")
+plt.close("all")
+"""
+DATA_PACKAGES = ["numpy", "pandas", "matplotlib"]
+# Which of the cell's modules a call found loaded before it ran: through __import__, which the
+# server does not read as an import (an import statement here would teach the template "sys").
+WARM_PROBE = ("print(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot', 'io') "
+              "if m in __import__('sys').modules))")
+# Run in the scratch venv: a warm kernel that runs the cell once per line read, printing seconds.
+KERNEL_DRIVER = r"""
+import sys, time
+from jupyter_client.manager import start_new_kernel
+km, kc = start_new_kernel(kernel_name="python3")
+for line in sys.stdin:
+    t = time.perf_counter()
+    reply = kc.execute_interactive(sys.argv[1], timeout=300, output_hook=lambda message: None)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    print(time.perf_counter() - t, flush=True)
+kc.stop_channels()
+km.shutdown_kernel(now=True)
+"""
+
+
+# Run in the scratch venv: the floor of a stateless data call. Like a template that preloaded
+# what the cell loads, it forks a child per run that runs the cell and exits; prints the median.
+FORK_FLOOR = r"""
+import gc, os, statistics, sys, time
+os.environ.update(MPLBACKEND="Agg", OPENBLAS_NUM_THREADS="1")
+for name in ("numpy", "pandas", "matplotlib.pyplot", "io", "pandas.plotting._matplotlib",
+             "matplotlib.backends.backend_agg", "PIL.PngImagePlugin", "importlib.metadata"):
+    __import__(name)
+gc.freeze()
+times = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        exec(sys.argv[1], {"__name__": "__main__"})
+        os._exit(0)
+    os.waitpid(pid, 0)
+    times.append(time.perf_counter() - t)
+print(statistics.median(times))
+"""
+
+
+class Kernel:
+    """A warm ipykernel, driven by jupyter_client (what jupyter-mcp-server drives), in a scratch
+    venv the bench makes; run() times the data cell in it. `why_not`: why there is none."""
+
+    def __init__(self, folder):
+        venv = os.path.join(folder, "kernel-venv")
+        python = os.path.join(venv, "bin", "python")
+        self.proc, self.why_not = None, None
+        for argv in ([PYTHON, "-m", "venv", venv],
+                     [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                      "ipykernel", "jupyter_client"] + DATA_PACKAGES):
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=folder)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                done = subprocess.CompletedProcess(argv, 1, "", str(exc))
+            if done.returncode != 0:
+                self.why_not = "%s failed: %s" % (" ".join(argv[:4]), (done.stderr.strip().splitlines() or ["?"])[-1])
+                return
+        self.proc = subprocess.Popen([python, "-c", KERNEL_DRIVER, DATA_CELL], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=folder, text=True)
+        try:
+            self.first = self.run()            # its imports: the kernel is warm after it
+        except ValueError:
+            self.why_not, self.proc = "the kernel did not run the cell", self.close()
+
+    def fork_floor(self, n):
+        """The cell in a fresh fork of a process that preloaded what it loads, median seconds."""
+        python = os.path.join(os.path.dirname(self.proc.args[0]), "python")
+        done = subprocess.run([python, "-c", FORK_FLOOR, DATA_CELL, str(n)], capture_output=True, text=True)
+        return float(done.stdout.strip() or "nan")
+
+    def run(self):
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def timed_call(server, code, **arguments):
+    t = time.perf_counter()
+    server.call(code, timeout=300, **arguments)
+    return time.perf_counter() - t
+
+
+def wait_warm(server, seconds=300):
+    """Until a call finds the cell's modules preloaded -> seconds waited (None: never)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        if "matplotlib.pyplot" in server.call(WARM_PROBE)["stdout"]:
+            return time.perf_counter() - start
+        time.sleep(0.2)
+    return None
+
+
+def template_rss(server):
+    """The resident memory of the server's templates (its children), MB each."""
+    children = []
+    for task in os.listdir("/proc/%d/task" % server.proc.pid):
+        with open("/proc/%d/task/%s/children" % (server.proc.pid, task)) as f:
+            children += [int(pid) for pid in f.read().split()]
+    return ["%.0f MB" % (rss_kb(pid) / 1024.0) for pid in children if rss_kb(pid)]
+
+
+def bench_data(env, n):
+    print("11. the data cell (numpy, pandas, a matplotlib plot) as a stateless call (baseline: a warm "
+          "ipykernel running the same cell, same run)")
+    folder = tempfile.mkdtemp(prefix="bench-data-")
+    try:
+        kernel = Kernel(folder)
+        if kernel.why_not:
+            print("  (skipped: no ipykernel, jupyter_client, numpy, pandas, matplotlib in a scratch venv: %s)"
+                  % kernel.why_not)
+            return
+        server = Stdio(dict(env, MCP_EXEC_DIR=os.path.join(folder, "state")))
+        server.initialize()
+        rows = [("the call that installs the packages", [timed_call(server, DATA_CELL, packages=DATA_PACKAGES)]),
+                ("the first call after the install", [timed_call(server, DATA_CELL)])]
+        warm_after = wait_warm(server)
+        base = []
+
+        def in_turn(label, call):          # the kernel and the call in turn: the same noise
+            times = []
+            for _ in range(n):
+                time.sleep(0.05)
+                base.append(kernel.run())
+                times.append(call())
+            rows.append((label + ", median", times))
+        in_turn("stateless, packages repeated", lambda: timed_call(server, DATA_CELL, packages=DATA_PACKAGES))
+        in_turn("stateless, no packages", lambda: timed_call(server, DATA_CELL))
+        server.call("import wave")                  # something new: a template is replaced
+        rows.append(("a call while its template is replaced", [timed_call(server, DATA_CELL)]))
+        replaced = wait_warm_module(server, "wave")
+        rows.append(("the first call on the replaced template", [timed_call(server, DATA_CELL)]))
+        handle = server.call("pass", session="new")["session"]
+        timed_call(server, DATA_CELL, session=handle)
+        in_turn("in a session", lambda: timed_call(server, DATA_CELL, session=handle))
+        preloaded = server.call(WARM_PROBE)["stdout"].strip()
+        rss = template_rss(server)
+        server.close()
+        rows.append(("floor: the cell in a fresh fork, no server", [kernel.fork_floor(n)]))
+        kernel.close()
+        for label, times in rows:
+            goal = "(goal <= 1.5x)" if "median" in label and "stateless" in label else ""
+            row(label, ms(median(times)), ms(median(base)), "%.2fx" % (median(times) / median(base)), goal)
+        print("  the kernel's own first run of the cell (its imports): %s; the template was warm %.1f s "
+              "after the first call, replaced in %.1f s" % (ms(kernel.first), warm_after or -1, replaced or -1))
+        print("  templates' RSS: %s; the cell's modules a call found preloaded: %s" % (", ".join(rss), preloaded))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_warm_module(server, name, seconds=300):
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        if server.call("print(%r in __import__('sys').modules)" % name)["stdout"] == "True\n":
+            return time.perf_counter() - start
+        time.sleep(0.1)
+    return None
+
+
 # --- 10. many instances: REDIS_URL ------------------------------------------------------
 
 def redis_server():
@@ -885,7 +1061,8 @@ def calls_per_second(servers, seconds):
     return count[0] / elapsed
 
 
-SECTIONS = ("startup", "round_trip", "cpu", "parallel", "packages", "http_throughput", "http_calls", "memory", "images", "shared")
+SECTIONS = ("startup", "round_trip", "cpu", "parallel", "packages", "http_throughput", "http_calls", "memory", "images",
+            "shared", "data")
 
 
 def parse_arguments(argv):
@@ -943,7 +1120,8 @@ def main(argv):
             "http_calls": lambda: bench_http_calls(env, 3.0 if quick else 20.0),
             "memory": lambda: bench_memory(env),
             "images": lambda: bench_images(env),
-            "shared": lambda: bench_shared(env, 10 if quick else 60, 2.0 if quick else 10.0)}
+            "shared": lambda: bench_shared(env, 10 if quick else 60, 2.0 if quick else 10.0),
+            "data": lambda: bench_data(env, 5 if quick else 20)}
     try:
         for name in SECTIONS:
             if name in chosen:

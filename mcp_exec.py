@@ -191,6 +191,10 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
     Setting(EXECUTION, "FORK_SERVER", bool, True,
             "fork each call from a template interpreter (Linux); 0 = spawn", 1),
+    Setting(EXECUTION, "EXEC_PRELOAD", list, [], "modules each template imports before it "
+            "forks calls, besides those its calls import; -NAME: never it; -*: only those named"),
+    Setting(EXECUTION, "TEMPLATE_MEMORY_MB", int, 160, "memory (RSS) of the templates together, "
+            "MB: preloading stops short of it; 0 = no preloading", minimum=0),
     Setting(EXECUTION, "IMAGE_LIMIT", int, 4, "images (plots) returned per call", minimum=0),
     Setting(EXECUTION, "IMAGE_MAX_BYTES", int, 1024 * 1024,
             "bytes of one PNG (larger: drawn smaller)", minimum=1024),
@@ -273,6 +277,8 @@ EXEC_NETWORK = _EXEC["EXEC_NETWORK"].lower()
 EXEC_READ_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_READ_PATHS"]]
 EXEC_WRITE_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_WRITE_PATHS"]]
 FORK_SERVER = _EXEC["FORK_SERVER"]
+EXEC_PRELOAD = _EXEC["EXEC_PRELOAD"]
+TEMPLATE_MEMORY_MB = _EXEC["TEMPLATE_MEMORY_MB"]
 PROGRESS_INTERVAL = _EXEC["PROGRESS_INTERVAL"]
 IMAGE_LIMIT = _EXEC["IMAGE_LIMIT"]
 IMAGE_MAX_BYTES = _EXEC["IMAGE_MAX_BYTES"]
@@ -3362,17 +3368,20 @@ def serve_template(config, fresh_modules):
     sock = socket.socket(fileno=config["socket_fd"])
     _prepare_template(config.get("sandbox"), config.get("own_uids"))
     if config.get("run_site"):      # the server's own packages: none came with a call
+        started = set(sys.modules)
         finish_startup()
         del sys.path[0]                     # '' is each child's, in its own directory
         SITE_DONE.append(True)
+        fresh_modules.update(set(sys.modules) - started)    # as a `python -c` start has them
     poller = select.poll()
     roots = {}                                                 # roots: pidfd -> call's child
     limits = _rlimits()
     poller.register(sock, select.POLLIN)
     template_env = dict(os.environ)
+    preloaded = preload_modules(config, fresh_modules, sock)    # kept by the forgetting below
     forget_modules(fresh_modules)       # once for all its children, who find them forgotten
     gc.freeze()         # our objects are never collected: forked children do not copy them
-    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
     while True:
         events = poller.poll(1000 if _DYING else None)      # a stuck orphan: reaped later
         if not events:
@@ -3423,6 +3432,62 @@ def _prepare_template(sandbox, own_uids=False):
             drop_capabilities(libc)       # its children inherit none, and skip their own drop
 
 
+def preload_modules(config, fresh_modules, sock):
+    """In a template, before it forks: import config["preload"], the modules its calls use, by
+    name (never a call's code) -> what its ready message says it preloaded, and skipped. What
+    they import joins fresh_modules, so forget_modules() keeps it, as `python -c "import numpy"`
+    would have it; this file's imports are forgotten first (they load anew if needed). A module
+    that starts a thread (a fork copies only the forking one) or takes the template over
+    config["budget_mb"] ends the template, which says so: the server starts one without it."""
+    # Only where no package came with a call (site ran here: Environments.untouched); in an
+    # environment a call's `packages` made, import-time code runs in each call's sandbox only.
+    names = config.get("preload", ()) if SITE_DONE else ()
+    forget_modules(fresh_modules if names else set(sys.modules))
+    before, mapped, path, skipped = set(sys.modules), statm_mb(os.getpid(), 0), sys.path[:], {}
+    # Only from where calls cannot write: not our cwd, the run directory, where each call's
+    # directory would pass for a namespace package.
+    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(os.getcwd())]
+    for name in names:
+        try:
+            __import__(name)
+        except BaseException as exc:        # not installed, or broken: its calls will see why
+            skipped[name] = ("%s: %s" % (type(exc).__name__, exc))[:200]
+        if len(os.listdir("/proc/self/task")) > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
+            sock.send(json.dumps({"refused": name}).encode())   # a thread, or over its budget
+            os._exit(0)
+    sys.path[:] = path
+    fresh_modules.update(set(sys.modules) - before)
+    return {"preloaded": [name for name in names if name not in skipped],
+            "skipped": skipped, "mapped": statm_mb(os.getpid(), 0) - mapped}
+
+
+def statm_mb(pid, field=1):
+    """A process's resident memory (RSS; field 0: address space), MB; 0 once it is gone."""
+    pages = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[field]
+    return int(pages) * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
+
+
+def reseed_preloaded(config):
+    """The "child_setup" hook: a numpy the template preloaded seeded its global random state
+    there, once; each call reseeds it from the OS, as its own import would have (Python's random
+    module reseeds itself after a fork). And the modules loaded before the code are noted."""
+    getattr(sys.modules.get("numpy.random.mtrand"), "seed", int)()
+    LOADED_BEFORE_CODE.update(sys.modules)
+
+
+LOADED_BEFORE_CODE = set()      # in a child: sys.modules as the code found it
+
+
+def modules_code_loaded(value, config):
+    """The "child_report" hook: the modules the code loaded that its template may preload for
+    the next calls, besides those its code names (modules_imported): the submodules of what it
+    found loaded, as pandas' plotting and matplotlib's Agg backend, imported at the first plot
+    (their own submodules come with them)."""
+    loaded = [name for name in sys.modules if name not in LOADED_BEFORE_CODE and
+              name.rpartition(".")[0] in LOADED_BEFORE_CODE]
+    return {"modules": loaded[:32]} if loaded else {}
+
+
 def _rlimits():
     import resource
     return [resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_NOFILE",
@@ -3434,8 +3499,8 @@ def _rlimits():
 class Template:
     """The server's side of one template process."""
 
-    def __init__(self, python, generation):
-        self.python, self.generation = python, generation
+    def __init__(self, python, generation, preload=(), budget_mb=0):
+        self.python, self.generation, self.asked = python, generation, list(preload)
         self.lock = threading.Lock()
         self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
         self.alive = True
@@ -3445,22 +3510,35 @@ class Template:
         # site (.pth files, sitecustomize) runs here only where no package came with a call
         # (Environments.untouched); elsewhere it runs in each child, sandboxed (child_argv).
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
-                  "own_uids": SANDBOX.own_uids, "run_site": ENVIRONMENTS.untouched(python)}
+                  "own_uids": SANDBOX.own_uids, "run_site": ENVIRONMENTS.untouched(python),
+                  "preload": self.asked, "budget_mb": budget_mb}
         argv = child_argv(python, config)
         try:
-            self.proc = spawn(argv, child_environment(), RUN_DIR.path(),
-                              (subprocess.DEVNULL, subprocess.DEVNULL, None), [theirs.fileno()])
+            self.proc = spawn(argv, dict(template_environment(), **child_environment()),
+                              RUN_DIR.path(), (subprocess.DEVNULL, subprocess.DEVNULL, None),
+                              [theirs.fileno()])
         finally:
             theirs.close()
         self.sock.settimeout(60)
         ready = b""
         with contextlib.suppress(OSError):
-            ready = self.sock.recv(4096)          # sent once its imports are done
+            ready = self.sock.recv(65536)         # sent once its imports are done
         self.sock.settimeout(None)
         if not ready:
             self.close()
             raise OSError("the template for %s did not start" % python)
+        self.status = json.loads(ready)   # what it preloaded, skipped; or a module it refused
+        if "refused" in self.status:
+            self.close()
         threading.Thread(target=self._reader, daemon=True).start()
+
+    def widened(self, config):
+        """A call's config, its address-space limit (RLIMIT_AS) raised by what preloading mapped:
+        a call that fit in EXEC_MEMORY_MB without the preloaded modules still fits."""
+        limits = dict(config["limits"])
+        limits["RLIMIT_AS"] = limits.get("RLIMIT_AS") and limits["RLIMIT_AS"] + (
+            self.status.get("mapped", 0) << 20)
+        return dict(config, limits={name: v for name, v in limits.items() if v is not None})
 
     def fork(self, config, pipes, extra_fds):
         """Fork a child for a call -> ForkedChild, or None if this template is gone."""
@@ -3552,6 +3630,12 @@ class ForkedChild(Child):
     def exit_code(self):
         return self.code if self.ended.is_set() else None
 
+    def status(self, record):
+        """Its exit status; and its template learns the modules its code loaded."""
+        modules = record.get("modules")
+        TEMPLATES.learn(self.template, modules if isinstance(modules, list) else [])
+        return super().status(record)
+
     def wait(self, seconds):
         self.ended.wait(seconds)
 
@@ -3584,11 +3668,17 @@ class Templates:
         self.by_python = {}                    # python -> Template, least recently used first
         self.starting = {}                     # python -> lock held while one starts
         self.failed = {}                       # python -> until when not to try again
+        self.wanted = collections.defaultdict(dict)   # python -> {module its calls import: None}
+        self.never = collections.defaultdict(dict)    # python -> {module: why not preloaded}
+        self.building = set()
+        self.untouched_not = set()             # pythons a call installed into: no preloading
+        self.heard = {}                        # a call's directory -> the modules it imports
 
     def fork(self, env, config, pipes, extra_fds=()):
         """A ForkedChild for this environment's call, from the live template of its interpreter
         and generation (started if need be), or None: the caller spawns instead."""
         python = env.python
+        heard = self.heard.pop(config["cwd"], ())
         with self.lock:
             if not self.enabled or time.monotonic() < self.failed.get(python, 0):
                 return None                    # off, or it failed to start lately: spawn
@@ -3614,7 +3704,94 @@ class Templates:
                     stale.append(self.by_python.pop(next(iter(self.by_python))))
         for old in stale:
             old.retire()
-        return template.fork(config, pipes, extra_fds) if template else None
+        if template:
+            self.learn(template, heard)
+        return template.fork(template.widened(config), pipes, extra_fds) if template else None
+
+    def learn(self, template, names):
+        """Note the modules a call imports: where its template lacks some, one that preloads them
+        starts in the background (calls never wait for it) and replaces it when ready."""
+        with self.lock:
+            wanted = self.wanted[template.python]
+            for name in names:
+                if len(wanted) < 64 and isinstance(name, str) and MODULE_NAME.fullmatch(name):
+                    wanted.setdefault(name)        # 64 modules learned per environment at most
+            if (template.python in self.building or TEMPLATE_MEMORY_MB <= 0
+                    or set(self.preload_list(template.python)) <= set(template.asked)):
+                return
+            self.building.add(template.python)
+        threading.Thread(target=self._build, args=(template.python, template.generation),
+                         daemon=True).start()
+
+    def preload_list(self, python):
+        """What this environment's template should preload: EXEC_PRELOAD's names, then those its
+        calls import, less EXEC_PRELOAD's -NAMEs, those refused before and NEVER_PRELOAD. Their
+        imports run outside the sandbox, as installed packages' .pth files do (README)."""
+        if not ENVIRONMENTS.untouched(python):    # a call's packages: their code runs in calls
+            if python not in self.untouched_not:
+                self.untouched_not.add(python)
+                log("no preloading for %s: packages came with a call into it" % python)
+            return []
+        never = {name[1:] for name in EXEC_PRELOAD if name.startswith("-")} | NEVER_PRELOAD
+        names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
+        # A root template (Sandbox.own_uids) keeps its capabilities: it imports no module a call
+        # chose, only those named.
+        names += [] if "*" in never or SANDBOX.own_uids else list(self.wanted[python])
+        return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
+                and name not in self.never[python]]
+
+    def _build(self, python, generation):
+        """On its own thread: start a template preloading what the calls of `python` use, then
+        swap it in. A module it refuses (a thread, memory) is left out of the next try."""
+        try:
+            while True:
+                with self.lock:
+                    names = self.preload_list(python)
+                    others = sum(statm_mb(t.proc.pid) for other, t in
+                                 self.by_python.items() if other != python)
+                try:
+                    fresh = Template(python, generation, names, TEMPLATE_MEMORY_MB - others)
+                except OSError as exc:           # an import hung or killed it: not again
+                    log("no preloading template for %s (%s)" % (python, exc))
+                    current = self.by_python.get(python)
+                    self.never[python].update(dict.fromkeys(
+                        set(names) - set(current.asked if current else ()), True))
+                    return
+                refused = fresh.status.get("refused")
+                if refused:
+                    log("not preloading %s for %s: it started a thread, or took the templates "
+                        "over TEMPLATE_MEMORY_MB" % (refused, python))
+                    self.never[python][refused] = True
+                elif not self._swap(python, generation, fresh):
+                    return
+                with self.lock:
+                    if set(self.preload_list(python)) <= set(fresh.asked):
+                        return                         # else: calls taught it more meanwhile
+        finally:
+            with self.lock:
+                self.building.discard(python)
+
+    def _swap(self, python, generation, fresh):
+        """Put `fresh` in the place of the current template of `python` (retired once its calls
+        are over) -> True; False, closing `fresh`, if the environment changed or went meanwhile."""
+        with self.lock:
+            start_lock = self.starting.setdefault(python, threading.Lock())
+        with start_lock, self.lock:
+            old = self.by_python.get(python)
+            if self.enabled and old and old.alive and old.generation == generation:
+                self.by_python[python] = fresh
+            else:
+                old = fresh
+        old.retire()
+        return old is not fresh
+
+    def describe(self):
+        """For /health: each template's environment, resident memory and what it preloaded."""
+        with self.lock:
+            templates = list(self.by_python.values())
+        return [{"environment": os.path.basename(os.path.dirname(os.path.dirname(t.python))),
+                 "rss_mb": statm_mb(t.proc.pid), "preloaded": t.status.get("preloaded", []),
+                 "skipped": len(t.status.get("skipped", ()))} for t in templates]
 
     def discard(self, python):
         """The environment is being deleted: retire its template."""
@@ -3631,6 +3808,44 @@ class Templates:
             template.close()
 
 
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# Never preloaded: modules whose import acts (opens a browser, prints, starts a GUI); this file.
+NEVER_PRELOAD = {"antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
+                 "turtledemo", "__main__", "mcp_exec", __name__}
+
+
+def template_environment():
+    """What a template imports under, besides the code's environment: BLAS and OpenMP libraries
+    that start no thread pool (fork() would copy none of its threads), matplotlib's off-screen
+    backend (as calls get) and a font cache in STATE_DIR, built once, not in the user's home."""
+    single = dict.fromkeys(("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
+                            "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"), "1")
+    return dict(single, MPLBACKEND="Agg", MPLCONFIGDIR=os.path.join(STATE_DIR, "matplotlib"))
+
+
+def modules_imported(code, packages=()):
+    """The modules a call's code imports (`import a.b`, `from a.b import c`: a.b), read from its
+    syntax tree, never run, and its packages' names (as modules: scikit-learn -> scikit_learn,
+    which the template skips). Nothing for code over 64 kB or that does not parse."""
+    names = [re.split(r"[^\w.-]", package)[0].lower().replace("-", "_") for package in packages]
+    try:
+        tree = ast.parse(code if len(code) <= 65536 else "")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = ast.Module([], [])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
+def hear_imports(work_dir, call):
+    """The "inputs" hook: what this call imports, for its template to learn (Templates.fork)."""
+    if TEMPLATES.enabled and TEMPLATE_MEMORY_MB > 0 and len(TEMPLATES.heard) < 4096:
+        TEMPLATES.heard[work_dir] = modules_imported(call.code, call.packages)
+
+
 def fork_child(env, config, pipes, extra_fds=()):
     """The "start_child" step with a fork server: a ForkedChild from the template of the
     call's environment, else (no template, or none can start) the core's spawn_child()."""
@@ -3641,6 +3856,10 @@ def fork_child(env, config, pipes, extra_fds=()):
 register_part("TEMPLATES", lambda: Templates(FORK_SERVER))
 register_step("start_child", fork_child)
 register_child_mode("template", serve_template, before_setup=True)
+register_hook("inputs", hear_imports)
+register_hook("child_setup", reseed_preloaded)
+register_hook("child_report", modules_code_loaded)
+register_hook("health", lambda: {"templates": TEMPLATES.describe()})
 register_lifecycle(shutdown=lambda: TEMPLATES.close())
 
 

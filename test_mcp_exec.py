@@ -2147,7 +2147,10 @@ def test_a_forked_call_is_indistinguishable_from_a_spawned_one(start_server, tmp
     servers = {}
     for kind, fork in (("forked", 1), ("spawned", 0)):
         state = tmp_path / ("state-" + kind)
-        servers[kind] = (start_server(MCP_EXEC_DIR=state, FORK_SERVER=fork), state)
+        # No preloading: a preloading template's calls find its modules loaded, and their
+        # RLIMIT_AS raised by what those map (README, warm imports); the rest is the same.
+        servers[kind] = (start_server(MCP_EXEC_DIR=state, FORK_SERVER=fork, TEMPLATE_MEMORY_MB=0),
+                         state)
         servers[kind][0].initialize()
     reports, randoms = {}, {}
     for kind, (s, state) in servers.items():
@@ -2235,6 +2238,150 @@ def proc_children(pid):
 def proc_state(pid):
     with open("/proc/%d/stat" % pid, errors="replace") as f:     # a name may not be UTF-8
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+# --- warm imports: templates that preload what calls import (section 6) -------------------
+
+PRELOAD_PROBE = ("import sys\nloaded = 'mcpexec_opmod' in sys.modules\nimport mcpexec_opmod\n"
+                 "print(loaded, mcpexec_opmod.VALUE)\nmcpexec_opmod.VALUE = 7\n")
+
+
+@pytest.fixture
+def operator_modules():
+    """operator_modules({path: text}) puts modules into the server's own site-packages, as an
+    operator's install would (a template preloads only such code, never a call's packages);
+    they are removed after the test."""
+    import sysconfig
+    site, made = sysconfig.get_paths()["purelib"], []
+
+    def put(files):
+        for path, text in files.items():
+            target = os.path.join(site, path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            made.append(os.path.join(site, path.split("/")[0]))      # a module, or its package
+            with open(target, "w") as f:
+                f.write(text)
+    yield put
+    for path in set(made):
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_template_learns_what_calls_import_and_each_call_gets_it_unchanged(
+        start_initialized, operator_modules):
+    # The first call imports an operator's module: its template learns the module and a new
+    # one, preloading it, replaces it in the background. Every call sets VALUE = 7 in the
+    # module it found loaded: the next call, a fresh copy-on-write child, sees 42 again.
+    operator_modules({"mcpexec_opmod.py": "VALUE = 42\n"})
+    s = start_initialized()
+    assert s.run(PRELOAD_PROBE)[1]["stdout"] == "False 42\n"
+    assert wait_until(lambda: s.run(PRELOAD_PROBE)[1]["stdout"] == "True 42\n", seconds=60), \
+        s.stderr[-2000:]
+    assert s.run(PRELOAD_PROBE)[1]["stdout"] == "True 42\n"      # after one that set it to 7
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_package_a_call_installed_is_never_preloaded(start_initialized, tmp_path, wheelhouse):
+    # Its import-time code would run in the template, outside every sandbox, before every later
+    # call of the environment: once a call installed into the workspace, nothing is preloaded
+    # there, and the log says why.
+    s = start_initialized(**install_env(wheelhouse, tmp_path))
+    probe = PRELOAD_PROBE.replace("mcpexec_opmod", "mcpexec_testpkg")
+    assert s.run(probe, guard=120, packages=["mcpexec_testpkg"])[1]["stdout"] == "False 42\n"
+    assert wait_until(lambda: "packages came with a call" in s.stderr and
+                      s.run(probe)[1]["stdout"] == "False 42\n", seconds=60), s.stderr[-2000:]
+
+
+LAZY_PACKAGE = {"mcpexec_lazy/__init__.py": "def load():\n    from mcpexec_lazy import sub\n    return sub.VALUE\n",
+                "mcpexec_lazy/sub.py": "VALUE = 'sub'\n"}
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_template_learns_the_submodules_a_call_loaded_that_its_code_does_not_name(
+        start_initialized, operator_modules):
+    # As pandas imports its plotting code at the first plot: the code names only mcpexec_lazy;
+    # what its interpreter loaded (mcpexec_lazy.sub) comes back on the results pipe.
+    operator_modules(LAZY_PACKAGE)
+    s = start_initialized()
+    code = ("import sys\nfound = 'mcpexec_lazy.sub' in sys.modules\nimport mcpexec_lazy\n"
+            "print(found, mcpexec_lazy.load())\n")
+    assert s.run(code)[1]["stdout"] == "False sub\n"
+    assert wait_until(lambda: s.run(code)[1]["stdout"] == "True sub\n", seconds=60), s.stderr[-2000:]
+
+
+THREAD_AT_IMPORT = "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\nVALUE = 1\n"
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_module_that_starts_a_thread_is_not_preloaded_and_the_log_says_so(
+        start_initialized, operator_modules):
+    operator_modules({"mcpexec_threader.py": THREAD_AT_IMPORT})
+    s = start_initialized(EXEC_PRELOAD="json")
+    code = "import sys\nprint('json' in sys.modules, 'mcpexec_threader' in sys.modules)\nimport mcpexec_threader\n"
+    assert s.run(code)[1]["returncode"] == 0
+    assert wait_until(lambda: "not preloading mcpexec_threader" in s.stderr, seconds=60), s.stderr
+    assert "it started a thread" in s.stderr
+    # The next template preloads the rest; the module still imports in each call, itself.
+    assert wait_until(lambda: s.run(code)[1]["stdout"] == "True False\n", seconds=60), s.stderr
+
+
+def have_modules(*names):
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason="%s not importable by %s (.ci/run installs them)"
+                              % (", ".join(missing), sys.executable))
+
+
+DATA_CALL = """import sys
+preloaded = all(name in sys.modules for name in ("numpy", "pandas", "matplotlib.pyplot"))
+import io, numpy, pandas, matplotlib, matplotlib.pyplot as plt
+a = numpy.random.rand(300, 300) + 300 * numpy.eye(300)
+inverse_ok = numpy.allclose(a @ numpy.linalg.inv(a), numpy.eye(300))
+frame = pandas.DataFrame({"x": numpy.arange(50), "y": numpy.random.rand(50)})
+frame.plot()
+png = io.BytesIO()
+plt.savefig(png, format="png")
+plt.close("all")
+print(preloaded, inverse_ok, png.getvalue()[:4] == b"\\x89PNG", matplotlib.rcParams["lines.linewidth"],
+      hasattr(numpy, "mutated"), numpy.random.rand())
+numpy.mutated = True
+matplotlib.rcParams["lines.linewidth"] = 9.0
+"""
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+@have_modules("numpy", "pandas", "matplotlib")
+def test_preloaded_numpy_and_matplotlib_work_forked_while_other_calls_run(start_initialized):
+    # Its template preloads numpy (its BLAS started no thread pool there), pandas and pyplot.
+    s = start_initialized(EXEC_PRELOAD="numpy,pandas,matplotlib.pyplot")
+    assert wait_until(lambda: s.run(DATA_CALL, guard=120)[1]["stdout"].startswith("True "),
+                      seconds=120), s.stderr[-2000:]
+    ids = [s.new_id() for _ in range(6)]
+    for n, request_id in enumerate(ids):        # data calls and plain ones, all at once
+        code = DATA_CALL if n % 2 == 0 else "import time\ntime.sleep(0.2)\nprint('other')\n"
+        s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": TOOL, "arguments": {"code": code}}})
+    outs = [tool_output(s.wait_for(request_id, timeout=120)["result"]) for request_id in ids]
+    assert all(out["returncode"] == 0 for out in outs), outs
+    data = [out["stdout"].split() for out in outs[::2]]
+    # Each is fresh: numpy unmutated, rcParams as matplotlib loads them, its own random numbers.
+    assert all(fields[:5] == ["True", "True", "True", "1.5", "False"] for fields in data), data
+    assert len({fields[5] for fields in data}) == len(data), data
+    assert all(out["stdout"] == "other\n" for out in outs[1::2]), outs
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+@have_modules("numpy", "pandas", "matplotlib")
+def test_a_call_that_fit_in_its_memory_limit_still_fits_beside_preloaded_modules(start_initialized):
+    # numpy, pandas and pyplot map about 250 MB of address space into the template; each call's
+    # RLIMIT_AS (EXEC_MEMORY_MB) is raised by what they mapped, so 200 MB of its own still fit.
+    s = start_initialized(EXEC_PRELOAD="numpy,pandas,matplotlib.pyplot", EXEC_MEMORY_MB="320")
+    code = ("import sys\npreloaded = 'matplotlib.pyplot' in sys.modules\n"
+            "block = bytearray(200 << 20)\nprint(preloaded, len(block) >> 20)\n")
+    assert wait_until(lambda: s.run(code, guard=120)[1]["stdout"] == "True 200\n", seconds=120), \
+        (s.run(code)[1], s.stderr[-2000:])
 
 
 @pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
@@ -5522,7 +5669,24 @@ def test_health_needs_no_key_and_reveals_nothing(web):
     status, headers, body = web.request("GET", "/health", headers={})
     assert status == 200
     layers = [name for name, on in (("landlock", LANDLOCK), ("seccomp", SECCOMP)) if on]
-    assert json.loads(body) == {"status": "ok", "sandbox": "+".join(layers) or "off"}
+    health = json.loads(body)
+    templates = health.pop("templates", [])       # each one's size and modules, nobody's code
+    assert health == {"status": "ok", "sandbox": "+".join(layers) or "off"}
+    assert all(set(t) == {"environment", "rss_mb", "preloaded", "skipped"} for t in templates)
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_health_tells_each_templates_memory_and_what_it_preloaded(start_http):
+    server = start_http(EXEC_PRELOAD="json,mcpexec_not_installed")
+    sid, _ = server.initialize()
+    assert server.mcp(call_message("print(1)"), sid)[0] == 200      # a template starts
+
+    def preloading():
+        templates = json.loads(server.request("GET", "/health", headers={})[2])["templates"]
+        return [t for t in templates if t["preloaded"] == ["json"]]
+    assert wait_until(preloading, seconds=60), server.request("GET", "/health", headers={})
+    template = preloading()[0]
+    assert template["rss_mb"] > 0 and template["skipped"] == 1, template
 
 
 def test_mcp_with_a_trailing_slash_is_served_as_mcp(web):
