@@ -1168,7 +1168,7 @@ class CallSlots:
             if not takers:
                 self.running -= 1
                 return
-            turn, taker = min(takers, key=lambda waiter: self.held[waiter[1]])   # the oldest
+            turn, taker = min(takers, key=lambda waiter: self.held[waiter[1]])  # ties: oldest
             self.waiters.remove((turn, taker))
             self.held[taker] += 1
             turn.set()                           # the slot changes hands: running stays
