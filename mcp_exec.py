@@ -1175,7 +1175,7 @@ class CallSlots:
             if not takers:
                 self.running -= 1
                 return
-            turn, taker = min(takers, key=lambda waiter: self.held[waiter[1]])   # the oldest
+            turn, taker = min(takers, key=lambda waiter: self.held[waiter[1]])  # ties: oldest
             self.waiters.remove((turn, taker))
             self.held[taker] += 1
             turn.set()                           # the slot changes hands: running stays
@@ -6741,8 +6741,8 @@ def redis_reachable_by_code(url, network_off):
     private = sorted(a for a in found if not ipaddress.ip_address(a.split("%")[0]).is_global)
     return private and (
         "its address (%s) is on this machine or a private network, and the code has a "
-        "network (set EXEC_NETWORK=off, or use a Redis on a public address, as Heroku's "
-        "Key-Value Store)" % private[0]) or None
+        "network (set EXEC_NETWORK=off, with the sandbox on, or use a Redis on a public "
+        "address, as Heroku's Key-Value Store)" % private[0]) or None
 
 
 class SharedStore:
