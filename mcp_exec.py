@@ -3747,10 +3747,12 @@ class Templates:
             while True:
                 with self.lock:
                     names = self.preload_list(python)
-                    others = sum(statm_mb(t.proc.pid) for other, t in
-                                 self.by_python.items() if other != python)
+                    budget = TEMPLATE_MEMORY_MB - sum(statm_mb(t.proc.pid) for other, t in
+                                                      self.by_python.items() if other != python)
+                if budget < 32:            # the others hold it: not even a bare one would fit
+                    return
                 try:
-                    fresh = Template(python, generation, names, TEMPLATE_MEMORY_MB - others)
+                    fresh = Template(python, generation, names, budget)
                 except OSError as exc:           # an import hung or killed it: not again
                     log("no preloading template for %s (%s)" % (python, exc))
                     current = self.by_python.get(python)

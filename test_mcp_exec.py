@@ -2312,6 +2312,24 @@ def test_a_template_learns_the_submodules_a_call_loaded_that_its_code_does_not_n
     assert wait_until(lambda: s.run(code)[1]["stdout"] == "True sub\n", seconds=60), s.stderr[-2000:]
 
 
+def test_the_modules_a_call_imports_are_read_from_its_syntax_tree_never_run():
+    code = ("import numpy as np, os.path\nfrom matplotlib import pyplot\nfrom . import sibling\n"
+            "def f():\n    import pandas.io\nopen('/nowhere/ran')\n")
+    assert mcp_exec.modules_imported(code, ["scikit-learn>=1", "Pillow[xmp]"]) == [
+        "scikit_learn", "pillow", "numpy", "os.path", "matplotlib", "pandas.io"]
+    assert mcp_exec.modules_imported("import numpy\n)", ["numpy"]) == ["numpy"]   # no parse
+
+
+def test_exec_preload_names_modules_always_and_never(monkeypatch):
+    templates = mcp_exec.Templates(False)
+    templates.wanted["python"] = dict.fromkeys(["pandas.plotting", "json", "antigravity"])
+    monkeypatch.setattr(mcp_exec, "SANDBOX", mcp_exec.Sandbox("off", "on"), raising=False)
+    monkeypatch.setattr(mcp_exec, "EXEC_PRELOAD", ["numpy", "-pandas"])
+    assert templates.preload_list("python") == ["numpy", "json"]
+    monkeypatch.setattr(mcp_exec, "EXEC_PRELOAD", ["numpy", "-*"])
+    assert templates.preload_list("python") == ["numpy"]
+
+
 THREAD_AT_IMPORT = "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\nVALUE = 1\n"
 
 
