@@ -3446,7 +3446,11 @@ def preload_modules(config, fresh_modules, sock):
     before, mapped, path, skipped = set(sys.modules), statm_mb(os.getpid(), 0), sys.path[:], {}
     # Only from where calls cannot write: not our cwd, the run directory, where each call's
     # directory would pass for a namespace package.
-    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(os.getcwd())]
+    try:
+        run_dir = os.getcwd()
+    except FileNotFoundError:            # the server ended meanwhile, and removed it
+        os._exit(0)
+    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(run_dir)]
     for name in names:
         try:
             __import__(name)

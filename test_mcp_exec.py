@@ -2324,7 +2324,8 @@ def test_exec_preload_names_modules_always_and_never(monkeypatch):
     templates = mcp_exec.Templates(False)
     templates.wanted["python"] = dict.fromkeys(["pandas.plotting", "json", "antigravity"])
     monkeypatch.setattr(mcp_exec, "SANDBOX", mcp_exec.Sandbox("off", "on"), raising=False)
-    monkeypatch.setattr(mcp_exec, "EXEC_PRELOAD", ["numpy", "-pandas"])
+    monkeypatch.setattr(mcp_exec.ENVIRONMENTS, "untouched", lambda python: True)   # no call's
+    monkeypatch.setattr(mcp_exec, "EXEC_PRELOAD", ["numpy", "-pandas"])            # packages
     assert templates.preload_list("python") == ["numpy", "json"]
     monkeypatch.setattr(mcp_exec, "EXEC_PRELOAD", ["numpy", "-*"])
     assert templates.preload_list("python") == ["numpy"]
