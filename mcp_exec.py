@@ -212,6 +212,8 @@ SETTINGS = [
     Setting(EXECUTION, "MCP_EXEC_INSTALLER", str, "auto",
             "auto (uv when on PATH, else pip) or pip"),
     Setting(EXECUTION, "MAX_MESSAGE_BYTES", int, 16 * 1024 * 1024, "the largest stdio message"),
+    Setting(EXECUTION, "RESULT_SHAPE", str, "auto", "structured, text (JSON text and images: "
+            "Codex), original (heroku/mcp-code-exec-python's), auto (by client, section 9)"),
     Setting(EXECUTION, "MCP_TRACE", bool, False,
             "1 = log every frame in (-->) and out (<--) on stderr", "off"),
     Setting(HTTP, "API_KEY", str, "",
@@ -223,6 +225,8 @@ SETTINGS = [
             "waitress threads (waitress-serve's --threads wins); "
             "open /sse streams and running tools/call may hold all but 2 + 1/8 of them",
             minimum=1),
+    Setting(HTTP, "JSON_KEEPALIVE", float, 20.0, "seconds before a JSON answer's body starts "
+            "with a blank, one more per SSE_KEEPALIVE (Heroku's router cuts at 30 s); 0 = never"),
     Setting(HTTP, "SSE_KEEPALIVE", float, 4.0, "seconds between keep-alive comments on event "
             "streams (under the 5 s read timeout of httpx, which the Python SDK uses)"),
     Setting(HTTP, "MCP_STATELESS", bool, False,
@@ -285,6 +289,7 @@ VENV_CACHE_SIZE = _EXEC["VENV_CACHE_SIZE"]
 INSTALLER = _EXEC["MCP_EXEC_INSTALLER"].lower()
 MAX_MESSAGE_BYTES = _EXEC["MAX_MESSAGE_BYTES"]
 TRACE = _EXEC["MCP_TRACE"]
+RESULT_SHAPE = _EXEC["RESULT_SHAPE"].lower()
 
 HTTP_PROBLEMS = []        # HTTP settings that are not numbers: stdio and the client run on
 _HTTP = read_settings(HTTP)
@@ -293,6 +298,7 @@ HOST = _HTTP["HOST"]
 PORT = _HTTP["PORT"]
 WEB_CONCURRENCY = _HTTP["WEB_CONCURRENCY"]
 SSE_KEEPALIVE = _HTTP["SSE_KEEPALIVE"]
+JSON_KEEPALIVE = _HTTP["JSON_KEEPALIVE"]
 MCP_STATELESS = _HTTP["MCP_STATELESS"]
 STDIO_MODE_ONLY = _HTTP["STDIO_MODE_ONLY"]
 ALLOWED_ORIGINS = [origin.rstrip("/") for origin in _HTTP["ALLOWED_ORIGINS"]]
@@ -441,11 +447,14 @@ def protocol(version):
 #                                                      sse_elsewhere(id, body) -> an HttpReply
 #                                                      job_published(job, request) -> problem
 #                                                      job_ended(job), job_answered(job)
+#                                                      decorate(request, result): a last touch
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
 ARGUMENT_CHECKS = []      # check(arguments, call) -> None, or what is wrong
 CODE_OPTIONAL_WITH = []   # arguments that stand in for "code" (a job's handle)
+UNDECLARED = set()        # arguments accepted but no longer declared (older clients send them)
+TOOLS = {}                # tool name -> (define(version, local) -> Tool, arguments(args) -> args)
 TOOL_NOTES = []           # note(local) -> a sentence for the model
 CAPABILITIES = {"tools": {"listChanged": False}}
 LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(), close
@@ -467,10 +476,12 @@ def register_era(parse):
 
 
 def register_tool_feature(check=None, note=None, capability=None, arguments=None,
-                          results=None, code_optional_with=None):
+                          results=None, code_optional_with=None, undeclared=()):
     """An argument check, a sentence for the model, a capability {name: value}, the arguments
     and result fields {name: JSON Schema} the feature adds to the tool's schemas (or
-    replaces), and an argument that makes "code" optional (a job's handle)."""
+    replaces), an argument that makes "code" optional (a job's handle), and arguments it
+    accepts without declaring them."""
+    UNDECLARED.update(undeclared)
     for table, item in ((ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
         if item:
             table.append(item)
@@ -479,6 +490,12 @@ def register_tool_feature(check=None, note=None, capability=None, arguments=None
     OUTPUT_SCHEMA["properties"].update(results or {})
     if code_optional_with:
         CODE_OPTIONAL_WITH.append(code_optional_with)
+
+
+def register_tool(name, define, arguments=lambda arguments: arguments):
+    """A tool: define(version, local) is its Tool object; arguments(its arguments) -> the
+    code tool's arguments that do the same, or what is wrong with them (a string)."""
+    TOOLS[name] = (define, arguments)
 
 
 def register_lifecycle(setup=None, shutdown=None):
@@ -544,6 +561,7 @@ class Session:
         self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
         self.protocol_version = None
         self.client_capabilities = {}  # what initialize said the client can do
+        self.client_name = ""          # ... and its clientInfo.name (section 9 shapes results)
         self.closed = False
         self.calls = {}                # request id -> threading.Event that cancels it
         self.early_cancels = {}        # request id -> when a cancel came before its call
@@ -618,7 +636,9 @@ class Request:
         self.version, self.notify = version, notify
 
     def decorate(self, result):
-        """A last touch on a successful result (the handshake era adds nothing)."""
+        """A last touch on a successful result: the "decorate" hooks'."""
+        for touch in HOOKS["decorate"]:
+            touch(self, result)
 
 
 def handle_message(message, session, notify=None):
@@ -735,6 +755,8 @@ def handle_initialize(request):
     session.protocol_version = version
     capabilities = params.get("capabilities")
     session.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
+    info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
+    session.client_name = str(info.get("name", ""))[:100]
     return {"protocolVersion": version, "capabilities": server_capabilities(version),
             "serverInfo": server_info(version), "instructions": instructions(session)}
 
@@ -750,8 +772,8 @@ def handle_tools_list(request):
     if request.params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
     session = request.session
-    tools = [tool_definition(request.version, session.local)] if session.allow_exec else []
-    return {"tools": tools}
+    tools = [define(request.version, session.local) for define, _ in TOOLS.values()]
+    return {"tools": tools if session.allow_exec else []}
 
 
 def handle_tools_call(request):
@@ -759,7 +781,7 @@ def handle_tools_call(request):
     name = params.get("name")
     if not isinstance(name, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "name" (a string) is required')
-    if name != TOOL_NAME:
+    if name not in TOOLS:
         raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s" % name)
     if not session.allow_exec:
         raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s. Code execution is disabled over "
@@ -768,11 +790,16 @@ def handle_tools_call(request):
     arguments = {} if params.get("arguments") is None else params["arguments"]
     if not isinstance(arguments, dict):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
+    # A strict schema converter (OpenAI's) makes the model fill every property: its "zero"
+    # values mean "not given". But "code": "" is a program (one that ends a session).
+    arguments = TOOLS[name][1]({key: value for key, value in arguments.items()
+                                if key == "code" or value not in ("", False, [], 0, None)})
     # Bad arguments are a tool error the model can read and fix, not a protocol error
     # (2025-11-25 server/tools.mdx, Error Handling); we apply that rule to every version.
-    call, problem = validate_arguments(arguments)
+    call, problem = (None, arguments) if isinstance(arguments, str) else validate_arguments(
+        arguments)
     if problem:
-        text = "Invalid arguments for %s: %s." % (TOOL_NAME, problem)
+        text = "Invalid arguments for %s: %s." % (name, problem)
         return {"content": [{"type": "text", "text": text}], "isError": True}
     return STEPS["call"](request, call)      # section 12 makes it a job
 
@@ -796,6 +823,7 @@ register_method("ping", lambda request: {})
 register_method("tools/list", handle_tools_list)
 register_method("tools/call", handle_tools_call, slow=True)
 register_step("call", run_call)
+register_tool(TOOL_NAME, lambda version, local: tool_definition(version, local))
 
 
 # --- The tool: its contract -------------------------------------------------------------
@@ -810,12 +838,12 @@ INPUT_SCHEMA = {
         "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
                      "description": "pip requirements to install first, e.g. "
                                     "[\"numpy\", \"pandas==2.2.3\"]."},
-        "use_temp_dir": {"type": "boolean", "default": False,
-                         "description": "Run in an isolated virtual environment holding only "
-                                        "`packages`."},
-        "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the "
-                    "run is killed (default %g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
+        "use_temp_dir": {"type": "boolean", "description": "Run in an isolated virtual "
+                                                           "environment holding only `packages`."},
+        "timeout": {"type": "number", "description": "Seconds before the run is killed "
+                    "(default %g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
     },
+    "required": ["code"],
     "additionalProperties": False,
 }
 
@@ -829,8 +857,11 @@ OUTPUT_SCHEMA = {
                       "description": "The run (or the install) hit its timeout."},
         "truncated": {"type": "boolean",
                       "description": "Something longer than its limit was cut."},
+        "notes": {"type": "array", "items": {"type": "string"},
+                  "description": "The server's words on this result: what to do next, what "
+                                 "was left out."},
     },
-    "required": ["returncode", "stdout", "stderr", "timed_out", "truncated"],
+    "required": ["stdout", "stderr", "timed_out", "truncated"],
 }
 
 ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHint": True,
@@ -839,13 +870,10 @@ ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHi
 
 def tool_definition(version, local=True):
     """The one tool, with only the fields the negotiated version knows (tools.mdx)."""
-    description = ("Run Python code and return its exit status, stdout and stderr as JSON "
-                   "{returncode, stdout, stderr, timed_out, truncated}. "
-                   "Print what you want to see. "
-                   '"packages" installs pip requirements first (names, extras and versions only, '
-                   'e.g. ["numpy", "requests>=2.31"]) into a workspace environment shared by '
-                   'later calls; with "use_temp_dir": true the code runs in an isolated '
-                   "environment holding only those packages. %s" % tool_notes(local))
+    description = ("Run Python code; get its exit status, stdout and stderr as JSON. Print "
+                   'what you want to see. "packages" installs pip requirements first into a '
+                   'workspace environment shared by later calls; with "use_temp_dir": true the '
+                   "code runs in an isolated one holding only those. %s" % tool_notes(local))
     tool = {"name": TOOL_NAME, "description": description, "inputSchema": INPUT_SCHEMA}
     has = protocol(version)
     if has.annotations:
@@ -901,7 +929,7 @@ class Call:
 def validate_arguments(arguments):
     """Check arguments against INPUT_SCHEMA -> (a Call, None), or (None, what the model must fix).
     The core checks the four basic arguments; ARGUMENT_CHECKS check the rest."""
-    unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]))
+    unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]) - UNDECLARED)
     if unknown:
         names = list(INPUT_SCHEMA["properties"])
         return None, "unknown argument(s) %s; the arguments are %s and %s" % (
@@ -941,12 +969,8 @@ class Result:
 
     def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False,
                  cancelled=False):
-        self.returncode = returncode
-        self.stdout = stdout
-        self.stderr = stderr
-        self.timed_out = timed_out
-        self.truncated = truncated
-        self.cancelled = cancelled
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.timed_out, self.truncated, self.cancelled = timed_out, truncated, cancelled
         self.value = self.session = self.status = self.job = None
         self.images = []
         self.files = []
@@ -972,9 +996,11 @@ class Result:
                         + "[mcp-exec] " + text)
 
     def as_dict(self):
-        """OUTPUT_SCHEMA's fields, in its order; an optional one only when set."""
+        """OUTPUT_SCHEMA's fields, in its order; an optional one only when set (a returncode
+        of 0 is set: only a run that goes on has none)."""
         return {name: getattr(self, name) for name in OUTPUT_SCHEMA["properties"]
-                if name in OUTPUT_SCHEMA["required"] or getattr(self, name)}
+                if name in OUTPUT_SCHEMA["required"] or getattr(self, name)
+                or (name == "returncode" and self.returncode is not None)}
 
 
 def tool_result(result, version):
@@ -4358,7 +4384,7 @@ RESOURCE_NOT_FOUND = -32002             # 2025-11-25 server/resources.mdx, Error
 def describe_value(value, config):
     """In the child: the last value (repr, capped) and the images -> part of the results."""
     record = {}
-    images = []
+    images, about = [], []      # the PNGs, and what each one is
     notes = []
     limit, max_bytes = config["image_limit"], config["image_max_bytes"]
     plt = sys.modules.get("matplotlib.pyplot")     # only if the code used it: never imported here
@@ -4376,6 +4402,7 @@ def describe_value(value, config):
                            max_bytes, scale)
             if png:
                 images.append(png)
+                about.append("matplotlib figure %d" % number)
             else:
                 notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) even at a "
                              "low resolution" % (number, max_bytes))
@@ -4390,7 +4417,9 @@ def describe_value(value, config):
         png = _value_png(value, max_bytes)
         if png and len(images) < limit:
             images.append(png)
+            about.append("the last value, a %s" % type(value).__name__)
     record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: server
+    record["about"] = about
     record["notes"] = notes
     return record
 
@@ -4430,7 +4459,8 @@ def apply_record(result, record):
         result.value_truncated = record.get("value_truncated") is True
         result.truncated = result.truncated or result.value_truncated
     images, notes = record.get("images"), record.get("notes")      # forged: maybe no lists
-    for data in (images if isinstance(images, list) else [])[:IMAGE_LIMIT]:
+    about = record.get("about") if isinstance(record.get("about"), list) else []
+    for n, data in enumerate((images if isinstance(images, list) else [])[:IMAGE_LIMIT]):
         try:
             png = base64.b64decode(data, validate=True)
             width, height = struct.unpack(">II", png[16:24])
@@ -4443,7 +4473,8 @@ def apply_record(result, record):
                         "megapixels"
                         % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
             continue
-        result.images.append({"mimeType": "image/png", "width": width, "height": height,
+        result.images.append({"about": str(about[n] if n < len(about) else "an image")[:100],
+                              "mimeType": "image/png", "width": width, "height": height,
                               "bytes": len(png)})
         result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
     for note in (notes if isinstance(notes, list) else [])[:10]:
@@ -4747,12 +4778,11 @@ def handle_resources_list(request):
         for uri, name, size in list(OUTPUTS.live(request.session.owner))[:200]]}
 
 
-FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"value\", like a "
-              "notebook's Out[]. Open matplotlib figures (plt.show() included) come back as PNG "
-              "images, and so does a last value that can draw itself (a PIL image). \"files\" "
-              "puts files in the working directory first; files the code writes there come back: "
-              "small ones embedded, larger ones as links to read with resources/read, kept for %d "
-              "minutes." % (OUTPUT_TTL // 60))
+FILES_NOTE = ("A last expression's repr() comes back as \"value\" (a notebook's Out[]); open "
+              "matplotlib figures, and a last value that can draw itself (a PIL image), as PNG "
+              "images. \"files\" puts files in the working directory first; files the code "
+              "writes there come back (small ones embedded), kept %d minutes."
+              % (OUTPUT_TTL // 60))
 
 
 def write_inputs(work, call):
@@ -4774,6 +4804,64 @@ def value_limits(config, environ, directory, local):
                   image_max_bytes=IMAGE_MAX_BYTES)
 
 
+# --- Shapes: what each host hands its model --------------------------------------------
+# Hosts that see structuredContent hand the model only it (Claude Code 2.1, Codex): so it holds
+# everything. But Codex then drops the images too; without it, Codex keeps the content, only if
+# every block is text or an image (codex-rs/protocol/src/models.rs, from_call_tool_result). So
+# Codex gets the "text" shape: no outputSchema, no structuredContent, the JSON as text, images.
+
+ORIGINAL_SCHEMA = {"type": "object", "properties": {"result": {"type": "object"}},
+                   "required": ["result"]}
+
+
+def result_shape(request):
+    """RESULT_SHAPE, or for auto, by the client's name: at initialize, or in a 2026-07-28
+    request's _meta. Codex says "codex-mcp-client" (earlier "codex")."""
+    meta = request.params.get("_meta") if request.modern else None
+    client = meta.get(META_CLIENT) if isinstance(meta, dict) else None
+    name = client.get("name") if isinstance(client, dict) else request.session.client_name
+    auto = "text" if str(name).lower().startswith("codex") else "structured"
+    return RESULT_SHAPE if RESULT_SHAPE in ("structured", "text", "original") else auto
+
+
+def shape_result(request, result):
+    """The "decorate" hook: the tool list and results in the shape of the request's client."""
+    shape = result_shape(request)
+    for tool in result.get("tools", []) if shape != "structured" else ():
+        if tool.pop("outputSchema", None) and shape == "original":
+            tool["outputSchema"] = ORIGINAL_SCHEMA
+    if "content" in result and shape == "text":   # a file's link and data: in "files" already
+        result.pop("structuredContent", None)
+        result["content"] = [as_text(block) for block in result["content"]
+                             if block["type"] in ("text", "image")
+                             or "text" in block.get("resource", {})]
+    elif "content" in result and shape == "original":
+        as_original(result)
+
+
+def as_text(block):
+    """A content block as Codex keeps it: an embedded text file becomes text."""
+    resource = block.get("resource") if block["type"] == "resource" else None
+    return {"type": "text", "text": "%s:\n%s" % (resource["uri"], resource["text"])} \
+        if resource else block
+
+
+def as_original(result):
+    """heroku/mcp-code-exec-python's result (FastMCP returning a dict): outputs stripped, the
+    object as indented JSON text and as {"result": ...}; isError only for bad arguments; a
+    timeout is returncode -2 with "Error: Execution timed out"."""
+    with contextlib.suppress(ValueError, KeyError, IndexError, AttributeError):   # bad arguments
+        obj = json.loads(result["content"][0]["text"])
+        obj.update(stdout=obj["stdout"].strip(), stderr=obj["stderr"].strip())
+        if obj.get("timed_out"):
+            obj.update(returncode=-2, stderr="Error: Execution timed out")
+        result["content"][0]["text"] = json.dumps(obj, indent=2, ensure_ascii=False)
+        result["isError"] = False
+        if "structuredContent" in result:
+            result["structuredContent"] = {"result": obj}
+
+
+register_hook("decorate", shape_result)
 register_part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
 register_hook("child_config", value_limits)
 register_hook("child_report", describe_value)
@@ -4794,10 +4882,12 @@ SEEN_RESULTS = {
     "images": {"type": "array",
                "description": "The PNG images returned as image content, in order.",
                "items": {"type": "object", "properties": {
+                   "about": {"type": "string"},
                    "mimeType": {"type": "string"}, "width": {"type": "integer"},
                    "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
     "files": {"type": "array",
-              "description": "Files the code created or changed in its working directory.",
+              "description": "Files the code created or changed in its working directory; "
+                             "resources/read reads a uri.",
               "items": {"type": "object", "properties": {
                   "path": {"type": "string"}, "size": {"type": "integer"},
                   "uri": {"type": "string"}, "mimeType": {"type": "string"},
@@ -5106,10 +5196,10 @@ def run_call_or_kernel(call, session, cancel, on_output):
     return run_stateless(call, session, cancel, on_output)
 
 
-KERNEL_NOTE = ("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, "
-               "imports and files across calls, then pass the returned \"session\" handle in the "
-               "next calls; end it with \"end_session\": true when done. Sessions end after %d "
-               "minutes idle." % (SESSION_IDLE // 60))
+KERNEL_NOTE = ("Calls share nothing unless you pass \"session\": \"new\" (variables, imports and "
+               "files then persist) and the \"session\" handle it returns in later calls; end it "
+               "with %s when done. Sessions end after %d minutes idle."
+               % ("code_exec_job", SESSION_IDLE // 60))
 register_part("KERNELS", Kernels)
 register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
@@ -5117,10 +5207,9 @@ register_lifecycle(shutdown=lambda: KERNELS.close())
 register_hook("session_ended", lambda session: KERNELS.end_session(session))
 register_hook("busy_owners", lambda: KERNELS.owners())
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
-    "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
-                "imports and files across calls; then pass the handle the result gives you."},
-    "end_session": {"type": "boolean", "default": False,
-                    "description": "true ends the session after this call's code."},
+    "session": {"type": "string", "description": '"new" starts a session, which keeps state '
+                "across calls; or the handle a result gave you."},
+    "end_session": {"type": "boolean", "description": "End the session after this code."},
 }, results={
     "session": {"type": "string", "description": "The session this call ran in: pass it on."},
     "session_ended": {"type": "boolean", "description": "The session ended: its state is gone."},
@@ -5161,6 +5250,7 @@ class ModernRequest(Request):
     modern = True
 
     def decorate(self, result):
+        super().decorate(result)
         result.setdefault("resultType", "complete")          # a task says "task" (section 12)
         result.setdefault("_meta", {})[META_SERVER] = server_info(self.version)
         if self.method in CACHING:
@@ -5347,9 +5437,9 @@ TASK_WAIT = 1.0                     # seconds a 2026-07-28 call waits before it 
 POLL_INTERVAL_MS = 1000
 ISO_TIME = "%Y-%m-%dT%H:%M:%SZ"     # a Task's createdAt and lastUpdatedAt (tasks.mdx, Task)
 JOBS_KEPT = 1000                    # finished jobs kept at most (the oldest go first)
-RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\": \"%s\"} (and "
-                "no code) to wait for more output and the result, or with {\"job\": \"%s\", "
-                "\"cancel\": true} to stop it.")
+JOB_TOOL = "code_exec_job"
+RUNNING_TEXT = ('The code is still running as job %s. Call ' + JOB_TOOL + ' with {"job": "%s"} '
+                'for more output and the result; add "cancel": true to stop it.')
 
 
 class Job:
@@ -5423,16 +5513,16 @@ class Job:
             answer.stderr = final.stderr        # all of it is the server's: a refusal, its notes
         for text in final.notes if self.code_wrote_stderr else ():
             answer.note(text)
+        answer.notes = list(final.notes)
         for name in ("value", "images", "files", "session", "session_ended", "blocks"):
             setattr(answer, name, getattr(final, name))
         answer.status = "cancelled" if self.status == "cancelled" else "completed"
         if self.status == "cancelled" and self.reason != "Cancelled on request.":
             answer.note(self.reason)
         answer.job = self.handle
-        if not ended:
+        if not ended:             # what to do next goes in the JSON: hosts show only that
             answer.status = "running"
-            text = RUNNING_TEXT % (self.handle, TOOL_NAME, self.handle, self.handle)
-            answer.blocks.append((None, {"type": "text", "text": text}))
+            answer.notes.append(RUNNING_TEXT % (self.handle, self.handle))
         return answer
 
     def task(self, modern):
@@ -5657,35 +5747,46 @@ def handle_tasks_cancel(request):
     return {} if request.modern else job.task(False)
 
 
-JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", "
-            "\"returncode\": null (no exit status yet), the output so far and a \"job\" "
-            "handle: call again with {\"job\": handle} and no code to wait for new output and "
-            "the result, or add \"cancel\": true to stop it; so a long run may use all of its "
-            "\"timeout\"." % CALL_WAIT)
+JOB_NOTE = ("Code still running after %g s answers \"status\": \"running\" (no returncode "
+            "yet), its output so far and a \"job\" to follow with %s; a long run may use all of "
+            "its \"timeout\"." % (CALL_WAIT, JOB_TOOL))
 # 2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension.
 JOB_CAPABILITIES = {
     "tasks": lambda version: TASKS_CAPABILITY if protocol(version).tasks else None,
     "extensions": lambda version: {TASKS_EXTENSION: {}} if protocol(version).modern else None}
-JOB_ARGUMENTS = {
-    "code": {"type": "string", "description": "Python source, run as the __main__ module. "
-                                              "Required, except to poll a job."},
-    "job": {"type": "string",
-            "description": 'Instead of code: the handle ("j-...") of a run still going; waits '
-                           "for it, and returns its new output and, at the end, its result."},
-    "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop it."},
-}
 JOB_RESULTS = {
-    "returncode": {"type": ["integer", "null"], "description": "Exit status; negative = "
-                   "killed by that signal; null while a job is still running."},
+    "returncode": {"type": "integer", "description": "Exit status; negative = killed by that "
+                   "signal; absent while the code runs on."},
     "status": {"type": "string", "enum": ["running", "completed", "cancelled"],
-               "description": "Only for a job: \"running\" = still going, call with \"job\"."},
-    "job": {"type": "string", "description": "The job's handle: pass it as \"job\" for more."},
+               "description": "Only for a job."},
+    "job": {"type": "string", "description": "The job's handle, for %s." % JOB_TOOL},
 }
+# Following a job, or ending a session, is a tool of its own: "code" is then required where it
+# runs code, and no model need make some up (every agent framework hands over such a schema).
+JOB_TOOL_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
+    "job": {"type": "string", "description": 'A "job" handle: waits for new output and, at the '
+                                             "end, the result (as %s's)." % TOOL_NAME},
+    "cancel": {"type": "boolean", "description": 'With "job": stop it.'},
+    "end_session": {"type": "string", "description": 'A "session" handle: end it.'}}}
+
+
+def job_tool_arguments(arguments):
+    """code_exec_job's arguments -> code_exec_python's that do the same, or what is wrong."""
+    if ("job" in arguments) == ("end_session" in arguments):
+        return 'give either "job" (a run to follow) or "end_session" (a session to end)'
+    if "job" in arguments:
+        return arguments
+    return dict(arguments, code="", session=arguments["end_session"], end_session=True)
+
+
 register_part("JOBS", Jobs)
 register_step("call", job_call_mode)
 register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
-                      capability=JOB_CAPABILITIES, arguments=JOB_ARGUMENTS, results=JOB_RESULTS,
-                      code_optional_with="job")
+                      capability=JOB_CAPABILITIES, results=JOB_RESULTS,
+                      code_optional_with="job", undeclared=("job", "cancel"))
+register_tool(JOB_TOOL, lambda version, local: {
+    "name": JOB_TOOL, "description": "Follow or stop a run of %s that is still going (a job), "
+    "or end a session." % TOOL_NAME, "inputSchema": JOB_TOOL_SCHEMA}, job_tool_arguments)
 register_hook("tool_fields", lambda version: {"execution": {"taskSupport": "optional"}}
               if protocol(version).tasks else {})     # 2025-11-25 tasks.mdx, Tool-Level
 register_method("tasks/get", handle_tasks_get)

@@ -53,6 +53,7 @@ SERVER = os.path.join(REPO, "mcp_exec.py")
 # triples a start (300 ms, not 100). Tests named for the script start run the script.
 SERVER_COMMAND = [sys.executable, "-m", "mcp_exec"]
 TOOL = "code_exec_python"
+JOB_TOOL = "code_exec_job"
 LATEST = "2025-11-25"
 MODERN = "2026-07-28"
 ALL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -1294,7 +1295,7 @@ def test_server_discover_lists_every_supported_version(start_wire):
 def list_tool(s, version):
     s.initialize(version)
     tools = s.request("tools/list")["result"]["tools"]
-    assert len(tools) == 1 and tools[0]["name"] == TOOL
+    assert [tool["name"] for tool in tools] == [TOOL, JOB_TOOL]
     return tools[0]
 
 
@@ -1315,7 +1316,7 @@ def test_tools_list_from_2025_06_18_has_title_and_output_schema(start_wire, vers
     assert isinstance(tool["title"], str) and tool["title"]
     schema = tool["outputSchema"]
     assert schema["type"] == "object"
-    assert set(schema["required"]) == {"returncode", "stdout", "stderr", "timed_out", "truncated"}
+    assert set(schema["required"]) == {"stdout", "stderr", "timed_out", "truncated"}  # returncode: not while running
 
 
 def test_tool_annotations_declare_a_destructive_open_world_tool(start_wire):
@@ -1328,17 +1329,145 @@ def test_tool_annotations_declare_a_destructive_open_world_tool(start_wire):
 def test_input_schema_allows_only_known_arguments(start_wire):
     schema = list_tool(start_wire(), LATEST)["inputSchema"]
     assert schema["type"] == "object"
-    # "code" is required except to poll a job ({"job": ...} alone): the check, not the schema, says so
-    assert "required" not in schema and "except to poll a job" in schema["properties"]["code"]["description"]
+    # "code" is required: following a job is code_exec_job's (the old {"job": ...} is still accepted)
+    assert schema["required"] == ["code"]
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]) == {"code", "packages", "use_temp_dir", "timeout", "files", "session",
-                                         "end_session", "job", "cancel"}
+                                         "end_session"}
     assert schema["properties"]["code"]["type"] == "string"
     assert schema["properties"]["files"]["items"]["required"] == ["path", "content"]
     assert schema["properties"]["session"]["type"] == "string"
     assert schema["properties"]["packages"]["type"] == "array"
     assert schema["properties"]["use_temp_dir"]["type"] == "boolean"
     assert schema["properties"]["timeout"]["type"] == "number"
+
+
+# --- What the model sees, in every host and agent framework (issue 33) ---
+
+
+def all_types(schema):
+    """Every "type" keyword anywhere in a JSON Schema."""
+    if isinstance(schema, dict):
+        return ([schema["type"]] if "type" in schema else []) + [
+            t for value in schema.values() for t in all_types(value)]
+    return [t for value in schema for t in all_types(value)] if isinstance(schema, list) else []
+
+
+def test_tools_list_has_no_type_unions_and_is_smaller_than_before(start_server):
+    # Gemini's single-type dialect and Inspector --strict refuse ["integer", "null"]; every
+    # conversation pays for the list: 5,545 bytes before this change.
+    s = start_server()
+    s.initialize(LATEST)
+    tools = s.request("tools/list")["result"]["tools"]
+    assert len(json.dumps(tools)) <= 5545, len(json.dumps(tools))
+    types = [t for tool in tools for t in all_types([tool["inputSchema"], tool.get("outputSchema")])]
+    assert types and all(isinstance(t, str) for t in types), types
+    code, job = tools
+    assert code["inputSchema"]["required"] == ["code"] and "required" not in job["inputSchema"]
+    assert set(job["inputSchema"]["properties"]) == {"job", "cancel", "end_session"}
+
+
+def test_a_strict_converters_zero_values_mean_not_given(server):
+    # openai-agents' strict schemas make every property required: the model fills the ones it
+    # does not mean with "", false, [], 0 or null.
+    arguments = {"code": "print(6 * 7)", "packages": [], "use_temp_dir": False, "timeout": 0,
+                 "files": [], "session": "", "end_session": False}
+    result, out = server.run(**arguments)
+    assert result["isError"] is False and out["stdout"] == "42\n", out
+    result, out = server.run(code="print(1)", session=None, timeout=None, files=None)
+    assert out["stdout"] == "1\n" and "session" not in out, out
+    response = server.request("tools/call", {"name": JOB_TOOL, "arguments": {
+        "job": "", "cancel": False, "end_session": ""}})
+    text = response["result"]["content"][0]["text"]
+    assert response["result"]["isError"] and 'either "job"' in text, text
+
+
+def test_code_exec_job_follows_a_job_and_ends_a_session_with_no_code(start_initialized, tmp_path):
+    s = start_initialized(CALL_WAIT=0.5)
+    release = out_dir(tmp_path) / "release"
+    code = "import os, time\nprint('started', flush=True)\nwhile not os.path.exists(%r):\n" \
+           "    time.sleep(0.05)\nprint('done')\n" % str(release)
+    first = s.call(code, timeout=60)
+    handle = running(first)
+    release.touch()
+    answers, deadline = [], time.monotonic() + JOB_GUARD
+    while not answers or answers[-1]["structuredContent"]["status"] == "running":
+        assert time.monotonic() < deadline
+        response = s.request("tools/call", {"name": JOB_TOOL, "arguments": {"job": handle}})
+        answers.append(response["result"])
+    out = answers[-1]["structuredContent"]
+    assert out["status"] == "completed" and out["returncode"] == 0 and "notes" not in out, out
+    assert first["structuredContent"]["stdout"] + "".join(
+        a["structuredContent"]["stdout"] for a in answers) == "started\ndone\n"
+    _, started = s.run("x = 6 * 7", session="new")
+    response = s.request("tools/call", {"name": JOB_TOOL, "arguments": {"end_session": started["session"]}})
+    ended = response["result"]["structuredContent"]
+    assert ended["session_ended"] is True and ended["returncode"] == 0, ended
+    result, out = s.run("x", session=started["session"])
+    assert result["isError"] and "Unknown or expired session" in out["stderr"], out
+
+
+def initialize_as(s, name, version=LATEST):
+    response = s.request("initialize", {"protocolVersion": version, "capabilities": {},
+                                        "clientInfo": {"name": name, "version": "0.171.0"}})
+    s.notify("notifications/initialized")
+    return response["result"]
+
+
+def assert_codex_shape(tools, result):
+    """What Codex hands its model whole: content of text and images only, no structuredContent
+    (with it, Codex drops every block), and so no outputSchema."""
+    assert all("outputSchema" not in tool for tool in tools), tools
+    assert "structuredContent" not in result, result
+    assert [block["type"] for block in result["content"]] == ["text", "image", "text"], result
+    out = json.loads(result["content"][0]["text"])
+    assert out["images"][0]["about"] == "the last value, a Picture" and out["value"] == "<Picture 64x48>"
+    assert result["content"][2]["text"] == out["files"][0]["uri"] + ":\nhi\n"
+
+
+def test_codex_gets_the_json_as_text_beside_its_images(start_server):
+    s = start_server()
+    initialize_as(s, "codex-mcp-client")
+    tools = s.request("tools/list")["result"]["tools"]
+    result = s.call("open('a.txt', 'w').write('hi\\n')\n" + PNG_CODE)
+    assert_codex_shape(tools, result)
+    # 2026-07-28: no initialize; the client's name comes in each request's _meta
+    meta = {"_meta": {"io.modelcontextprotocol/clientInfo": {"name": "codex-mcp-client", "version": "1"}}}
+    s2 = start_server()
+    s2.send(modern_message("tools/list", 1, **meta))
+    s2.send(modern_message("tools/call", 2, name=TOOL, arguments={
+        "code": "open('a.txt', 'w').write('hi\\n')\n" + PNG_CODE}, **meta))
+    assert_codex_shape(s2.wait_for(1)["result"]["tools"], s2.wait_for(2)["result"])
+
+
+def test_result_shape_forces_a_shape_whatever_the_client(start_server):
+    s = start_server(RESULT_SHAPE="structured")
+    initialize_as(s, "codex-mcp-client")
+    assert "outputSchema" in s.request("tools/list")["result"]["tools"][0]
+    result = s.call(PNG_CODE)
+    assert result["structuredContent"]["value"] == "<Picture 64x48>" and images_of(result)
+    s = start_server(RESULT_SHAPE="text")
+    initialize_as(s, "claude-code")
+    result = s.call("print(1)")
+    assert "structuredContent" not in result and json.loads(result["content"][0]["text"])["stdout"] == "1\n"
+
+
+def test_result_shape_original_gives_heroku_mcp_code_exec_pythons_results(start_server):
+    s = start_server(RESULT_SHAPE="original")
+    initialize_as(s, "mcp")
+    tools = s.request("tools/list")["result"]["tools"]
+    assert tools[0]["outputSchema"]["required"] == ["result"]
+    result = s.call("print(4)")
+    assert result["structuredContent"]["result"]["stdout"] == "4" and result["isError"] is False
+    assert json.loads(result["content"][0]["text"]) == result["structuredContent"]["result"]
+    assert result["content"][0]["text"].startswith('{\n  "returncode": 0,')      # FastMCP's indent=2
+    result = s.call("import sys; sys.exit(3)")
+    assert result["structuredContent"]["result"]["returncode"] == 3 and result["isError"] is False
+    result = s.call("import time; time.sleep(30)", timeout=0.5)
+    out = result["structuredContent"]["result"]
+    assert (out["returncode"], out["stderr"], result["isError"]) == (-2, "Error: Execution timed out", False)
+    result = s.call(42)                                   # bad arguments stay an error
+    assert result["isError"] is True and "structuredContent" not in result
 
 
 def test_tools_list_with_unknown_cursor_is_invalid_params(wire):
@@ -1380,10 +1509,9 @@ def test_tools_call_arguments_not_an_object_is_invalid_params(wire, arguments):
     ({}, 'e.g. {"code"'),
     ({"code": 42}, 'e.g. {"code"'),
     ({"code": None}, 'e.g. {"code"'),
-    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir, timeout, files, session, "
-                                        "end_session, job and cancel"),
+    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir, timeout, files, session "
+                                        "and end_session"),
     ({"code": "print(1)", "timeout": -1}, "positive number"),
-    ({"code": "print(1)", "timeout": 0}, "positive number"),
     ({"code": "print(1)", "timeout": True}, "positive number"),
     ({"code": "print(1)", "timeout": "10"}, "positive number"),
     ({"code": "print(1)", "packages": "numpy"}, "must be a list"),
@@ -3490,7 +3618,8 @@ def test_a_value_that_draws_itself_is_returned_as_an_image(server):
     [image] = images_of(result)
     data = base64.b64decode(image["data"])
     assert image["mimeType"] == "image/png" and data.startswith(b"\x89PNG\r\n\x1a\n")
-    assert out["images"] == [{"mimeType": "image/png", "width": 64, "height": 48, "bytes": len(data)}]
+    assert out["images"] == [{"about": "the last value, a Picture", "mimeType": "image/png", "width": 64,
+                              "height": 48, "bytes": len(data)}]
     assert result["structuredContent"]["images"] == out["images"]
 
 
@@ -4165,10 +4294,11 @@ def running(result):
     """A "running" answer -> its handle, after checking the shape the model sees."""
     out = result["structuredContent"]
     assert out["status"] == "running" and result["isError"] is False, result
-    assert out["returncode"] is None and out["job"].startswith("j-"), out
+    assert "returncode" not in out and out["job"].startswith("j-"), out     # no exit status yet
     assert "value" not in out and "files" not in out, out
-    hint = result["content"][-1]["text"]   # the second text block: how to go on
-    assert '{"job": "%s"}' % out["job"] in hint and "cancel" in hint, hint
+    hint = out["notes"][-1]         # how to go on: in the JSON, which is all that hosts show
+    assert 'code_exec_job with {"job": "%s"}' % out["job"] in hint and "cancel" in hint, hint
+    assert [block["type"] for block in result["content"]] == ["text"]   # the JSON, mirrored
     return out["job"]
 
 
