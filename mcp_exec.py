@@ -2401,6 +2401,9 @@ NO_FLASK = ("mcp-exec: --http needs flask and waitress: python3 -m pip install -
             "-r requirements.txt)")
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+OAUTH_PATHS = ("/register", "/authorize", "/token")     # OAuth's defaults without metadata
+SEND_KEY = ("send the server's API_KEY as Authorization: Bearer <API_KEY> or X-API-Key: "
+            "<API_KEY>, no OAuth")
 # Bytes of messages that may wait for one HTTP+SSE stream whose client does not read: past it
 # the session ends. Above the largest message (a result with IMAGE_LIMIT images of
 # IMAGE_MAX_BYTES, embedded files, two outputs), so a client that reads never meets it.
@@ -2634,9 +2637,11 @@ class HttpServer:
             self.check_waitress(environ)
         if path == "/health":
             return None
-        if path.startswith("/.well-known/"):
-            # No OAuth metadata here: a 404 tells clients that probe after a 401 to stop.
-            return error_reply(404, "Not found: this server uses a static API key, not OAuth")
+        if path.startswith("/.well-known/") or path in OAUTH_PATHS:
+            # No OAuth here: a 404 tells clients that probe after a 401 (metadata, then the
+            # default /register, /authorize, /token) to stop, not to wait for a browser login.
+            return error_reply(404, "Not found: this server uses a static API key, not OAuth: "
+                               + SEND_KEY)
         return self.check_request(headers)
 
     def check_request(self, headers):
@@ -2668,9 +2673,10 @@ class HttpServer:
             supplied = token.strip()
         import hmac        # here: it loads OpenSSL, which the stdio server never needs
         if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
-            return error_reply(401, "Unauthorized: send Authorization: Bearer <API_KEY> or "
-                               "X-API-Key: <API_KEY>",
-                               headers={"WWW-Authenticate": 'Bearer realm="mcp-exec"'})
+            problem = "the API key sent is wrong" if supplied else "no API key was sent"
+            return error_reply(401, "Unauthorized: %s; %s" % (problem, SEND_KEY), headers={
+                "WWW-Authenticate": 'Bearer realm="mcp-exec", error_description="%s; %s"'
+                                    % (problem, SEND_KEY)})
         return None
 
     # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE) ----------------------------

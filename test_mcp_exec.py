@@ -5480,6 +5480,25 @@ def test_a_low_web_concurrency_warns_in_one_line_and_still_runs_calls(start_http
     assert json.loads(body)["result"]["structuredContent"]["stdout"] == "5\n"
 
 
+@pytest.mark.parametrize("method, path", [("POST", "/register"), ("GET", "/authorize?client_id=x"),
+                                          ("POST", "/token"), ("GET", "/.well-known/oauth-authorization-server")])
+def test_oauth_defaults_get_404_so_a_wrong_key_ends_at_once(web, method, path):
+    # mcp-remote, after a 401 and 404s on /.well-known/*, registers at /register: a 401 there
+    # left it waiting for a browser login forever; a 404 makes it exit.
+    status, headers, body = web.request(method, path, {"redirect_uris": ["http://x"]}, headers={})
+    assert status == 404 and headers["content-type"].startswith("application/json"), body
+    assert "API_KEY" in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("headers, problem", [({}, "no API key was sent"),
+                                              ({"Authorization": "Bearer wrong"}, "the API key sent is wrong")])
+def test_a_401_says_which_key_to_send(web, headers, problem):
+    status, got, body = web.request("POST", "/mcp", init_message(), dict(headers, Accept="application/json"))
+    message = json.loads(body)["error"]["message"]
+    assert status == 401 and problem in message and "Authorization: Bearer <API_KEY>" in message, message
+    assert problem in got["www-authenticate"] and "X-API-Key" in got["www-authenticate"], got
+
+
 def test_well_known_probes_get_404_without_auth(web):
     status, headers, body = web.request("GET", "/.well-known/oauth-protected-resource/mcp", headers={})
     assert status == 404
