@@ -2448,6 +2448,16 @@ def sse_event(message):
     return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
 
 
+def json_blanks(messages):
+    """The body of a JSON answer that is late: a blank now, one per keep-alive, then the message
+    (whitespace before a JSON value is JSON). A router that cuts a silent response (Heroku
+    after 30 s) sees bytes. A cancelled request's body stays blank."""
+    yield " "
+    for message in messages:
+        if message is None or "id" in message:
+            yield " " if message is None else encode_message(message).decode("utf-8")
+
+
 def accepts_json(accept):
     """Leniently, as clients differ: no Accept header, or */*, admits JSON too."""
     return not accept or "application/json" in accept or "*/*" in accept
@@ -2822,10 +2832,10 @@ class HttpServer:
     def answer(self, request, accept, client_disconnected):
         """A request of either era, answered at once; or, if it may wait for code and the thread
         budget allows (else a tool error says so, at once), run by watch(): with SSE (preferred)
-        progress and keep-alives flow. A handshake-era JSON reply needs no watching: nothing
-        streams and a disconnect is no cancellation (2025-11-25 transports.mdx, Sending Messages to
-        the Server). It runs here, a thread hop less, holding its token to the
-        end, client or not."""
+        progress and keep-alives flow. A handshake-era JSON reply is not cancelled by a
+        disconnect (2025-11-25 transports.mdx, Sending Messages to the Server): it holds its
+        token to the end, client or not. A JSON reply later than JSON_KEEPALIVE starts its body
+        with blanks (json_blanks), so that no router's first-byte timeout cuts it."""
         if not METHODS[request.method][2]:
             return self.quick_reply(answer_request(request), accept)
         sse = "text/event-stream" in accept or not accepts_json(accept)
@@ -2845,16 +2855,19 @@ class HttpServer:
             # the first chunk) and Heroku's router sees bytes within its 30 s window.
             return sse_reply(": stream open\n\n", self.watch(request, client_disconnected),
                              on_close)
+        messages, started = self.watch(request, None if inline else client_disconnected), \
+            time.monotonic()
         try:
-            if inline:
-                reply = self.answered(request)
-            else:                  # the response is the message with an id (progress has none)
-                replies = [m for m in self.watch(request, client_disconnected)
-                           if m is not None and "id" in m]
-                reply = replies[-1] if replies else None
+            for message in messages:   # the response is the message with an id (progress has none)
+                if message is not None and "id" in message:
+                    return json_reply(message)
+                if JSON_KEEPALIVE and time.monotonic() - started >= JSON_KEEPALIVE:
+                    token, late = None, token       # handed to the reply, which releases it
+                    return HttpReply(200, json_blanks(messages), on_close=functools.partial(
+                        self.budget.release, late))
         finally:
             self.budget.release(token)
-        return json_reply(reply) if reply is not None else text_reply(202)   # None: cancelled
+        return text_reply(202)                            # cancelled: no response
 
     def watch(self, request, client_disconnected):
         """Run the request on a worker -> its messages as they come, None per SSE_KEEPALIVE s of

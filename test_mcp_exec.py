@@ -1040,7 +1040,7 @@ def test_batch_answers_requests_and_skips_notifications(batch_server):
     by_id = {r["id"]: r for r in replies}
     assert set(by_id) == {1, 2}
     assert by_id[1]["result"] == {}
-    assert [t["name"] for t in by_id[2]["result"]["tools"]] == [TOOL]
+    assert [t["name"] for t in by_id[2]["result"]["tools"]] == [TOOL, JOB_TOOL]
 
 
 def test_batch_is_accepted_under_2024_11_05(start_wire):
@@ -1257,7 +1257,7 @@ MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
 def test_modern_era_request_is_served_without_initialize(start_server):
     s = start_server()
     listed = s.request("tools/list", {"_meta": MODERN_META})["result"]
-    assert [t["name"] for t in listed["tools"]] == [TOOL]
+    assert [t["name"] for t in listed["tools"]] == [TOOL, JOB_TOOL]
     assert "outputSchema" in listed["tools"][0]
     assert listed["resultType"] == "complete"
     called = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(6*7)"}, "_meta": MODERN_META})
@@ -5499,6 +5499,25 @@ def test_a_401_says_which_key_to_send(web, headers, problem):
     assert problem in got["www-authenticate"] and "X-API-Key" in got["www-authenticate"], got
 
 
+def test_a_json_only_client_survives_a_call_longer_than_its_routers_first_byte_timeout(start_http):
+    # Heroku's router cuts a response that sends no byte for 30 s (H12); a JSON-only client got
+    # none until the end or CALL_WAIT (50 s). Here the "router" gives up on 3 s of silence, the
+    # call takes 5 s: the body must start with JSON-legal blanks and end with the answer.
+    server = start_http(JSON_KEEPALIVE="0.5", SSE_KEEPALIVE="0.25")
+    sid, _ = server.initialize(LATEST)
+    conn = server.connect(3.0)                     # each read waits 3 s at most
+    headers = dict(AUTH, Accept="application/json", **{"Content-Type": "application/json",
+                                                       "Mcp-Session-Id": sid})
+    conn.request("POST", "/mcp", json.dumps(call_message("import time; time.sleep(5); print(5)")), headers)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("application/json")
+    assert body.startswith(b" ") and json.loads(body)["result"]["structuredContent"]["stdout"] == "5\n"
+    _, headers, quick = server.mcp(call_message("print(6)", 3), sid)    # a quick answer: as before
+    assert quick.startswith(b"{") and headers["content-length"] == str(len(quick))
+
+
 def test_well_known_probes_get_404_without_auth(web):
     status, headers, body = web.request("GET", "/.well-known/oauth-protected-resource/mcp", headers={})
     assert status == 404
@@ -6100,7 +6119,7 @@ def test_client_call_and_list_over_stdio_by_default(tmp_path):
     out = client_result(run_client(tmp_path, "call", "print(6*7)"))
     assert out == {"returncode": 0, "stdout": "42\n", "stderr": "", "timed_out": False, "truncated": False}
     tools = client_result(run_client(tmp_path, "list"))
-    assert isinstance(tools, list) and [t["name"] for t in tools] == [TOOL]
+    assert isinstance(tools, list) and [t["name"] for t in tools] == [TOOL, JOB_TOOL]
     assert workspace(tmp_path).is_dir()     # the server it started used our MCP_EXEC_DIR
 
 
@@ -6151,7 +6170,7 @@ def test_client_trace_writes_every_frame_to_stderr(tmp_path):
 def test_client_over_streamable_http(web, tmp_path):
     url = "http://127.0.0.1:%d/mcp" % web.port
     tools = client_result(run_client(tmp_path, "--url", url, "list", API_KEY=KEY))
-    assert [t["name"] for t in tools] == [TOOL]
+    assert [t["name"] for t in tools] == [TOOL, JOB_TOOL]
     out = client_result(run_client(tmp_path, "--url", url, "--api-key", KEY, "call", "print(6*7)"))
     assert out["stdout"] == "42\n"
 
