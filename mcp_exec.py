@@ -3093,16 +3093,21 @@ def serve_http(args):
     parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
     parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
     parser.add_argument("--port", type=int, default=PORT, help="port (PORT) [8000]")
-    parser.add_argument("--threads", type=int, default=WEB_CONCURRENCY,
-                        help="waitress threads (WEB_CONCURRENCY) [32]")
+    parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [32]")
     options = parser.parse_args(args)
-    threads = max(1, options.threads)
+    # A WEB_CONCURRENCY below MIN_THREADS is a leftover: uvicorn's processes (heroku/mcp-code-
+    # exec-python's app.json set 1), which as threads could not serve /sse. --threads is obeyed.
+    leftover = options.threads is None and WEB_CONCURRENCY < MIN_THREADS
+    threads = max(1, 32 if leftover else options.threads or WEB_CONCURRENCY)
     problem = _cannot_serve(options.host, options.port)
     if problem:
         sys.stderr.write(problem + "\n")
         return 2
     app = create_app(options.host, threads)
     import waitress
+    if leftover:
+        log("WEB_CONCURRENCY=%d counted uvicorn's processes; here it counts threads, and so few "
+            "cannot serve /sse: running 32 (--threads %d would insist)" % ((WEB_CONCURRENCY,) * 2))
     log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
         "of which open streams and running calls may hold %d%s%s" % (
             options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
@@ -3604,7 +3609,7 @@ def server_setup():
     recover_dead_servers(RUN_DIR)
     SANDBOX.nproc_limit = _nproc_limit()
     _cache_bytecode()
-    log("sandbox: %s" % SANDBOX.describe())
+    log("sandbox: %s, network %s (--help details it)" % (SANDBOX.name(), SANDBOX.network))
 
 
 def _cache_bytecode():
@@ -4775,11 +4780,15 @@ def handle_resources_read(request):
     uri = request.params.get("uri")
     if not isinstance(uri, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "uri" (a string) is required')
-    data = OUTPUTS.read(uri, request.session.owner)
+    # Over stdio the client is the machine's user, who may read the store on disk anyway: so a
+    # file of an earlier stdio server (an earlier `client` run) is read too, not only its own.
+    local = request.session.local
+    data = OUTPUTS.read(uri, None if local else request.session.owner)
     if data is None:   # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
         message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri) or (
-            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed; run the code again to "
-            "make it" % (uri, OUTPUT_TTL))
+            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed%s; run the code again "
+            "to make it" % (uri, OUTPUT_TTL, "" if local else ", or is another MCP session's (a "
+                            "session reads only its own calls' files)"))
         raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
                             "Resource not found: " + message, {"uri": uri})
     mime_type = mimetypes.guess_type(uri)[0] or "application/octet-stream"
@@ -6981,6 +6990,17 @@ def start_as_import():
             os.execv(sys.executable, argv)
 
 
+# heroku/mcp-code-exec-python's variables that do nothing here: a mover hears so, once each.
+RETIRED = {"USE_TEMP_DIR": 'a call asks for an isolated environment: "use_temp_dir": true',
+           "REMOTE_SERVER_TRANSPORT_MODULE": "one server serves /mcp and /sse at once"}
+
+
+def retired_settings():
+    for name in sorted(set(RETIRED) & set(os.environ)):
+        log("%s is not read here: %s" % (name, RETIRED[name]))
+
+
+register_lifecycle(setup=retired_settings)
 register_command(["-h", "--help", "help"], show_help)
 register_command(["-V", "--version"], show_version)
 register_command(["demo"], demo)

@@ -5469,8 +5469,21 @@ def test_a_post_without_a_session_is_answered_as_a_stateless_request(web):
     assert json.loads(body)["result"]["structuredContent"]["stdout"] == "3\n"
 
 
-def test_a_low_web_concurrency_warns_in_one_line_and_still_runs_calls(start_http):
+def test_a_leftover_web_concurrency_of_1_still_serves_sse(start_http):
+    # heroku/mcp-code-exec-python's app.json set WEB_CONCURRENCY=1 (uvicorn processes): a
+    # leftover must not leave /sse without the thread its POSTs need.
     server = start_http(WEB_CONCURRENCY="1")
+    log_text = open(server.log.name, errors="replace").read()
+    assert "WEB_CONCURRENCY=1 counted uvicorn's processes" in log_text and "running 32" in log_text, log_text
+    client = SseClient(server)
+    assert client.resp.status == 200
+    client.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert client.next_message() == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    client.conn.close()
+
+
+def test_threads_1_warns_in_one_line_and_still_runs_calls(start_http):
+    server = start_http(argv=SERVER_COMMAND + ["--http", "--threads", "1"])
     log_text = open(server.log.name, errors="replace").read()
     warnings = [line for line in log_text.splitlines() if "WEB_CONCURRENCY=1" in line]
     assert len(warnings) == 1 and "set WEB_CONCURRENCY=32" in warnings[0], log_text
@@ -5732,11 +5745,13 @@ def test_stdio_mode_only_keeps_code_off_the_web(start_http):
     assert error["code"] == -32602 and "stdio" in error["message"]
 
 
-def test_waitress_serve_runs_the_procfile_app(tmp_path):
+def test_the_procfiles_web_line_runs_the_app(tmp_path):
     # The Procfile's web line as a shell runs it, but on loopback and with this Python's waitress.
-    line = next(l for l in open(os.path.join(REPO, "Procfile")) if l.startswith("web:"))
-    command = line[4:].strip().replace("--host=0.0.0.0", "--host=127.0.0.1").replace(
-        "waitress-serve", "%s -m waitress" % sys.executable)
+    lines = open(os.path.join(REPO, "Procfile")).read().splitlines()
+    # heroku local (and foreman) read a process type of letters, digits and underscores only
+    assert all(re.match(r"^[A-Za-z0-9_]+: \S", line) for line in lines), lines
+    line = next(l for l in lines if l.startswith("web:"))
+    command = line[4:].strip().replace("python ", "%s " % sys.executable, 1)
     server = HttpProcess.__new__(HttpProcess)
     server.port, hold = reserve_port()             # held until waitress listens on it
     env = dict(os.environ, API_KEY=KEY, MCP_EXEC_DIR=str(tmp_path / "s"), PORT=str(server.port))
@@ -6121,6 +6136,35 @@ def test_client_call_and_list_over_stdio_by_default(tmp_path):
     tools = client_result(run_client(tmp_path, "list"))
     assert isinstance(tools, list) and [t["name"] for t in tools] == [TOOL, JOB_TOOL]
     assert workspace(tmp_path).is_dir()     # the server it started used our MCP_EXEC_DIR
+
+
+def test_client_read_gets_a_file_an_earlier_client_run_made(tmp_path):
+    # Each `client` run without --url starts a stdio server of its own: the file belongs to
+    # the earlier one, and the machine's user (stdio's client) may read it.
+    made = client_result(run_client(tmp_path, "call", "open('big.txt', 'w').write('x' * 300000)"))
+    [info] = made["files"]
+    done = run_client(tmp_path, "read", info["uri"])
+    assert done.returncode == 0 and done.stdout == "x" * 300000, done.stderr
+    gone = run_client(tmp_path, "read", info["uri"].replace("big.txt", "nope.txt"))
+    assert gone.returncode != 0 and "expired (files are kept 3600 s, OUTPUT_TTL) or never existed" in gone.stderr
+
+
+def test_the_start_up_line_is_short_and_retired_settings_get_one_line_each(tmp_path):
+    # heroku/mcp-code-exec-python read USE_TEMP_DIR and REMOTE_SERVER_TRANSPORT_MODULE
+    done = run_client(tmp_path, "call", "print(1)", USE_TEMP_DIR="true", REMOTE_SERVER_TRANSPORT_MODULE="sse_server")
+    [start] = [line for line in done.stderr.splitlines() if line.startswith("mcp-exec: sandbox: ")]
+    assert len(start) <= 80, start                          # it was 420 characters
+    retired = [line for line in done.stderr.splitlines() if "is not read here" in line]
+    assert len(retired) == 2, done.stderr
+    assert "REMOTE_SERVER_TRANSPORT_MODULE is not read here: one server serves /mcp and /sse" in retired[0]
+    assert retired[1].startswith("mcp-exec: USE_TEMP_DIR is not read here: ") and "use_temp_dir" in retired[1]
+
+
+def test_the_repository_keeps_env_files_out_and_its_ci_shows_skip_reasons():
+    assert ".env" in open(os.path.join(REPO, ".gitignore")).read().split()
+    done = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=REPO)
+    assert done.returncode == 0
+    assert "pytest -q -rs test_mcp_exec.py" in open(os.path.join(REPO, ".ci", "run")).read()
 
 
 def test_client_runs_the_command_after_the_double_dash(tmp_path):
