@@ -118,10 +118,7 @@ class Setting:
     function of the values read before it (derived defaults); `shown` is how --help prints it."""
 
     def __init__(self, group, name, kind, default, meaning, shown=None, minimum=None):
-        self.group = group
-        self.name = name
-        self.kind = kind
-        self.default = default
+        self.group, self.name, self.kind, self.default = group, name, kind, default
         self.meaning, self.minimum = meaning, minimum
         self.shown = shown if shown is not None else ("" if default in (None, "", []) else default)
 
@@ -352,9 +349,7 @@ class ProtocolError(Exception):
 
     def __init__(self, code, message, data=None):
         super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
+        self.code, self.message, self.data = code, message, data
 
 
 def error_response(request_id, code, message, data=None):
@@ -559,10 +554,9 @@ class Session:
         self.identified = True         # lasts beyond one request (false: a stateless POST)
         self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
         self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
-        self.protocol_version = None
+        self.protocol_version, self.closed = None, False
         self.client_capabilities = {}  # what initialize said the client can do
         self.client_name = ""          # ... and its clientInfo.name (section 9 shapes results)
-        self.closed = False
         self.calls = {}                # request id -> threading.Event that cancels it
         self.early_cancels = {}        # request id -> when a cancel came before its call
         self.lock = threading.Lock()
@@ -629,11 +623,8 @@ class Request:
     modern = False
 
     def __init__(self, request_id, method, params, session, version, notify):
-        self.id = request_id
-        self.method = method
-        self.params = params
-        self.session = session
-        self.version, self.notify = version, notify
+        self.id, self.method, self.params = request_id, method, params
+        self.session, self.version, self.notify = session, version, notify
 
     def decorate(self, result):
         """A last touch on a successful result: the "decorate" hooks'."""
@@ -831,38 +822,28 @@ register_tool(TOOL_NAME, lambda version, local: tool_definition(version, local))
 # with register_tool_feature(arguments=..., results=...), and checks it there too. The core
 # checks the four basic ones.
 
-INPUT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "code": {"type": "string", "description": "Python source, run as the __main__ module."},
-        "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
-                     "description": "pip requirements to install first, e.g. "
-                                    "[\"numpy\", \"pandas==2.2.3\"]."},
-        "use_temp_dir": {"type": "boolean", "description": "Run in an isolated virtual "
-                                                           "environment holding only `packages`."},
-        "timeout": {"type": "number", "description": "Seconds before the run is killed "
-                    "(default %g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
-    },
-    "required": ["code"],
-    "additionalProperties": False,
-}
+# No property has a union of types ("type": ["integer", "null"]): single-type dialects
+# (Gemini's) and Inspector's --strict refuse them. "code" is required: a job's handle has a
+# tool of its own (section 12), so that no model makes up code to follow one.
+INPUT_SCHEMA = {"type": "object", "required": ["code"], "additionalProperties": False,
+                "properties": {
+    "code": {"type": "string", "description": "Python source, run as the __main__ module."},
+    "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
+                 "description": 'pip requirements to install first: ["numpy", "pandas==2.2"].'},
+    "use_temp_dir": {"type": "boolean", "description": "Run in an isolated virtual environment "
+                                                       "holding only `packages`."},
+    "timeout": {"type": "number", "description": "Seconds before the run is killed (default "
+                "%g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)}}}
 
-OUTPUT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "returncode": {"type": "integer",
-                       "description": "Exit status; negative = killed by that signal."},
-        "stdout": {"type": "string"}, "stderr": {"type": "string"},
-        "timed_out": {"type": "boolean",
-                      "description": "The run (or the install) hit its timeout."},
-        "truncated": {"type": "boolean",
-                      "description": "Something longer than its limit was cut."},
-        "notes": {"type": "array", "items": {"type": "string"},
-                  "description": "The server's words on this result: what to do next, what "
-                                 "was left out."},
-    },
-    "required": ["stdout", "stderr", "timed_out", "truncated"],
-}
+OUTPUT_SCHEMA = {"type": "object", "required": ["stdout", "stderr", "timed_out", "truncated"],
+                 "properties": {
+    "returncode": {"type": "integer", "description": "Exit status; negative = killed by that "
+                                                     "signal."},
+    "stdout": {"type": "string"}, "stderr": {"type": "string"},
+    "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
+    "truncated": {"type": "boolean", "description": "Something longer than its limit was cut."},
+    "notes": {"type": "array", "items": {"type": "string"}, "description": "The server's words "
+              "on this result: what to do next, what was left out."}}}
 
 ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHint": True,
                "idempotentHint": False, "openWorldHint": True}
@@ -2490,8 +2471,7 @@ class HttpSession(Session):
     def __init__(self, allow_exec, session_id=None):
         super().__init__(allow_exec, local=False)
         self.lasting_channel = False   # notify() writes to one POST's response stream
-        self.identified = session_id is not None
-        self.session_id = session_id
+        self.identified, self.session_id = session_id is not None, session_id
         self.last_used = time.monotonic()
         self.shared_hid = None         # the name other instances know it by (section 14)
 
@@ -2562,8 +2542,7 @@ class ThreadBudget:
         self.resize(threads)
 
     def resize(self, threads):
-        self.threads = threads
-        self.size = max(1, threads - 2 - threads // 8)
+        self.threads, self.size = threads, max(1, threads - 2 - threads // 8)
 
     def take(self, client_disconnected=None):
         """-> a token to give back with release(), or None when the budget is spent."""
@@ -2609,8 +2588,7 @@ class HttpServer:
     def __init__(self, host=None, threads=None):
         self.loopback = (host or HOST) in LOCAL_NAMES
         self.budget = ThreadBudget(threads or WEB_CONCURRENCY)
-        self.allow_exec = not STDIO_MODE_ONLY
-        self.lock = threading.Lock()
+        self.allow_exec, self.lock = not STDIO_MODE_ONLY, threading.Lock()
         self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
         self.sse_sessions = {}      # session_id -> SseSession
         self.waitress_checked = False
@@ -4681,10 +4659,8 @@ class OutputStore:
     PREFIX = "mcp-exec://output/"
 
     def __init__(self, root):
-        self.root = root
-        self.lock = threading.Lock()
+        self.root, self.lock, self.swept = root, threading.Lock(), 0.0
         self.calls = {}          # token -> [created, bytes, owner], oldest first
-        self.swept = 0.0
         self.capacity = OUTPUT_STORE_MB << 20    # bytes; several instances share it (section 14)
 
     def keep(self, token, work, rel, move, session):
@@ -4838,8 +4814,7 @@ def value_limits(config, environ, directory, local):
 # every block is text or an image (codex-rs/protocol/src/models.rs, from_call_tool_result). So
 # Codex gets the "text" shape: no outputSchema, no structuredContent, the JSON as text, images.
 
-ORIGINAL_SCHEMA = {"type": "object", "properties": {"result": {"type": "object"}},
-                   "required": ["result"]}
+ORIGINAL_SCHEMA = {"type": "object", "required": ["result"], "properties": {"result": {}}}
 
 
 def result_shape(request):
@@ -4904,23 +4879,17 @@ FILES_ARGUMENT = {"type": "array", "maxItems": FILES_IN_MAX,
                             "additionalProperties": False, "properties": {
                                 "path": {"type": "string"}, "content": {"type": "string"},
                                 "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}}
+TEXT, NUMBER = {"type": "string"}, {"type": "integer"}
 SEEN_RESULTS = {
     "value": {"type": "string",
               "description": "repr() of the last expression, when the code ends with one."},
-    "images": {"type": "array",
-               "description": "The PNG images returned as image content, in order.",
-               "items": {"type": "object", "properties": {
-                   "about": {"type": "string"},
-                   "mimeType": {"type": "string"}, "width": {"type": "integer"},
-                   "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
-    "files": {"type": "array",
-              "description": "Files the code created or changed in its working directory; "
-                             "resources/read reads a uri.",
-              "items": {"type": "object", "properties": {
-                  "path": {"type": "string"}, "size": {"type": "integer"},
-                  "uri": {"type": "string"}, "mimeType": {"type": "string"},
-                  "note": {"type": "string"}}}},
-}
+    "images": {"type": "array", "description": "The PNG images returned as image content, in "
+               "order.", "items": {"type": "object", "properties": {
+                   "about": TEXT, "mimeType": TEXT, "width": NUMBER, "height": NUMBER,
+                   "bytes": NUMBER}}},
+    "files": {"type": "array", "description": "Files the code created or changed in its working "
+              "directory; resources/read reads a uri.", "items": {"type": "object", "properties": {
+                  "path": TEXT, "size": NUMBER, "uri": TEXT, "mimeType": TEXT, "note": TEXT}}}}
 register_tool_feature(check=check_files, note=lambda local: FILES_NOTE,
                       capability={"resources": {}}, arguments={"files": FILES_ARGUMENT},
                       results=SEEN_RESULTS)
@@ -5402,8 +5371,7 @@ class LatestLine:
     line counts until a full one came (`print("tick", 2)` is several writes under `python -u`)."""
 
     def __init__(self):
-        self.partial = b""
-        self.line = ""
+        self.partial, self.line = b"", ""
 
     def feed(self, chunk):
         done, _, partial = (self.partial + chunk).rpartition(b"\n")
@@ -5428,9 +5396,7 @@ class Progress:
         self.notify = request.notify
         self.with_message = protocol(request.version).progress_messages
         self.started = self.last_sent = time.monotonic()
-        self.last_progress = 0.0
-        self.line = "started"
-        self.fresh = False
+        self.last_progress, self.line, self.fresh = 0.0, "started", False
         self.latest = {"stdout": LatestLine(), "stderr": LatestLine(), "install": LatestLine()}
 
     def output(self, stream, chunk):
@@ -5447,9 +5413,7 @@ class Progress:
     def send(self):
         now = time.monotonic()
         progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
-        self.last_progress = progress
-        self.last_sent = now
-        self.fresh = False
+        self.last_progress, self.last_sent, self.fresh = progress, now, False
         params = {"progressToken": self.token, "progress": progress}
         if self.with_message:
             params["message"] = "%.0f s: %s" % (now - self.started, self.line)
@@ -5479,9 +5443,7 @@ class Job:
         self.owner, self.notify = owner, notify      # notify: tasks/status when it ends, or None
         self.created = self.updated = time.time()
         self.cancel, self.done = threading.Event(), threading.Event()
-        self.status = "working"
-        self.result = None
-        self.listener = None
+        self.status, self.result, self.listener = "working", None, None
         self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
         self.code_wrote_stderr = False
         self.reason = "Cancelled on request."      # why it was cancelled, if it is
@@ -5520,9 +5482,7 @@ class Job:
         with self.lock:
             if self.status != "working":
                 return False
-            self.status = "cancelled"
-            self.updated = time.time()
-            self.reason = reason
+            self.status, self.updated, self.reason = "cancelled", time.time(), reason
         self.cancel.set()
         return True
 
@@ -5711,8 +5671,7 @@ def check_job(arguments, call):
         return '"job" goes without "code": it waits for a run that is already going'
     if not isinstance(cancel, bool) or (cancel and job is None):
         return '"cancel" must be true or false, and goes with "job": the handle of the run to stop'
-    call.job = job
-    call.cancel_job = cancel
+    call.job, call.cancel_job = job, cancel
     return None
 
 
