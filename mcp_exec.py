@@ -4419,7 +4419,7 @@ def describe_value(value, config):
         png = _value_png(value, max_bytes)
         if png and len(images) < limit:
             images.append(png)
-            about.append("the last value, a %s" % type(value).__name__)
+            about.append("the last value (%s)" % type(value).__name__)
     record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: server
     record["about"] = about
     record["notes"] = notes

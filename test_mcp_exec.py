@@ -1421,7 +1421,7 @@ def assert_codex_shape(tools, result):
     assert "structuredContent" not in result, result
     assert [block["type"] for block in result["content"]] == ["text", "image", "text"], result
     out = json.loads(result["content"][0]["text"])
-    assert out["images"][0]["about"] == "the last value, a Picture" and out["value"] == "<Picture 64x48>"
+    assert out["images"][0]["about"] == "the last value (Picture)" and out["value"] == "<Picture 64x48>"
     assert result["content"][2]["text"] == out["files"][0]["uri"] + ":\nhi\n"
 
 
@@ -3618,7 +3618,7 @@ def test_a_value_that_draws_itself_is_returned_as_an_image(server):
     [image] = images_of(result)
     data = base64.b64decode(image["data"])
     assert image["mimeType"] == "image/png" and data.startswith(b"\x89PNG\r\n\x1a\n")
-    assert out["images"] == [{"about": "the last value, a Picture", "mimeType": "image/png", "width": 64,
+    assert out["images"] == [{"about": "the last value (Picture)", "mimeType": "image/png", "width": 64,
                               "height": 48, "bytes": len(data)}]
     assert result["structuredContent"]["images"] == out["images"]
 
