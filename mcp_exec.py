@@ -4833,6 +4833,7 @@ def shape_result(request, result):
     for tool in result.get("tools", []) if shape != "structured" else ():
         if tool.pop("outputSchema", None) and shape == "original":
             tool["outputSchema"] = ORIGINAL_SCHEMA
+        result.update({"cacheScope": "private"} if "cacheScope" in result else {})
     if "content" in result and shape == "text":   # a file's link and data: in "files" already
         result.pop("structuredContent", None)
         result["content"] = [as_text(block) for block in result["content"]
@@ -5247,11 +5248,11 @@ class ModernRequest(Request):
     modern = True
 
     def decorate(self, result):
-        super().decorate(result)
         result.setdefault("resultType", "complete")          # a task says "task" (section 12)
         result.setdefault("_meta", {})[META_SERVER] = server_info(self.version)
         if self.method in CACHING:
             result["ttlMs"], result["cacheScope"] = CACHING[self.method]
+        super().decorate(result)       # the hooks last: a list shaped for one client is private
 
 
 def modern_request(request_id, method, params, session, notify):
@@ -6168,7 +6169,7 @@ def show_result(answers, form, seconds, saved):
         sys.stderr.write("\n")          # what follows starts a line of its own
     if not saved and (obj.get("images") or obj.get("files")):
         saved = ["images or files came back: --save DIR writes them"]
-    status = "exit %s in %.2f s" % (obj["returncode"], seconds)
+    status = "exit %s in %.2f s" % (obj.get("returncode"), seconds)     # none while it runs
     if obj.get("timed_out"):
         status = "timed out after %.2f s" % seconds
     if obj.get("status") == "cancelled":
@@ -6526,7 +6527,8 @@ class SharedService:
         hid = self.session_hid(session)
         self.remember(hid, session)
         record = {"owner": session.owner, "version": session.protocol_version,
-                  "capabilities": json.dumps(session.client_capabilities)}
+                  "capabilities": json.dumps(session.client_capabilities),
+                  "client": session.client_name}       # its results' shape (section 9)
         try:
             self.store.put("session", hid, record, SESSION_IDLE_TIMEOUT)
         except StoreError as exc:
@@ -6546,6 +6548,7 @@ class SharedService:
         session = HttpSession(server.allow_exec, session_id)
         session.owner, session.protocol_version = record["owner"], record["version"]
         session.client_capabilities = json.loads(record["capabilities"])
+        session.client_name = record.get("client", "")
         with server.lock:
             session = server.http_sessions.setdefault(session_id, session)
         self.remember(hid, session)
