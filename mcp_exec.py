@@ -6800,8 +6800,8 @@ def handle_named(request):
     if request.method == "tools/call":
         arguments = params.get("arguments")
         arguments = arguments if isinstance(arguments, dict) else {}
-        for name in ("job", "session"):
-            if isinstance(arguments.get(name), str) and arguments[name] != "new":
+        for name in ("job", "session", "end_session"):     # end_session: code_exec_job's
+            if isinstance(arguments.get(name), str) and arguments[name] not in ("new", ""):
                 return arguments[name]
     if request.method in ("tasks/get", "tasks/result", "tasks/cancel"):
         return params.get("taskId") if isinstance(params.get("taskId"), str) else None

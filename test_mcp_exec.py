@@ -6693,6 +6693,24 @@ def test_a_kernel_and_a_cancel_reach_the_instance_that_runs_it(service):
 
 
 @needs_redis
+def test_codex_gets_its_shape_and_ends_a_kernel_with_code_exec_job_from_every_instance(service):
+    router, _, _ = service
+    message = init_message(LATEST)
+    message["params"]["clientInfo"] = {"name": "codex-mcp-client", "version": "0.171.0"}
+    status, headers, _ = router.next().mcp(message)
+    sid = headers["mcp-session-id"]
+    router.mcp({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+    for n in range(3):                                  # each instance knows the client's name
+        result = routed_call(router, sid, "print(%d)" % n, request_id=2 + n)
+        assert "structuredContent" not in result and tool_output(result)["stdout"] == "%d\n" % n, result
+    kernel = tool_output(routed_call(router, sid, "x = 1", session="new"))["session"]
+    elsewhere = next(i for i in router.instances if i is not instance_of(router, kernel))
+    status, _, body = elsewhere.mcp({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "code_exec_job", "arguments": {"end_session": kernel}}}, sid)
+    assert tool_output(json.loads(body)["result"])["session_ended"] is True, body
+
+
+@needs_redis
 def test_a_returned_file_is_read_from_any_instance_by_its_session_only(service):
     router, _, _ = service
     sid, other = routed_initialize(router), routed_initialize(router)
