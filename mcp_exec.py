@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mcp_exec.py: let any MCP client run Python code. One file, one tool.
+"""mcp_exec.py: let any MCP client run Python code. One file; a tool, and one to follow long runs.
 
     python mcp_exec.py               stdio server: what Claude Desktop, Cursor and agents launch
     python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp, HTTP+SSE at /sse
@@ -25,10 +25,10 @@ The second part makes that server faster, safer or richer, and only by registeri
      6. Fork server       a template interpreter per environment forks each call (a faster child)
      7. Containment       Landlock, capabilities, seccomp, per-call totals, crash recovery
      8. Environments      cached, leased, isolated venvs for use_temp_dir
-     9. What the model sees   the last value, images, files in and out (resources)
+     9. What the model sees   the last value, images, files in and out; each host's shape
     10. Kernels           state across calls (the tool's "session" argument)
     11. The 2026-07-28 era  stateless requests, server/discover, their HTTP headers
-    12. Jobs and tasks    progress, and runs that outlive their request: jobs, MCP Tasks
+    12. Jobs and tasks    progress, runs that outlive their request: jobs (code_exec_job), Tasks
     13. Client            the other side of the wire
     14. Many instances    REDIS_URL: sessions, jobs, tasks, kernels, files from every instance
     15. Command line      client, demo, --help, --version; serving as an import
@@ -850,7 +850,7 @@ ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHi
 
 
 def tool_definition(version, local=True):
-    """The one tool, with only the fields the negotiated version knows (tools.mdx)."""
+    """The code tool, with only the fields the negotiated version knows (tools.mdx)."""
     description = ("Run Python code; get its exit status, stdout and stderr as JSON. Print "
                    'what you want to see. "packages" installs pip requirements first into a '
                    'workspace environment shared by later calls; with "use_temp_dir": true the '
@@ -5356,8 +5356,9 @@ register_hook("http_post", modern_http_post)
 # A job is a run owned by the server, not its request. Every tools/call runs as one on its own
 # thread, awaited at most CALL_WAIT seconds: one done in time answers as an ordinary call; one that
 # does not, with its handle and output so far ("status": "running"), and goes on. Three faces:
-#   - the handle, which any model can poll in any host: {"job": "j-..."} waits up to
-#     CALL_WAIT again and returns only the output that is new since the last answer;
+#   - the handle, which any model can poll in any host: code_exec_job's {"job": "j-..."} (or,
+#     as before, code_exec_python's) waits up to CALL_WAIT again and returns only the output
+#     that is new since the last answer;
 #   - 2025-11-25 Tasks (basic/utilities/tasks.mdx): a task-augmented tools/call answers at
 #     once with the task; tasks/get, tasks/result, tasks/list and tasks/cancel;
 #   - the 2026-07-28 extension io.modelcontextprotocol/tasks: a request that declares it
