@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mcp_exec.py: let any MCP client run Python code. One file, one tool.
+"""mcp_exec.py: let any MCP client run Python code. One file; a tool, and one to follow long runs.
 
     python mcp_exec.py               stdio server: what Claude Desktop, Cursor and agents launch
     python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp, HTTP+SSE at /sse
@@ -25,10 +25,10 @@ The second part makes that server faster, safer or richer, and only by registeri
      6. Fork server       a template interpreter per environment forks each call (a faster child)
      7. Containment       Landlock, capabilities, seccomp, per-call totals, crash recovery
      8. Environments      cached, leased, isolated venvs for use_temp_dir
-     9. What the model sees   the last value, images, files in and out (resources)
+     9. What the model sees   the last value, images, files in and out; each host's shape
     10. Kernels           state across calls (the tool's "session" argument)
     11. The 2026-07-28 era  stateless requests, server/discover, their HTTP headers
-    12. Jobs and tasks    progress, and runs that outlive their request: jobs, MCP Tasks
+    12. Jobs and tasks    progress, runs that outlive their request: jobs (code_exec_job), Tasks
     13. Client            the other side of the wire
     14. Many instances    REDIS_URL: sessions, jobs, tasks, kernels, files from every instance
     15. Command line      client, demo, --help, --version; serving as an import
@@ -118,10 +118,7 @@ class Setting:
     function of the values read before it (derived defaults); `shown` is how --help prints it."""
 
     def __init__(self, group, name, kind, default, meaning, shown=None, minimum=None):
-        self.group = group
-        self.name = name
-        self.kind = kind
-        self.default = default
+        self.group, self.name, self.kind, self.default = group, name, kind, default
         self.meaning, self.minimum = meaning, minimum
         self.shown = shown if shown is not None else ("" if default in (None, "", []) else default)
 
@@ -216,6 +213,8 @@ SETTINGS = [
     Setting(EXECUTION, "MCP_EXEC_INSTALLER", str, "auto",
             "auto (uv when on PATH, else pip) or pip"),
     Setting(EXECUTION, "MAX_MESSAGE_BYTES", int, 16 * 1024 * 1024, "the largest stdio message"),
+    Setting(EXECUTION, "RESULT_SHAPE", str, "auto", "structured, text (JSON text and images: "
+            "Codex), original (heroku/mcp-code-exec-python's), auto (by client, section 9)"),
     Setting(EXECUTION, "MCP_TRACE", bool, False,
             "1 = log every frame in (-->) and out (<--) on stderr", "off"),
     Setting(HTTP, "API_KEY", str, "",
@@ -227,6 +226,8 @@ SETTINGS = [
             "waitress threads (waitress-serve's --threads wins); "
             "open /sse streams and running tools/call may hold all but 2 + 1/8 of them",
             minimum=1),
+    Setting(HTTP, "JSON_KEEPALIVE", float, 20.0, "seconds before a JSON answer's body starts "
+            "with a blank, one more per SSE_KEEPALIVE (Heroku's router cuts at 30 s); 0 = never"),
     Setting(HTTP, "SSE_KEEPALIVE", float, 4.0, "seconds between keep-alive comments on event "
             "streams (under the 5 s read timeout of httpx, which the Python SDK uses)"),
     Setting(HTTP, "MCP_STATELESS", bool, False,
@@ -292,6 +293,7 @@ VENV_CACHE_SIZE = _EXEC["VENV_CACHE_SIZE"]
 INSTALLER = _EXEC["MCP_EXEC_INSTALLER"].lower()
 MAX_MESSAGE_BYTES = _EXEC["MAX_MESSAGE_BYTES"]
 TRACE = _EXEC["MCP_TRACE"]
+RESULT_SHAPE = _EXEC["RESULT_SHAPE"].lower()
 
 HTTP_PROBLEMS = []        # HTTP settings that are not numbers: stdio and the client run on
 _HTTP = read_settings(HTTP)
@@ -300,6 +302,7 @@ HOST = _HTTP["HOST"]
 PORT = _HTTP["PORT"]
 WEB_CONCURRENCY = _HTTP["WEB_CONCURRENCY"]
 SSE_KEEPALIVE = _HTTP["SSE_KEEPALIVE"]
+JSON_KEEPALIVE = _HTTP["JSON_KEEPALIVE"]
 MCP_STATELESS = _HTTP["MCP_STATELESS"]
 STDIO_MODE_ONLY = _HTTP["STDIO_MODE_ONLY"]
 ALLOWED_ORIGINS = [origin.rstrip("/") for origin in _HTTP["ALLOWED_ORIGINS"]]
@@ -353,9 +356,7 @@ class ProtocolError(Exception):
 
     def __init__(self, code, message, data=None):
         super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
+        self.code, self.message, self.data = code, message, data
 
 
 def error_response(request_id, code, message, data=None):
@@ -449,11 +450,14 @@ def protocol(version):
 #                                                      sse_elsewhere(id, body) -> an HttpReply
 #                                                      job_published(job, request) -> problem
 #                                                      job_ended(job), job_answered(job)
+#                                                      decorate(request, result): a last touch
 
 METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
 ARGUMENT_CHECKS = []      # check(arguments, call) -> None, or what is wrong
 CODE_OPTIONAL_WITH = []   # arguments that stand in for "code" (a job's handle)
+UNDECLARED = set()        # arguments accepted but no longer declared (older clients send them)
+TOOLS = {}                # tool name -> (define(version, local) -> Tool, arguments(args) -> args)
 TOOL_NOTES = []           # note(local) -> a sentence for the model
 CAPABILITIES = {"tools": {"listChanged": False}}
 LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(), close
@@ -475,10 +479,12 @@ def register_era(parse):
 
 
 def register_tool_feature(check=None, note=None, capability=None, arguments=None,
-                          results=None, code_optional_with=None):
+                          results=None, code_optional_with=None, undeclared=()):
     """An argument check, a sentence for the model, a capability {name: value}, the arguments
     and result fields {name: JSON Schema} the feature adds to the tool's schemas (or
-    replaces), and an argument that makes "code" optional (a job's handle)."""
+    replaces), an argument that makes "code" optional (a job's handle), and arguments it
+    accepts without declaring them."""
+    UNDECLARED.update(undeclared)
     for table, item in ((ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
         if item:
             table.append(item)
@@ -487,6 +493,12 @@ def register_tool_feature(check=None, note=None, capability=None, arguments=None
     OUTPUT_SCHEMA["properties"].update(results or {})
     if code_optional_with:
         CODE_OPTIONAL_WITH.append(code_optional_with)
+
+
+def register_tool(name, define, arguments=lambda arguments: arguments):
+    """A tool: define(version, local) is its Tool object; arguments(its arguments) -> the
+    code tool's arguments that do the same, or what is wrong with them (a string)."""
+    TOOLS[name] = (define, arguments)
 
 
 def register_lifecycle(setup=None, shutdown=None):
@@ -550,9 +562,9 @@ class Session:
         self.identified = True         # lasts beyond one request (false: a stateless POST)
         self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
         self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
-        self.protocol_version = None
+        self.protocol_version, self.closed = None, False
         self.client_capabilities = {}  # what initialize said the client can do
-        self.closed = False
+        self.client_name = ""          # ... and its clientInfo.name (section 9 shapes results)
         self.calls = {}                # request id -> threading.Event that cancels it
         self.early_cancels = {}        # request id -> when a cancel came before its call
         self.lock = threading.Lock()
@@ -619,14 +631,13 @@ class Request:
     modern = False
 
     def __init__(self, request_id, method, params, session, version, notify):
-        self.id = request_id
-        self.method = method
-        self.params = params
-        self.session = session
-        self.version, self.notify = version, notify
+        self.id, self.method, self.params = request_id, method, params
+        self.session, self.version, self.notify = session, version, notify
 
     def decorate(self, result):
-        """A last touch on a successful result (the handshake era adds nothing)."""
+        """A last touch on a successful result: the "decorate" hooks'."""
+        for touch in HOOKS["decorate"]:
+            touch(self, result)
 
 
 def handle_message(message, session, notify=None):
@@ -743,6 +754,8 @@ def handle_initialize(request):
     session.protocol_version = version
     capabilities = params.get("capabilities")
     session.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
+    info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
+    session.client_name = str(info.get("name", ""))[:100]
     return {"protocolVersion": version, "capabilities": server_capabilities(version),
             "serverInfo": server_info(version), "instructions": instructions(session)}
 
@@ -758,8 +771,8 @@ def handle_tools_list(request):
     if request.params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
     session = request.session
-    tools = [tool_definition(request.version, session.local)] if session.allow_exec else []
-    return {"tools": tools}
+    tools = [define(request.version, session.local) for define, _ in TOOLS.values()]
+    return {"tools": tools if session.allow_exec else []}
 
 
 def handle_tools_call(request):
@@ -767,7 +780,7 @@ def handle_tools_call(request):
     name = params.get("name")
     if not isinstance(name, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "name" (a string) is required')
-    if name != TOOL_NAME:
+    if name not in TOOLS:
         raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s" % name)
     if not session.allow_exec:
         raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s. Code execution is disabled over "
@@ -776,11 +789,16 @@ def handle_tools_call(request):
     arguments = {} if params.get("arguments") is None else params["arguments"]
     if not isinstance(arguments, dict):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
+    # A strict schema converter (OpenAI's) makes the model fill every property: its "zero"
+    # values mean "not given". But "code": "" is a program (one that ends a session).
+    arguments = TOOLS[name][1]({key: value for key, value in arguments.items()
+                                if key == "code" or value not in ("", False, [], 0, None)})
     # Bad arguments are a tool error the model can read and fix, not a protocol error
     # (2025-11-25 server/tools.mdx, Error Handling); we apply that rule to every version.
-    call, problem = validate_arguments(arguments)
+    call, problem = (None, arguments) if isinstance(arguments, str) else validate_arguments(
+        arguments)
     if problem:
-        text = "Invalid arguments for %s: %s." % (TOOL_NAME, problem)
+        text = "Invalid arguments for %s: %s." % (name, problem)
         return {"content": [{"type": "text", "text": text}], "isError": True}
     return STEPS["call"](request, call)      # section 12 makes it a job
 
@@ -804,6 +822,7 @@ register_method("ping", lambda request: {})
 register_method("tools/list", handle_tools_list)
 register_method("tools/call", handle_tools_call, slow=True)
 register_step("call", run_call)
+register_tool(TOOL_NAME, lambda version, local: tool_definition(version, local))
 
 
 # --- The tool: its contract -------------------------------------------------------------
@@ -811,49 +830,39 @@ register_step("call", run_call)
 # with register_tool_feature(arguments=..., results=...), and checks it there too. The core
 # checks the four basic ones.
 
-INPUT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "code": {"type": "string", "description": "Python source, run as the __main__ module."},
-        "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
-                     "description": "pip requirements to install first, e.g. "
-                                    "[\"numpy\", \"pandas==2.2.3\"]."},
-        "use_temp_dir": {"type": "boolean", "default": False,
-                         "description": "Run in an isolated virtual environment holding only "
-                                        "`packages`."},
-        "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the "
-                    "run is killed (default %g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)},
-    },
-    "additionalProperties": False,
-}
+# No property has a union of types ("type": ["integer", "null"]): single-type dialects
+# (Gemini's) and Inspector's --strict refuse them. "code" is required: a job's handle has a
+# tool of its own (section 12), so that no model makes up code to follow one.
+INPUT_SCHEMA = {"type": "object", "required": ["code"], "additionalProperties": False,
+                "properties": {
+    "code": {"type": "string", "description": "Python source, run as the __main__ module."},
+    "packages": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_PACKAGES,
+                 "description": 'pip requirements to install first: ["numpy", "pandas==2.2"].'},
+    "use_temp_dir": {"type": "boolean", "description": "Run in an isolated virtual environment "
+                                                       "holding only `packages`."},
+    "timeout": {"type": "number", "description": "Seconds before the run is killed (default "
+                "%g, at most %g)." % (EXEC_TIMEOUT, EXEC_TIMEOUT_MAX)}}}
 
-OUTPUT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "returncode": {"type": "integer",
-                       "description": "Exit status; negative = killed by that signal."},
-        "stdout": {"type": "string"}, "stderr": {"type": "string"},
-        "timed_out": {"type": "boolean",
-                      "description": "The run (or the install) hit its timeout."},
-        "truncated": {"type": "boolean",
-                      "description": "Something longer than its limit was cut."},
-    },
-    "required": ["returncode", "stdout", "stderr", "timed_out", "truncated"],
-}
+OUTPUT_SCHEMA = {"type": "object", "required": ["stdout", "stderr", "timed_out", "truncated"],
+                 "properties": {
+    "returncode": {"type": "integer", "description": "Exit status; negative = killed by that "
+                                                     "signal."},
+    "stdout": {"type": "string"}, "stderr": {"type": "string"},
+    "timed_out": {"type": "boolean", "description": "The run (or the install) hit its timeout."},
+    "truncated": {"type": "boolean", "description": "Something longer than its limit was cut."},
+    "notes": {"type": "array", "items": {"type": "string"}, "description": "The server's words "
+              "on this result: what to do next, what was left out."}}}
 
 ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHint": True,
                "idempotentHint": False, "openWorldHint": True}
 
 
 def tool_definition(version, local=True):
-    """The one tool, with only the fields the negotiated version knows (tools.mdx)."""
-    description = ("Run Python code and return its exit status, stdout and stderr as JSON "
-                   "{returncode, stdout, stderr, timed_out, truncated}. "
-                   "Print what you want to see. "
-                   '"packages" installs pip requirements first (names, extras and versions only, '
-                   'e.g. ["numpy", "requests>=2.31"]) into a workspace environment shared by '
-                   'later calls; with "use_temp_dir": true the code runs in an isolated '
-                   "environment holding only those packages. %s" % tool_notes(local))
+    """The code tool, with only the fields the negotiated version knows (tools.mdx)."""
+    description = ("Run Python code; get its exit status, stdout and stderr as JSON. Print "
+                   'what you want to see. "packages" installs pip requirements first into a '
+                   'workspace environment shared by later calls; with "use_temp_dir": true the '
+                   "code runs in an isolated one holding only those. %s" % tool_notes(local))
     tool = {"name": TOOL_NAME, "description": description, "inputSchema": INPUT_SCHEMA}
     has = protocol(version)
     if has.annotations:
@@ -909,7 +918,7 @@ class Call:
 def validate_arguments(arguments):
     """Check arguments against INPUT_SCHEMA -> (a Call, None), or (None, what the model must fix).
     The core checks the four basic arguments; ARGUMENT_CHECKS check the rest."""
-    unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]))
+    unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]) - UNDECLARED)
     if unknown:
         names = list(INPUT_SCHEMA["properties"])
         return None, "unknown argument(s) %s; the arguments are %s and %s" % (
@@ -949,12 +958,8 @@ class Result:
 
     def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False,
                  cancelled=False):
-        self.returncode = returncode
-        self.stdout = stdout
-        self.stderr = stderr
-        self.timed_out = timed_out
-        self.truncated = truncated
-        self.cancelled = cancelled
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.timed_out, self.truncated, self.cancelled = timed_out, truncated, cancelled
         self.value = self.session = self.status = self.job = None
         self.images = []
         self.files = []
@@ -980,9 +985,11 @@ class Result:
                         + "[mcp-exec] " + text)
 
     def as_dict(self):
-        """OUTPUT_SCHEMA's fields, in its order; an optional one only when set."""
+        """OUTPUT_SCHEMA's fields, in its order; an optional one only when set (a returncode
+        of 0 is set: only a run that goes on has none)."""
         return {name: getattr(self, name) for name in OUTPUT_SCHEMA["properties"]
-                if name in OUTPUT_SCHEMA["required"] or getattr(self, name)}
+                if name in OUTPUT_SCHEMA["required"] or getattr(self, name)
+                or (name == "returncode" and self.returncode is not None)}
 
 
 def tool_result(result, version):
@@ -2473,6 +2480,9 @@ NO_FLASK = ("mcp-exec: --http needs flask and waitress: python3 -m pip install -
             "-r requirements.txt)")
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+OAUTH_PATHS = ("/register", "/authorize", "/token")     # OAuth's defaults without metadata
+SEND_KEY = ("send the server's API_KEY as Authorization: Bearer <API_KEY> or X-API-Key: "
+            "<API_KEY>, no OAuth")
 # Bytes of messages that may wait for one HTTP+SSE stream whose client does not read: past it
 # the session ends. Above the largest message (a result with IMAGE_LIMIT images of
 # IMAGE_MAX_BYTES, embedded files, two outputs), so a client that reads never meets it.
@@ -2517,6 +2527,16 @@ def sse_event(message):
     return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
 
 
+def json_blanks(messages):
+    """The body of a JSON answer that is late: a blank now, one per keep-alive, then the message
+    (whitespace before a JSON value is JSON). A router that cuts a silent response (Heroku
+    after 30 s) sees bytes. A cancelled request's body stays blank."""
+    yield " "
+    for message in messages:
+        if message is None or "id" in message:
+            yield " " if message is None else encode_message(message).decode("utf-8")
+
+
 def accepts_json(accept):
     """Leniently, as clients differ: no Accept header, or */*, admits JSON too."""
     return not accept or "application/json" in accept or "*/*" in accept
@@ -2549,8 +2569,7 @@ class HttpSession(Session):
     def __init__(self, allow_exec, session_id=None):
         super().__init__(allow_exec, local=False)
         self.lasting_channel = False   # notify() writes to one POST's response stream
-        self.identified = session_id is not None
-        self.session_id = session_id
+        self.identified, self.session_id = session_id is not None, session_id
         self.last_used = time.monotonic()
         self.shared_hid = None         # the name other instances know it by (section 14)
 
@@ -2621,8 +2640,7 @@ class ThreadBudget:
         self.resize(threads)
 
     def resize(self, threads):
-        self.threads = threads
-        self.size = max(1, threads - 2 - threads // 8)
+        self.threads, self.size = threads, max(1, threads - 2 - threads // 8)
 
     def take(self, client_disconnected=None):
         """-> a token to give back with release(), or None when the budget is spent."""
@@ -2668,8 +2686,7 @@ class HttpServer:
     def __init__(self, host=None, threads=None):
         self.loopback = (host or HOST) in LOCAL_NAMES
         self.budget = ThreadBudget(threads or WEB_CONCURRENCY)
-        self.allow_exec = not STDIO_MODE_ONLY
-        self.lock = threading.Lock()
+        self.allow_exec, self.lock = not STDIO_MODE_ONLY, threading.Lock()
         self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
         self.sse_sessions = {}      # session_id -> SseSession
         self.waitress_checked = False
@@ -2706,9 +2723,11 @@ class HttpServer:
             self.check_waitress(environ)
         if path == "/health":
             return None
-        if path.startswith("/.well-known/"):
-            # No OAuth metadata here: a 404 tells clients that probe after a 401 to stop.
-            return error_reply(404, "Not found: this server uses a static API key, not OAuth")
+        if path.startswith("/.well-known/") or path in OAUTH_PATHS:
+            # No OAuth here: a 404 tells clients that probe after a 401 (metadata, then the
+            # default /register, /authorize, /token) to stop, not to wait for a browser login.
+            return error_reply(404, "Not found: this server uses a static API key, not OAuth: "
+                               + SEND_KEY)
         return self.check_request(headers)
 
     def check_request(self, headers):
@@ -2740,9 +2759,10 @@ class HttpServer:
             supplied = token.strip()
         import hmac        # here: it loads OpenSSL, which the stdio server never needs
         if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
-            return error_reply(401, "Unauthorized: send Authorization: Bearer <API_KEY> or "
-                               "X-API-Key: <API_KEY>",
-                               headers={"WWW-Authenticate": 'Bearer realm="mcp-exec"'})
+            problem = "the API key sent is wrong" if supplied else "no API key was sent"
+            return error_reply(401, "Unauthorized: %s; %s" % (problem, SEND_KEY), headers={
+                "WWW-Authenticate": 'Bearer realm="mcp-exec", error_description="%s; %s"'
+                                    % (problem, SEND_KEY)})
         return None
 
     # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE) ----------------------------
@@ -2888,10 +2908,10 @@ class HttpServer:
     def answer(self, request, accept, client_disconnected):
         """A request of either era, answered at once; or, if it may wait for code and the thread
         budget allows (else a tool error says so, at once), run by watch(): with SSE (preferred)
-        progress and keep-alives flow. A handshake-era JSON reply needs no watching: nothing
-        streams and a disconnect is no cancellation (2025-11-25 transports.mdx, Sending Messages to
-        the Server). It runs here, a thread hop less, holding its token to the
-        end, client or not."""
+        progress and keep-alives flow. A handshake-era JSON reply is not cancelled by a
+        disconnect (2025-11-25 transports.mdx, Sending Messages to the Server): it holds its
+        token to the end, client or not. A JSON reply later than JSON_KEEPALIVE starts its body
+        with blanks (json_blanks), so that no router's first-byte timeout cuts it."""
         if not METHODS[request.method][2]:
             return self.quick_reply(answer_request(request), accept)
         sse = "text/event-stream" in accept or not accepts_json(accept)
@@ -2911,16 +2931,19 @@ class HttpServer:
             # the first chunk) and Heroku's router sees bytes within its 30 s window.
             return sse_reply(": stream open\n\n", self.watch(request, client_disconnected),
                              on_close)
+        messages, started = self.watch(request, None if inline else client_disconnected), \
+            time.monotonic()
         try:
-            if inline:
-                reply = self.answered(request)
-            else:                  # the response is the message with an id (progress has none)
-                replies = [m for m in self.watch(request, client_disconnected)
-                           if m is not None and "id" in m]
-                reply = replies[-1] if replies else None
+            for message in messages:   # the response is the message with an id (progress has none)
+                if message is not None and "id" in message:
+                    return json_reply(message)
+                if JSON_KEEPALIVE and time.monotonic() - started >= JSON_KEEPALIVE:
+                    token, late = None, token       # handed to the reply, which releases it
+                    return HttpReply(200, json_blanks(messages), on_close=functools.partial(
+                        self.budget.release, late))
         finally:
             self.budget.release(token)
-        return json_reply(reply) if reply is not None else text_reply(202)   # None: cancelled
+        return text_reply(202)                            # cancelled: no response
 
     def watch(self, request, client_disconnected):
         """Run the request on a worker -> its messages as they come, None per SSE_KEEPALIVE s of
@@ -3146,16 +3169,21 @@ def serve_http(args):
     parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
     parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
     parser.add_argument("--port", type=int, default=PORT, help="port (PORT) [8000]")
-    parser.add_argument("--threads", type=int, default=WEB_CONCURRENCY,
-                        help="waitress threads (WEB_CONCURRENCY) [32]")
+    parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [32]")
     options = parser.parse_args(args)
-    threads = max(1, options.threads)
+    # A WEB_CONCURRENCY below MIN_THREADS is a leftover: uvicorn's processes (heroku/mcp-code-
+    # exec-python's app.json set 1), which as threads could not serve /sse. --threads is obeyed.
+    leftover = options.threads is None and WEB_CONCURRENCY < MIN_THREADS
+    threads = max(1, 32 if leftover else options.threads or WEB_CONCURRENCY)
     problem = _cannot_serve(options.host, options.port)
     if problem:
         sys.stderr.write(problem + "\n")
         return 2
     app = create_app(options.host, threads)
     import waitress
+    if leftover:
+        log("WEB_CONCURRENCY=%d counted uvicorn's processes; here it counts threads, and so few "
+            "cannot serve /sse: running 32 (--threads %d would insist)" % ((WEB_CONCURRENCY,) * 2))
     log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
         "of which open streams and running calls may hold %d%s%s" % (
             options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
@@ -3890,7 +3918,7 @@ def server_setup():
     recover_dead_servers(RUN_DIR)
     SANDBOX.nproc_limit = _nproc_limit()
     _cache_bytecode()
-    log("sandbox: %s" % SANDBOX.describe())
+    log("sandbox: %s, network %s (--help details it)" % (SANDBOX.name(), SANDBOX.network))
 
 
 def _cache_bytecode():
@@ -4494,7 +4522,9 @@ class CallCgroups:
                     self.bases[controller] = base
 
     def describe(self):
-        return "cgroup v1 %s per call" % "+".join(sorted(self.bases)) if self.bases else None
+        """Which controllers calls get (before start(), as --help asks: which they would)."""
+        found = self.bases or (_cgroup_v1_dirs() if LINUX and SANDBOX.active else {})
+        return "cgroup v1 %s per call" % "+".join(sorted(found)) if found else None
 
     def make(self, name):
         """-> the call's cgroup directories, made with their limits (none where there are none)."""
@@ -4936,7 +4966,7 @@ RESOURCE_NOT_FOUND = -32002             # 2025-11-25 server/resources.mdx, Error
 def describe_value(value, config):
     """In the child: the last value (repr, capped) and the images -> part of the results."""
     record = {}
-    images = []
+    images, about = [], []      # the PNGs, and what each one is
     notes = []
     limit, max_bytes = config["image_limit"], config["image_max_bytes"]
     plt = sys.modules.get("matplotlib.pyplot")     # only if the code used it: never imported here
@@ -4954,6 +4984,7 @@ def describe_value(value, config):
                            max_bytes, scale)
             if png:
                 images.append(png)
+                about.append("matplotlib figure %d" % number)
             else:
                 notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) even at a "
                              "low resolution" % (number, max_bytes))
@@ -4968,7 +4999,9 @@ def describe_value(value, config):
         png = _value_png(value, max_bytes)
         if png and len(images) < limit:
             images.append(png)
+            about.append("the last value (%s)" % type(value).__name__)
     record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: server
+    record["about"] = about
     record["notes"] = notes
     return record
 
@@ -5008,7 +5041,8 @@ def apply_record(result, record):
         result.value_truncated = record.get("value_truncated") is True
         result.truncated = result.truncated or result.value_truncated
     images, notes = record.get("images"), record.get("notes")      # forged: maybe no lists
-    for data in (images if isinstance(images, list) else [])[:IMAGE_LIMIT]:
+    about = record.get("about") if isinstance(record.get("about"), list) else []
+    for n, data in enumerate((images if isinstance(images, list) else [])[:IMAGE_LIMIT]):
         try:
             png = base64.b64decode(data, validate=True)
             width, height = struct.unpack(">II", png[16:24])
@@ -5021,7 +5055,8 @@ def apply_record(result, record):
                         "megapixels"
                         % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
             continue
-        result.images.append({"mimeType": "image/png", "width": width, "height": height,
+        result.images.append({"about": str(about[n] if n < len(about) else "an image")[:100],
+                              "mimeType": "image/png", "width": width, "height": height,
                               "bytes": len(png)})
         result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
     for note in (notes if isinstance(notes, list) else [])[:10]:
@@ -5204,10 +5239,8 @@ class OutputStore:
     PREFIX = "mcp-exec://output/"
 
     def __init__(self, root):
-        self.root = root
-        self.lock = threading.Lock()
+        self.root, self.lock, self.swept = root, threading.Lock(), 0.0
         self.calls = {}          # token -> [created, bytes, owner], oldest first
-        self.swept = 0.0
         self.capacity = OUTPUT_STORE_MB << 20    # bytes; several instances share it (section 14)
 
     def keep(self, token, work, rel, move, session):
@@ -5303,11 +5336,15 @@ def handle_resources_read(request):
     uri = request.params.get("uri")
     if not isinstance(uri, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "uri" (a string) is required')
-    data = OUTPUTS.read(uri, request.session.owner)
+    # Over stdio the client is the machine's user, who may read the store on disk anyway: so a
+    # file of an earlier stdio server (an earlier `client` run) is read too, not only its own.
+    local = request.session.local
+    data = OUTPUTS.read(uri, None if local else request.session.owner)
     if data is None:   # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
         message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri) or (
-            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed; run the code again to "
-            "make it" % (uri, OUTPUT_TTL))
+            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed%s; run the code again "
+            "to make it" % (uri, OUTPUT_TTL, "" if local else ", or is another MCP session's (a "
+                            "session reads only its own calls' files)"))
         raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
                             "Resource not found: " + message, {"uri": uri})
     mime_type = mimetypes.guess_type(uri)[0] or "application/octet-stream"
@@ -5325,12 +5362,11 @@ def handle_resources_list(request):
         for uri, name, size in list(OUTPUTS.live(request.session.owner))[:200]]}
 
 
-FILES_NOTE = ("If the code ends with an expression, its repr() comes back as \"value\", like a "
-              "notebook's Out[]. Open matplotlib figures (plt.show() included) come back as PNG "
-              "images, and so does a last value that can draw itself (a PIL image). \"files\" "
-              "puts files in the working directory first; files the code writes there come back: "
-              "small ones embedded, larger ones as links to read with resources/read, kept for %d "
-              "minutes." % (OUTPUT_TTL // 60))
+FILES_NOTE = ("A last expression's repr() comes back as \"value\" (a notebook's Out[]); open "
+              "matplotlib figures, and a last value that can draw itself (a PIL image), as PNG "
+              "images. \"files\" puts files in the working directory first; files the code "
+              "writes there come back (small ones embedded), kept %d minutes."
+              % (OUTPUT_TTL // 60))
 
 
 def write_inputs(work, call):
@@ -5352,6 +5388,64 @@ def value_limits(config, environ, directory, local):
                   image_max_bytes=IMAGE_MAX_BYTES)
 
 
+# --- Shapes: what each host hands its model --------------------------------------------
+# Hosts that see structuredContent hand the model only it (Claude Code 2.1, Codex): so it holds
+# everything. But Codex then drops the images too; without it, Codex keeps the content, only if
+# every block is text or an image (codex-rs/protocol/src/models.rs, from_call_tool_result). So
+# Codex gets the "text" shape: no outputSchema, no structuredContent, the JSON as text, images.
+
+ORIGINAL_SCHEMA = {"type": "object", "required": ["result"], "properties": {"result": {}}}
+
+
+def result_shape(request):
+    """RESULT_SHAPE, or for auto, by the client's name: at initialize, or in a 2026-07-28
+    request's _meta. Codex says "codex-mcp-client" (earlier "codex")."""
+    meta = request.params.get("_meta") if request.modern else None
+    client = meta.get(META_CLIENT) if isinstance(meta, dict) else None
+    name = client.get("name") if isinstance(client, dict) else request.session.client_name
+    auto = "text" if str(name).lower().startswith("codex") else "structured"
+    return RESULT_SHAPE if RESULT_SHAPE in ("structured", "text", "original") else auto
+
+
+def shape_result(request, result):
+    """The "decorate" hook: the tool list and results in the shape of the request's client."""
+    shape = result_shape(request)
+    for tool in result.get("tools", []) if shape != "structured" else ():
+        if tool.pop("outputSchema", None) and shape == "original":
+            tool["outputSchema"] = ORIGINAL_SCHEMA
+        result.update({"cacheScope": "private"} if "cacheScope" in result else {})
+    if "content" in result and shape == "text":   # a file's link and data: in "files" already
+        result.pop("structuredContent", None)
+        result["content"] = [as_text(block) for block in result["content"]
+                             if block["type"] in ("text", "image")
+                             or "text" in block.get("resource", {})]
+    elif "content" in result and shape == "original":
+        as_original(result)
+
+
+def as_text(block):
+    """A content block as Codex keeps it: an embedded text file becomes text."""
+    resource = block.get("resource") if block["type"] == "resource" else None
+    return {"type": "text", "text": "%s:\n%s" % (resource["uri"], resource["text"])} \
+        if resource else block
+
+
+def as_original(result):
+    """heroku/mcp-code-exec-python's result (FastMCP returning a dict): outputs stripped, the
+    object as indented JSON text and as {"result": ...}; isError only for bad arguments; a
+    timeout is returncode -2 with "Error: Execution timed out"."""
+    with contextlib.suppress(ValueError, KeyError, IndexError, AttributeError):   # bad arguments
+        obj = json.loads(result["content"][0]["text"])
+        obj.update(stdout=obj["stdout"].strip(), stderr=obj["stderr"].strip())
+        if obj.get("timed_out"):
+            obj.update(returncode=-2, stderr="Error: Execution timed out")
+        result["content"][0]["text"] = json.dumps(obj, indent=2, ensure_ascii=False)
+        result["isError"] = False
+        if "structuredContent" in result:
+            result["structuredContent"] = {"result": obj}
+
+
+register_hook("decorate", shape_result)
 register_part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
 register_hook("child_config", value_limits)
 register_hook("child_report", describe_value)
@@ -5366,21 +5460,17 @@ FILES_ARGUMENT = {"type": "array", "maxItems": FILES_IN_MAX,
                             "additionalProperties": False, "properties": {
                                 "path": {"type": "string"}, "content": {"type": "string"},
                                 "encoding": {"type": "string", "enum": ["utf-8", "base64"]}}}}
+TEXT, NUMBER = {"type": "string"}, {"type": "integer"}
 SEEN_RESULTS = {
     "value": {"type": "string",
               "description": "repr() of the last expression, when the code ends with one."},
-    "images": {"type": "array",
-               "description": "The PNG images returned as image content, in order.",
-               "items": {"type": "object", "properties": {
-                   "mimeType": {"type": "string"}, "width": {"type": "integer"},
-                   "height": {"type": "integer"}, "bytes": {"type": "integer"}}}},
-    "files": {"type": "array",
-              "description": "Files the code created or changed in its working directory.",
-              "items": {"type": "object", "properties": {
-                  "path": {"type": "string"}, "size": {"type": "integer"},
-                  "uri": {"type": "string"}, "mimeType": {"type": "string"},
-                  "note": {"type": "string"}}}},
-}
+    "images": {"type": "array", "description": "The PNG images returned as image content, in "
+               "order.", "items": {"type": "object", "properties": {
+                   "about": TEXT, "mimeType": TEXT, "width": NUMBER, "height": NUMBER,
+                   "bytes": NUMBER}}},
+    "files": {"type": "array", "description": "Files the code created or changed in its working "
+              "directory; resources/read reads a uri.", "items": {"type": "object", "properties": {
+                  "path": TEXT, "size": NUMBER, "uri": TEXT, "mimeType": TEXT, "note": TEXT}}}}
 register_tool_feature(check=check_files, note=lambda local: FILES_NOTE,
                       capability={"resources": {}}, arguments={"files": FILES_ARGUMENT},
                       results=SEEN_RESULTS)
@@ -5686,10 +5776,10 @@ def run_call_or_kernel(call, session, cancel, on_output):
     return run_stateless(call, session, cancel, on_output)
 
 
-KERNEL_NOTE = ("Calls share nothing unless you ask: pass \"session\": \"new\" to keep variables, "
-               "imports and files across calls, then pass the returned \"session\" handle in the "
-               "next calls; end it with \"end_session\": true when done. Sessions end after %d "
-               "minutes idle." % (SESSION_IDLE // 60))
+KERNEL_NOTE = ("Calls share nothing unless you pass \"session\": \"new\" (variables, imports and "
+               "files then persist) and the \"session\" handle it returns in later calls; end it "
+               "with %s when done. Sessions end after %d minutes idle."
+               % ("code_exec_job", SESSION_IDLE // 60))
 register_part("KERNELS", Kernels)
 register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
@@ -5697,10 +5787,9 @@ register_lifecycle(shutdown=lambda: KERNELS.close())
 register_hook("session_ended", lambda session: KERNELS.end_session(session))
 register_hook("busy_owners", lambda: KERNELS.owners())
 register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
-    "session": {"type": "string", "description": '"new" starts a session that keeps variables, '
-                "imports and files across calls; then pass the handle the result gives you."},
-    "end_session": {"type": "boolean", "default": False,
-                    "description": "true ends the session after this call's code."},
+    "session": {"type": "string", "description": '"new" starts a session, which keeps state '
+                "across calls; or the handle a result gave you."},
+    "end_session": {"type": "boolean", "description": "End the session after this code."},
 }, results={
     "session": {"type": "string", "description": "The session this call ran in: pass it on."},
     "session_ended": {"type": "boolean", "description": "The session ended: its state is gone."},
@@ -5745,6 +5834,7 @@ class ModernRequest(Request):
         result.setdefault("_meta", {})[META_SERVER] = server_info(self.version)
         if self.method in CACHING:
             result["ttlMs"], result["cacheScope"] = CACHING[self.method]
+        super().decorate(result)       # the hooks last: a list shaped for one client is private
 
 
 def modern_request(request_id, method, params, session, notify):
@@ -5848,8 +5938,9 @@ register_hook("http_post", modern_http_post)
 # A job is a run owned by the server, not its request. Every tools/call runs as one on its own
 # thread, awaited at most CALL_WAIT seconds: one done in time answers as an ordinary call; one that
 # does not, with its handle and output so far ("status": "running"), and goes on. Three faces:
-#   - the handle, which any model can poll in any host: {"job": "j-..."} waits up to
-#     CALL_WAIT again and returns only the output that is new since the last answer;
+#   - the handle, which any model can poll in any host: code_exec_job's {"job": "j-..."} (or,
+#     as before, code_exec_python's) waits up to CALL_WAIT again and returns only the output
+#     that is new since the last answer;
 #   - 2025-11-25 Tasks (basic/utilities/tasks.mdx): a task-augmented tools/call answers at
 #     once with the task; tasks/get, tasks/result, tasks/list and tasks/cancel;
 #   - the 2026-07-28 extension io.modelcontextprotocol/tasks: a request that declares it
@@ -5864,8 +5955,7 @@ class LatestLine:
     line counts until a full one came (`print("tick", 2)` is several writes under `python -u`)."""
 
     def __init__(self):
-        self.partial = b""
-        self.line = ""
+        self.partial, self.line = b"", ""
 
     def feed(self, chunk):
         done, _, partial = (self.partial + chunk).rpartition(b"\n")
@@ -5890,9 +5980,7 @@ class Progress:
         self.notify = request.notify
         self.with_message = protocol(request.version).progress_messages
         self.started = self.last_sent = time.monotonic()
-        self.last_progress = 0.0
-        self.line = "started"
-        self.fresh = False
+        self.last_progress, self.line, self.fresh = 0.0, "started", False
         self.latest = {"stdout": LatestLine(), "stderr": LatestLine(), "install": LatestLine()}
 
     def output(self, stream, chunk):
@@ -5909,9 +5997,7 @@ class Progress:
     def send(self):
         now = time.monotonic()
         progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
-        self.last_progress = progress
-        self.last_sent = now
-        self.fresh = False
+        self.last_progress, self.last_sent, self.fresh = progress, now, False
         params = {"progressToken": self.token, "progress": progress}
         if self.with_message:
             params["message"] = "%.0f s: %s" % (now - self.started, self.line)
@@ -5927,9 +6013,9 @@ TASK_WAIT = 1.0                     # seconds a 2026-07-28 call waits before it 
 POLL_INTERVAL_MS = 1000
 ISO_TIME = "%Y-%m-%dT%H:%M:%SZ"     # a Task's createdAt and lastUpdatedAt (tasks.mdx, Task)
 JOBS_KEPT = 1000                    # finished jobs kept at most (the oldest go first)
-RUNNING_TEXT = ("The code is still running as job %s. Call %s again with {\"job\": \"%s\"} (and "
-                "no code) to wait for more output and the result, or with {\"job\": \"%s\", "
-                "\"cancel\": true} to stop it.")
+JOB_TOOL = "code_exec_job"
+RUNNING_TEXT = ('The code is still running as job %s. Call ' + JOB_TOOL + ' with {"job": "%s"} '
+                'for more output and the result; add "cancel": true to stop it.')
 
 
 class Job:
@@ -5941,9 +6027,7 @@ class Job:
         self.owner, self.notify = owner, notify      # notify: tasks/status when it ends, or None
         self.created = self.updated = time.time()
         self.cancel, self.done = threading.Event(), threading.Event()
-        self.status = "working"
-        self.result = None
-        self.listener = None
+        self.status, self.result, self.listener = "working", None, None
         self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
         self.code_wrote_stderr = False
         self.reason = "Cancelled on request."      # why it was cancelled, if it is
@@ -5982,9 +6066,7 @@ class Job:
         with self.lock:
             if self.status != "working":
                 return False
-            self.status = "cancelled"
-            self.updated = time.time()
-            self.reason = reason
+            self.status, self.updated, self.reason = "cancelled", time.time(), reason
         self.cancel.set()
         return True
 
@@ -6003,16 +6085,16 @@ class Job:
             answer.stderr = final.stderr        # all of it is the server's: a refusal, its notes
         for text in final.notes if self.code_wrote_stderr else ():
             answer.note(text)
+        answer.notes = list(final.notes)
         for name in ("value", "images", "files", "session", "session_ended", "blocks"):
             setattr(answer, name, getattr(final, name))
         answer.status = "cancelled" if self.status == "cancelled" else "completed"
         if self.status == "cancelled" and self.reason != "Cancelled on request.":
             answer.note(self.reason)
         answer.job = self.handle
-        if not ended:
+        if not ended:             # what to do next goes in the JSON: hosts show only that
             answer.status = "running"
-            text = RUNNING_TEXT % (self.handle, TOOL_NAME, self.handle, self.handle)
-            answer.blocks.append((None, {"type": "text", "text": text}))
+            answer.notes.append(RUNNING_TEXT % (self.handle, self.handle))
         return answer
 
     def task(self, modern):
@@ -6173,8 +6255,7 @@ def check_job(arguments, call):
         return '"job" goes without "code": it waits for a run that is already going'
     if not isinstance(cancel, bool) or (cancel and job is None):
         return '"cancel" must be true or false, and goes with "job": the handle of the run to stop'
-    call.job = job
-    call.cancel_job = cancel
+    call.job, call.cancel_job = job, cancel
     return None
 
 
@@ -6237,35 +6318,46 @@ def handle_tasks_cancel(request):
     return {} if request.modern else job.task(False)
 
 
-JOB_NOTE = ("A call whose code still runs after %g s answers with \"status\": \"running\", "
-            "\"returncode\": null (no exit status yet), the output so far and a \"job\" "
-            "handle: call again with {\"job\": handle} and no code to wait for new output and "
-            "the result, or add \"cancel\": true to stop it; so a long run may use all of its "
-            "\"timeout\"." % CALL_WAIT)
+JOB_NOTE = ("Code still running after %g s answers \"status\": \"running\" (no returncode "
+            "yet), its output so far and a \"job\" to follow with %s; a long run may use all of "
+            "its \"timeout\"." % (CALL_WAIT, JOB_TOOL))
 # 2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension.
 JOB_CAPABILITIES = {
     "tasks": lambda version: TASKS_CAPABILITY if protocol(version).tasks else None,
     "extensions": lambda version: {TASKS_EXTENSION: {}} if protocol(version).modern else None}
-JOB_ARGUMENTS = {
-    "code": {"type": "string", "description": "Python source, run as the __main__ module. "
-                                              "Required, except to poll a job."},
-    "job": {"type": "string",
-            "description": 'Instead of code: the handle ("j-...") of a run still going; waits '
-                           "for it, and returns its new output and, at the end, its result."},
-    "cancel": {"type": "boolean", "default": False, "description": "With \"job\": stop it."},
-}
 JOB_RESULTS = {
-    "returncode": {"type": ["integer", "null"], "description": "Exit status; negative = "
-                   "killed by that signal; null while a job is still running."},
+    "returncode": {"type": "integer", "description": "Exit status; negative = killed by that "
+                   "signal; absent while the code runs on."},
     "status": {"type": "string", "enum": ["running", "completed", "cancelled"],
-               "description": "Only for a job: \"running\" = still going, call with \"job\"."},
-    "job": {"type": "string", "description": "The job's handle: pass it as \"job\" for more."},
+               "description": "Only for a job."},
+    "job": {"type": "string", "description": "The job's handle, for %s." % JOB_TOOL},
 }
+# Following a job, or ending a session, is a tool of its own: "code" is then required where it
+# runs code, and no model need make some up (every agent framework hands over such a schema).
+JOB_TOOL_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
+    "job": {"type": "string", "description": 'A "job" handle: waits for new output and, at the '
+                                             "end, the result (as %s's)." % TOOL_NAME},
+    "cancel": {"type": "boolean", "description": 'With "job": stop it.'},
+    "end_session": {"type": "string", "description": 'A "session" handle: end it.'}}}
+
+
+def job_tool_arguments(arguments):
+    """code_exec_job's arguments -> code_exec_python's that do the same, or what is wrong."""
+    if ("job" in arguments) == ("end_session" in arguments):
+        return 'give either "job" (a run to follow) or "end_session" (a session to end)'
+    if "job" in arguments:
+        return arguments
+    return dict(arguments, code="", session=arguments["end_session"], end_session=True)
+
+
 register_part("JOBS", Jobs)
 register_step("call", job_call_mode)
 register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
-                      capability=JOB_CAPABILITIES, arguments=JOB_ARGUMENTS, results=JOB_RESULTS,
-                      code_optional_with="job")
+                      capability=JOB_CAPABILITIES, results=JOB_RESULTS,
+                      code_optional_with="job", undeclared=("job", "cancel"))
+register_tool(JOB_TOOL, lambda version, local: {
+    "name": JOB_TOOL, "description": "Follow or stop a run of %s that is still going (a job), "
+    "or end a session." % TOOL_NAME, "inputSchema": JOB_TOOL_SCHEMA}, job_tool_arguments)
 register_hook("tool_fields", lambda version: {"execution": {"taskSupport": "optional"}}
               if protocol(version).tasks else {})     # 2025-11-25 tasks.mdx, Tool-Level
 register_method("tasks/get", handle_tasks_get)
@@ -6660,7 +6752,7 @@ def show_result(answers, form, seconds, saved):
         sys.stderr.write("\n")          # what follows starts a line of its own
     if not saved and (obj.get("images") or obj.get("files")):
         saved = ["images or files came back: --save DIR writes them"]
-    status = "exit %s in %.2f s" % (obj["returncode"], seconds)
+    status = "exit %s in %.2f s" % (obj.get("returncode"), seconds)     # none while it runs
     if obj.get("timed_out"):
         status = "timed out after %.2f s" % seconds
     if obj.get("status") == "cancelled":
@@ -7109,7 +7201,8 @@ class SharedService:
         hid = self.session_hid(session)
         self.remember(hid, session)
         record = {"owner": session.owner, "version": session.protocol_version,
-                  "capabilities": json.dumps(session.client_capabilities)}
+                  "capabilities": json.dumps(session.client_capabilities),
+                  "client": session.client_name}       # its results' shape (section 9)
         try:
             self.store.put("session", hid, record, SESSION_IDLE_TIMEOUT)
         except StoreError as exc:
@@ -7129,6 +7222,7 @@ class SharedService:
         session = HttpSession(server.allow_exec, session_id)
         session.owner, session.protocol_version = record["owner"], record["version"]
         session.client_capabilities = json.loads(record["capabilities"])
+        session.client_name = record.get("client", "")
         with server.lock:
             session = server.http_sessions.setdefault(session_id, session)
         self.remember(hid, session)
@@ -7380,8 +7474,8 @@ def handle_named(request):
     if request.method == "tools/call":
         arguments = params.get("arguments")
         arguments = arguments if isinstance(arguments, dict) else {}
-        for name in ("job", "session"):
-            if isinstance(arguments.get(name), str) and arguments[name] != "new":
+        for name in ("job", "session", "end_session"):     # end_session: code_exec_job's
+            if isinstance(arguments.get(name), str) and arguments[name] not in ("new", ""):
                 return arguments[name]
     if request.method in ("tasks/get", "tasks/result", "tasks/cancel"):
         return params.get("taskId") if isinstance(params.get("taskId"), str) else None
@@ -7538,6 +7632,17 @@ def start_as_import():
             os.execv(sys.executable, argv)
 
 
+# heroku/mcp-code-exec-python's variables that do nothing here: a mover hears so, once each.
+RETIRED = {"USE_TEMP_DIR": 'a call asks for an isolated environment: "use_temp_dir": true',
+           "REMOTE_SERVER_TRANSPORT_MODULE": "one server serves /mcp and /sse at once"}
+
+
+def retired_settings():
+    for name in sorted(set(RETIRED) & set(os.environ)):
+        log("%s is not read here: %s" % (name, RETIRED[name]))
+
+
+register_lifecycle(setup=retired_settings)
 register_command(["-h", "--help", "help"], show_help)
 register_command(["-V", "--version"], show_version)
 register_command(["demo"], demo)

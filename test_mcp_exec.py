@@ -55,6 +55,7 @@ SERVER = os.path.join(REPO, "mcp_exec.py")
 # triples a start (300 ms, not 100). Tests named for the script start run the script.
 SERVER_COMMAND = [sys.executable, "-m", "mcp_exec"]
 TOOL = "code_exec_python"
+JOB_TOOL = "code_exec_job"
 LATEST = "2025-11-25"
 MODERN = "2026-07-28"
 ALL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -1046,7 +1047,7 @@ def test_batch_answers_requests_and_skips_notifications(batch_server):
     by_id = {r["id"]: r for r in replies}
     assert set(by_id) == {1, 2}
     assert by_id[1]["result"] == {}
-    assert [t["name"] for t in by_id[2]["result"]["tools"]] == [TOOL]
+    assert [t["name"] for t in by_id[2]["result"]["tools"]] == [TOOL, JOB_TOOL]
 
 
 def test_batch_is_accepted_under_2024_11_05(start_wire):
@@ -1263,7 +1264,7 @@ MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
 def test_modern_era_request_is_served_without_initialize(start_server):
     s = start_server()
     listed = s.request("tools/list", {"_meta": MODERN_META})["result"]
-    assert [t["name"] for t in listed["tools"]] == [TOOL]
+    assert [t["name"] for t in listed["tools"]] == [TOOL, JOB_TOOL]
     assert "outputSchema" in listed["tools"][0]
     assert listed["resultType"] == "complete"
     called = s.request("tools/call", {"name": TOOL, "arguments": {"code": "print(6*7)"}, "_meta": MODERN_META})
@@ -1301,7 +1302,7 @@ def test_server_discover_lists_every_supported_version(start_wire):
 def list_tool(s, version):
     s.initialize(version)
     tools = s.request("tools/list")["result"]["tools"]
-    assert len(tools) == 1 and tools[0]["name"] == TOOL
+    assert [tool["name"] for tool in tools] == [TOOL, JOB_TOOL]
     return tools[0]
 
 
@@ -1322,7 +1323,7 @@ def test_tools_list_from_2025_06_18_has_title_and_output_schema(start_wire, vers
     assert isinstance(tool["title"], str) and tool["title"]
     schema = tool["outputSchema"]
     assert schema["type"] == "object"
-    assert set(schema["required"]) == {"returncode", "stdout", "stderr", "timed_out", "truncated"}
+    assert set(schema["required"]) == {"stdout", "stderr", "timed_out", "truncated"}  # returncode: not while running
 
 
 def test_tool_annotations_declare_a_destructive_open_world_tool(start_wire):
@@ -1335,17 +1336,147 @@ def test_tool_annotations_declare_a_destructive_open_world_tool(start_wire):
 def test_input_schema_allows_only_known_arguments(start_wire):
     schema = list_tool(start_wire(), LATEST)["inputSchema"]
     assert schema["type"] == "object"
-    # "code" is required except to poll a job ({"job": ...} alone): the check, not the schema, says so
-    assert "required" not in schema and "except to poll a job" in schema["properties"]["code"]["description"]
+    # "code" is required: following a job is code_exec_job's (the old {"job": ...} is still accepted)
+    assert schema["required"] == ["code"]
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]) == {"code", "packages", "use_temp_dir", "timeout", "files", "session",
-                                         "end_session", "job", "cancel"}
+                                         "end_session"}
     assert schema["properties"]["code"]["type"] == "string"
     assert schema["properties"]["files"]["items"]["required"] == ["path", "content"]
     assert schema["properties"]["session"]["type"] == "string"
     assert schema["properties"]["packages"]["type"] == "array"
     assert schema["properties"]["use_temp_dir"]["type"] == "boolean"
     assert schema["properties"]["timeout"]["type"] == "number"
+
+
+# --- What the model sees, in every host and agent framework (issue 33) ---
+
+
+def all_types(schema):
+    """Every "type" keyword anywhere in a JSON Schema."""
+    if isinstance(schema, dict):
+        return ([schema["type"]] if "type" in schema else []) + [
+            t for value in schema.values() for t in all_types(value)]
+    return [t for value in schema for t in all_types(value)] if isinstance(schema, list) else []
+
+
+def test_tools_list_has_no_type_unions_and_is_smaller_than_before(start_server):
+    # Gemini's single-type dialect and Inspector --strict refuse ["integer", "null"]; every
+    # conversation pays for the list: 5,545 bytes before this change.
+    s = start_server()
+    s.initialize(LATEST)
+    tools = s.request("tools/list")["result"]["tools"]
+    assert len(json.dumps(tools)) <= 5545, len(json.dumps(tools))
+    types = [t for tool in tools for t in all_types([tool["inputSchema"], tool.get("outputSchema")])]
+    assert types and all(isinstance(t, str) for t in types), types
+    code, job = tools
+    assert code["inputSchema"]["required"] == ["code"] and "required" not in job["inputSchema"]
+    assert set(job["inputSchema"]["properties"]) == {"job", "cancel", "end_session"}
+
+
+def test_a_strict_converters_zero_values_mean_not_given(server):
+    # openai-agents' strict schemas make every property required: the model fills the ones it
+    # does not mean with "", false, [], 0 or null.
+    arguments = {"code": "print(6 * 7)", "packages": [], "use_temp_dir": False, "timeout": 0,
+                 "files": [], "session": "", "end_session": False}
+    result, out = server.run(**arguments)
+    assert result["isError"] is False and out["stdout"] == "42\n", out
+    result, out = server.run(code="print(1)", session=None, timeout=None, files=None)
+    assert out["stdout"] == "1\n" and "session" not in out, out
+    response = server.request("tools/call", {"name": JOB_TOOL, "arguments": {
+        "job": "", "cancel": False, "end_session": ""}})
+    text = response["result"]["content"][0]["text"]
+    assert response["result"]["isError"] and 'either "job"' in text, text
+
+
+def test_code_exec_job_follows_a_job_and_ends_a_session_with_no_code(start_initialized, tmp_path):
+    s = start_initialized(CALL_WAIT=0.5)
+    release = out_dir(tmp_path) / "release"
+    code = "import os, time\nprint('started', flush=True)\nwhile not os.path.exists(%r):\n" \
+           "    time.sleep(0.05)\nprint('done')\n" % str(release)
+    first = s.call(code, timeout=60)
+    handle = running(first)
+    release.touch()
+    answers, deadline = [], time.monotonic() + JOB_GUARD
+    while not answers or answers[-1]["structuredContent"]["status"] == "running":
+        assert time.monotonic() < deadline
+        response = s.request("tools/call", {"name": JOB_TOOL, "arguments": {"job": handle}})
+        answers.append(response["result"])
+    out = answers[-1]["structuredContent"]
+    assert out["status"] == "completed" and out["returncode"] == 0 and "notes" not in out, out
+    assert first["structuredContent"]["stdout"] + "".join(
+        a["structuredContent"]["stdout"] for a in answers) == "started\ndone\n"
+    _, started = s.run("x = 6 * 7", session="new")
+    response = s.request("tools/call", {"name": JOB_TOOL, "arguments": {"end_session": started["session"]}})
+    ended = response["result"]["structuredContent"]
+    assert ended["session_ended"] is True and ended["returncode"] == 0, ended
+    result, out = s.run("x", session=started["session"])
+    assert result["isError"] and "Unknown or expired session" in out["stderr"], out
+
+
+def initialize_as(s, name, version=LATEST):
+    response = s.request("initialize", {"protocolVersion": version, "capabilities": {},
+                                        "clientInfo": {"name": name, "version": "0.171.0"}})
+    s.notify("notifications/initialized")
+    return response["result"]
+
+
+def assert_codex_shape(tools, result):
+    """What Codex hands its model whole: content of text and images only, no structuredContent
+    (with it, Codex drops every block), and so no outputSchema."""
+    assert all("outputSchema" not in tool for tool in tools), tools
+    assert "structuredContent" not in result, result
+    assert [block["type"] for block in result["content"]] == ["text", "image", "text"], result
+    out = json.loads(result["content"][0]["text"])
+    assert out["images"][0]["about"] == "the last value (Picture)" and out["value"] == "<Picture 64x48>"
+    assert result["content"][2]["text"] == out["files"][0]["uri"] + ":\nhi\n"
+
+
+def test_codex_gets_the_json_as_text_beside_its_images(start_server):
+    s = start_server()
+    initialize_as(s, "codex-mcp-client")
+    tools = s.request("tools/list")["result"]["tools"]
+    result = s.call("open('a.txt', 'w').write('hi\\n')\n" + PNG_CODE)
+    assert_codex_shape(tools, result)
+    # 2026-07-28: no initialize; the client's name comes in each request's _meta
+    meta = {"_meta": {"io.modelcontextprotocol/clientInfo": {"name": "codex-mcp-client", "version": "1"}}}
+    s2 = start_server()
+    s2.send(modern_message("tools/list", 1, **meta))
+    s2.send(modern_message("tools/call", 2, name=TOOL, arguments={
+        "code": "open('a.txt', 'w').write('hi\\n')\n" + PNG_CODE}, **meta))
+    listed = s2.wait_for(1)["result"]
+    assert_codex_shape(listed["tools"], s2.wait_for(2)["result"])
+    assert listed["cacheScope"] == "private"          # shaped for one client: no shared cache
+
+
+def test_result_shape_forces_a_shape_whatever_the_client(start_server):
+    s = start_server(RESULT_SHAPE="structured")
+    initialize_as(s, "codex-mcp-client")
+    assert "outputSchema" in s.request("tools/list")["result"]["tools"][0]
+    result = s.call(PNG_CODE)
+    assert result["structuredContent"]["value"] == "<Picture 64x48>" and images_of(result)
+    s = start_server(RESULT_SHAPE="text")
+    initialize_as(s, "claude-code")
+    result = s.call("print(1)")
+    assert "structuredContent" not in result and json.loads(result["content"][0]["text"])["stdout"] == "1\n"
+
+
+def test_result_shape_original_gives_heroku_mcp_code_exec_pythons_results(start_server):
+    s = start_server(RESULT_SHAPE="original")
+    initialize_as(s, "mcp")
+    tools = s.request("tools/list")["result"]["tools"]
+    assert tools[0]["outputSchema"]["required"] == ["result"]
+    result = s.call("print(4)")
+    assert result["structuredContent"]["result"]["stdout"] == "4" and result["isError"] is False
+    assert json.loads(result["content"][0]["text"]) == result["structuredContent"]["result"]
+    assert result["content"][0]["text"].startswith('{\n  "returncode": 0,')      # FastMCP's indent=2
+    result = s.call("import sys; sys.exit(3)")
+    assert result["structuredContent"]["result"]["returncode"] == 3 and result["isError"] is False
+    result = s.call("import time; time.sleep(30)", timeout=0.5)
+    out = result["structuredContent"]["result"]
+    assert (out["returncode"], out["stderr"], result["isError"]) == (-2, "Error: Execution timed out", False)
+    result = s.call(42)                                   # bad arguments stay an error
+    assert result["isError"] is True and "structuredContent" not in result
 
 
 def test_tools_list_with_unknown_cursor_is_invalid_params(wire):
@@ -1387,10 +1518,9 @@ def test_tools_call_arguments_not_an_object_is_invalid_params(wire, arguments):
     ({}, 'e.g. {"code"'),
     ({"code": 42}, 'e.g. {"code"'),
     ({"code": None}, 'e.g. {"code"'),
-    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir, timeout, files, session, "
-                                        "end_session, job and cancel"),
+    ({"code": "print(1)", "cmd": "ls"}, "the arguments are code, packages, use_temp_dir, timeout, files, session "
+                                        "and end_session"),
     ({"code": "print(1)", "timeout": -1}, "positive number"),
-    ({"code": "print(1)", "timeout": 0}, "positive number"),
     ({"code": "print(1)", "timeout": True}, "positive number"),
     ({"code": "print(1)", "timeout": "10"}, "positive number"),
     ({"code": "print(1)", "packages": "numpy"}, "must be a list"),
@@ -2999,7 +3129,10 @@ def test_as_root_each_http_call_has_its_own_uid_so_metadata_works_inside_only(tm
         web = HttpProcess(tmp_path, argv=[python, str(home / "mcp_exec.py"), "--http"],
                           PYTHONPATH=site, MCP_EXEC_DIR=home / "state")
         try:
-            assert b"each HTTP call its own uid" in pathlib.Path(web.log.name).read_bytes()
+            described = subprocess.run([python, str(home / "mcp_exec.py"), "--help"], capture_output=True,
+                                       env=dict(os.environ, PYTHONPATH=site, MCP_EXEC_DIR=str(home / "state"))
+                                       ).stdout                                   # not the start-up line
+            assert b"each HTTP call its own uid" in described, described[-600:]
             sid, _ = web.initialize(LATEST)
             outcomes = json.loads(tool_output(http_call(web, sid, METADATA_ATTACK % path))["stdout"])
             kernel = tool_output(http_call(web, sid, "import os\nos.getuid()", session="new",
@@ -3861,7 +3994,8 @@ def test_a_value_that_draws_itself_is_returned_as_an_image(server):
     [image] = images_of(result)
     data = base64.b64decode(image["data"])
     assert image["mimeType"] == "image/png" and data.startswith(b"\x89PNG\r\n\x1a\n")
-    assert out["images"] == [{"mimeType": "image/png", "width": 64, "height": 48, "bytes": len(data)}]
+    assert out["images"] == [{"about": "the last value (Picture)", "mimeType": "image/png", "width": 64,
+                              "height": 48, "bytes": len(data)}]
     assert result["structuredContent"]["images"] == out["images"]
 
 
@@ -4536,10 +4670,11 @@ def running(result):
     """A "running" answer -> its handle, after checking the shape the model sees."""
     out = result["structuredContent"]
     assert out["status"] == "running" and result["isError"] is False, result
-    assert out["returncode"] is None and out["job"].startswith("j-"), out
+    assert "returncode" not in out and out["job"].startswith("j-"), out     # no exit status yet
     assert "value" not in out and "files" not in out, out
-    hint = result["content"][-1]["text"]   # the second text block: how to go on
-    assert '{"job": "%s"}' % out["job"] in hint and "cancel" in hint, hint
+    hint = out["notes"][-1]         # how to go on: in the JSON, which is all that hosts show
+    assert 'code_exec_job with {"job": "%s"}' % out["job"] in hint and "cancel" in hint, hint
+    assert [block["type"] for block in result["content"]] == ["text"]   # the JSON, mirrored
     return out["job"]
 
 
@@ -5727,8 +5862,21 @@ def test_a_post_without_a_session_is_answered_as_a_stateless_request(web):
     assert json.loads(body)["result"]["structuredContent"]["stdout"] == "3\n"
 
 
-def test_a_low_web_concurrency_warns_in_one_line_and_still_runs_calls(start_http):
+def test_a_leftover_web_concurrency_of_1_still_serves_sse(start_http):
+    # heroku/mcp-code-exec-python's app.json set WEB_CONCURRENCY=1 (uvicorn processes): a
+    # leftover must not leave /sse without the thread its POSTs need.
     server = start_http(WEB_CONCURRENCY="1")
+    log_text = open(server.log.name, errors="replace").read()
+    assert "WEB_CONCURRENCY=1 counted uvicorn's processes" in log_text and "running 32" in log_text, log_text
+    client = SseClient(server)
+    assert client.resp.status == 200
+    client.post({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert client.next_message() == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    client.conn.close()
+
+
+def test_threads_1_warns_in_one_line_and_still_runs_calls(start_http):
+    server = start_http(argv=SERVER_COMMAND + ["--http", "--threads", "1"])
     log_text = open(server.log.name, errors="replace").read()
     warnings = [line for line in log_text.splitlines() if "WEB_CONCURRENCY=1" in line]
     assert len(warnings) == 1 and "set WEB_CONCURRENCY=32" in warnings[0], log_text
@@ -5736,6 +5884,44 @@ def test_a_low_web_concurrency_warns_in_one_line_and_still_runs_calls(start_http
     sid, _ = server.initialize()
     _, _, body = server.mcp(call_message("print(5)"), sid)
     assert json.loads(body)["result"]["structuredContent"]["stdout"] == "5\n"
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/register"), ("GET", "/authorize?client_id=x"),
+                                          ("POST", "/token"), ("GET", "/.well-known/oauth-authorization-server")])
+def test_oauth_defaults_get_404_so_a_wrong_key_ends_at_once(web, method, path):
+    # mcp-remote, after a 401 and 404s on /.well-known/*, registers at /register: a 401 there
+    # left it waiting for a browser login forever; a 404 makes it exit.
+    status, headers, body = web.request(method, path, {"redirect_uris": ["http://x"]}, headers={})
+    assert status == 404 and headers["content-type"].startswith("application/json"), body
+    assert "API_KEY" in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("headers, problem", [({}, "no API key was sent"),
+                                              ({"Authorization": "Bearer wrong"}, "the API key sent is wrong")])
+def test_a_401_says_which_key_to_send(web, headers, problem):
+    status, got, body = web.request("POST", "/mcp", init_message(), dict(headers, Accept="application/json"))
+    message = json.loads(body)["error"]["message"]
+    assert status == 401 and problem in message and "Authorization: Bearer <API_KEY>" in message, message
+    assert problem in got["www-authenticate"] and "X-API-Key" in got["www-authenticate"], got
+
+
+def test_a_json_only_client_survives_a_call_longer_than_its_routers_first_byte_timeout(start_http):
+    # Heroku's router cuts a response that sends no byte for 30 s (H12); a JSON-only client got
+    # none until the end or CALL_WAIT (50 s). Here the "router" gives up on 3 s of silence, the
+    # call takes 5 s: the body must start with JSON-legal blanks and end with the answer.
+    server = start_http(JSON_KEEPALIVE="0.5", SSE_KEEPALIVE="0.25")
+    sid, _ = server.initialize(LATEST)
+    conn = server.connect(3.0)                     # each read waits 3 s at most
+    headers = dict(AUTH, Accept="application/json", **{"Content-Type": "application/json",
+                                                       "Mcp-Session-Id": sid})
+    conn.request("POST", "/mcp", json.dumps(call_message("import time; time.sleep(5); print(5)")), headers)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("application/json")
+    assert body.startswith(b" ") and json.loads(body)["result"]["structuredContent"]["stdout"] == "5\n"
+    _, headers, quick = server.mcp(call_message("print(6)", 3), sid)    # a quick answer: as before
+    assert quick.startswith(b"{") and headers["content-length"] == str(len(quick))
 
 
 def test_well_known_probes_get_404_without_auth(web):
@@ -5952,11 +6138,13 @@ def test_stdio_mode_only_keeps_code_off_the_web(start_http):
     assert error["code"] == -32602 and "stdio" in error["message"]
 
 
-def test_waitress_serve_runs_the_procfile_app(tmp_path):
+def test_the_procfiles_web_line_runs_the_app(tmp_path):
     # The Procfile's web line as a shell runs it, but on loopback and with this Python's waitress.
-    line = next(l for l in open(os.path.join(REPO, "Procfile")) if l.startswith("web:"))
-    command = line[4:].strip().replace("--host=0.0.0.0", "--host=127.0.0.1").replace(
-        "waitress-serve", "%s -m waitress" % sys.executable)
+    lines = open(os.path.join(REPO, "Procfile")).read().splitlines()
+    # heroku local (and foreman) read a process type of letters, digits and underscores only
+    assert all(re.match(r"^[A-Za-z0-9_]+: \S", line) for line in lines), lines
+    line = next(l for l in lines if l.startswith("web:"))
+    command = line[4:].strip().replace("python ", "%s " % sys.executable, 1)
     server = HttpProcess.__new__(HttpProcess)
     server.port, hold = reserve_port()             # held until waitress listens on it
     env = dict(os.environ, API_KEY=KEY, MCP_EXEC_DIR=str(tmp_path / "s"), PORT=str(server.port))
@@ -6339,8 +6527,37 @@ def test_client_call_and_list_over_stdio_by_default(tmp_path):
     out = client_result(run_client(tmp_path, "call", "print(6*7)"))
     assert out == {"returncode": 0, "stdout": "42\n", "stderr": "", "timed_out": False, "truncated": False}
     tools = client_result(run_client(tmp_path, "list"))
-    assert isinstance(tools, list) and [t["name"] for t in tools] == [TOOL]
+    assert isinstance(tools, list) and [t["name"] for t in tools] == [TOOL, JOB_TOOL]
     assert workspace(tmp_path).is_dir()     # the server it started used our MCP_EXEC_DIR
+
+
+def test_client_read_gets_a_file_an_earlier_client_run_made(tmp_path):
+    # Each `client` run without --url starts a stdio server of its own: the file belongs to
+    # the earlier one, and the machine's user (stdio's client) may read it.
+    made = client_result(run_client(tmp_path, "call", "open('big.txt', 'w').write('x' * 300000)"))
+    [info] = made["files"]
+    done = run_client(tmp_path, "read", info["uri"])
+    assert done.returncode == 0 and done.stdout == "x" * 300000, done.stderr
+    gone = run_client(tmp_path, "read", info["uri"].replace("big.txt", "nope.txt"))
+    assert gone.returncode != 0 and "expired (files are kept 3600 s, OUTPUT_TTL) or never existed" in gone.stderr
+
+
+def test_the_start_up_line_is_short_and_retired_settings_get_one_line_each(tmp_path):
+    # heroku/mcp-code-exec-python read USE_TEMP_DIR and REMOTE_SERVER_TRANSPORT_MODULE
+    done = run_client(tmp_path, "call", "print(1)", USE_TEMP_DIR="true", REMOTE_SERVER_TRANSPORT_MODULE="sse_server")
+    [start] = [line for line in done.stderr.splitlines() if line.startswith("mcp-exec: sandbox: ")]
+    assert len(start) <= 80, start                          # it was 420 characters
+    retired = [line for line in done.stderr.splitlines() if "is not read here" in line]
+    assert len(retired) == 2, done.stderr
+    assert "REMOTE_SERVER_TRANSPORT_MODULE is not read here: one server serves /mcp and /sse" in retired[0]
+    assert retired[1].startswith("mcp-exec: USE_TEMP_DIR is not read here: ") and "use_temp_dir" in retired[1]
+
+
+def test_the_repository_keeps_env_files_out_and_its_ci_shows_skip_reasons():
+    assert ".env" in open(os.path.join(REPO, ".gitignore")).read().split()
+    done = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=REPO)
+    assert done.returncode == 0
+    assert "pytest -q -rs test_mcp_exec.py" in open(os.path.join(REPO, ".ci", "run")).read()
 
 
 def test_client_runs_the_command_after_the_double_dash(tmp_path):
@@ -6390,7 +6607,7 @@ def test_client_trace_writes_every_frame_to_stderr(tmp_path):
 def test_client_over_streamable_http(web, tmp_path):
     url = "http://127.0.0.1:%d/mcp" % web.port
     tools = client_result(run_client(tmp_path, "--url", url, "list", API_KEY=KEY))
-    assert [t["name"] for t in tools] == [TOOL]
+    assert [t["name"] for t in tools] == [TOOL, JOB_TOOL]
     out = client_result(run_client(tmp_path, "--url", url, "--api-key", KEY, "call", "print(6*7)"))
     assert out["stdout"] == "42\n"
 
@@ -6542,7 +6759,7 @@ def test_client_follows_a_job_to_its_end(tmp_path, form):
 def test_client_no_follow_prints_the_handle(tmp_path):
     code = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
     out = client_result(run_client(tmp_path, "call", "--no-follow", code, CALL_WAIT=0.3))
-    assert out["status"] == "running" and out["job"].startswith("j-") and out["returncode"] is None
+    assert out["status"] == "running" and out["job"].startswith("j-") and "returncode" not in out
     text = run_client(tmp_path, "--format", "text", "call", "--no-follow", code, CALL_WAIT=0.3)
     assert text.returncode == 0, text.stderr[-2000:]
     status = r"\n\[still running as job (j-\S+): `client job \1` follows it\]\n"   # its own line
@@ -6871,6 +7088,24 @@ def test_a_kernel_and_a_cancel_reach_the_instance_that_runs_it(service):
                 "params": {"requestId": 7}}, sid)
     runner.join(HANG)
     assert not runner.is_alive() and answers[0][0] == 202, answers     # cancelled: no answer
+
+
+@needs_redis
+def test_codex_gets_its_shape_and_ends_a_kernel_with_code_exec_job_from_every_instance(service):
+    router, _, _ = service
+    message = init_message(LATEST)
+    message["params"]["clientInfo"] = {"name": "codex-mcp-client", "version": "0.171.0"}
+    status, headers, _ = router.next().mcp(message)
+    sid = headers["mcp-session-id"]
+    router.mcp({"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+    for n in range(3):                                  # each instance knows the client's name
+        result = routed_call(router, sid, "print(%d)" % n, request_id=2 + n)
+        assert "structuredContent" not in result and tool_output(result)["stdout"] == "%d\n" % n, result
+    kernel = tool_output(routed_call(router, sid, "x = 1", session="new"))["session"]
+    elsewhere = next(i for i in router.instances if i is not instance_of(router, kernel))
+    status, _, body = elsewhere.mcp({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "code_exec_job", "arguments": {"end_session": kernel}}}, sid)
+    assert tool_output(json.loads(body)["result"])["session_ended"] is True, body
 
 
 @needs_redis
