@@ -4333,6 +4333,9 @@ class Watch:
         self.due = time.monotonic() + MONITOR_INTERVAL         # when it is next checked
         self.cgroup = os.path.basename(directory)                 # CallCgroups: its name
         self.cgroup_events = CGROUPS.events(self.cgroup)
+        if not CGROUPS.join(self.cgroup, pid):      # before its code: supervise() sends it
+            self.reason = "Stopped: the call could not be put in its cgroup; it did not run."
+            _signal(pid, signal.SIGKILL)
 
     def close(self):
         """The call is over: stop watching it -> why the kernel stopped it (a cgroup), or None."""
@@ -4504,12 +4507,14 @@ class CallCgroups:
 
     Made under the server's own cgroup, as STATE: <controller>/<server's cgroup>/mcp-exec-<pid>/
     <call directory's name>; only where the server may write there (root, or a delegated
-    subtree). The child joins them itself, before its sandbox (join_cgroups). cgroup v2 is not
+    subtree). The server puts the child in them before it sends the code (join). cgroup v2 is not
     used: its "no internal processes" rule would make the server move itself into a leaf."""
 
     def __init__(self):
         self.bases = {}                      # controller -> this server's directory
         self.left = set()                    # cgroups whose processes had not all died yet
+        self.joined = set()                  # cgroups with their call's first process in them
+        self.lock = threading.Lock()         # calls end on threads of their own
 
     def start(self):
         """In the server, at start (children import this file too, and make none)."""
@@ -4542,6 +4547,27 @@ class CallCgroups:
                 _write_text(os.path.join(path, knob), str(value))
         return made
 
+    def join(self, name, pid):
+        """Put the call's first process, `pid`, in its cgroups -> False where that failed. Done
+        here, by the server, before the call's code is sent (supervise: the watch comes first),
+        while the child sets itself up: a move between v1 cgroups waits for an RCU grace
+        period (about 2 ms here), which the child's own setup then hides. Nothing of the call
+        runs before it: what the child runs till then is this file, and it starts nothing."""
+        for base in self.bases.values():
+            path = os.path.join(base, name)
+            if not os.path.isdir(path) or path in self.joined:
+                continue
+            try:
+                _write_text(os.path.join(path, "cgroup.procs"), str(pid))
+            except ProcessLookupError:
+                return True                          # it ended already: nothing to contain
+            except OSError as exc:
+                log("could not put a call in %s: %s" % (path, exc))
+                return False
+            with self.lock:
+                self.joined.add(path)                # a kernel's, for its later calls
+        return True
+
     def events(self, name):
         """(OOM kills, forks refused at pids.max) in the cgroups `name` so far."""
         counts = []
@@ -4567,14 +4593,19 @@ class CallCgroups:
     def close(self, name):
         """The call is over: its cgroups go now, or once what is left of it has died (tried
         again at each close and at shutdown). A kernel's stay till the kernel ends."""
-        self.left.update(os.path.join(base, name) for base in self.bases.values())
-        for path in sorted(self.left, key=len, reverse=True):      # a call's before its base
-            with contextlib.suppress(FileNotFoundError):
-                with contextlib.suppress(OSError):    # busy: a process in it is still dying
-                    os.rmdir(path)
-                    self.left.discard(path)
+        with self.lock:
+            self.left.update(os.path.join(base, name) for base in self.bases.values())
+            left = sorted(self.left, key=len, reverse=True)      # a call's before its base
+        for path in left:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:                     # busy: a process in it lives, or is dying
                 continue
-            self.left.discard(path)
+            with self.lock:
+                self.left.discard(path)
+                self.joined.discard(path)
 
     def shutdown(self):
         self.close("")                       # what is left, then this server's own directories
@@ -4618,18 +4649,6 @@ def _remove_dead_servers_cgroups(directory):
 def _write_text(path, text):
     with open(path, "w") as f:
         f.write(text)
-
-
-def join_cgroups(config):
-    """The "child_setup" hook, before the sandbox: the child enters its call's cgroups, and all
-    it starts stays in them. A failure ends it: the limits were promised."""
-    try:
-        for path in config.get("cgroups", ()):
-            _write_text(os.path.join(path, "cgroup.procs"), str(os.getpid()))
-    except OSError as exc:
-        sys.stderr.write("mcp-exec: the call's cgroup could not be joined (%s); the code was not "
-                         "run\n" % exc)
-        os._exit(125)
 
 
 # --- 7.4 Recovery after a crash ----------------------------------------------------------
@@ -4739,7 +4758,7 @@ def contain_child(config, environ, directory, local):
         limits["RLIMIT_NPROC"] = EXEC_MAX_PROCS      # the call's own uid: it counts its tasks only
     if EXEC_DISK_MB:         # no one file outgrows the directory's total between two polls
         limits["RLIMIT_FSIZE"] = min(limits.get("RLIMIT_FSIZE", 1 << 62), EXEC_DISK_MB << 20)
-    config["cgroups"] = CGROUPS.make(os.path.basename(directory.root))
+    CGROUPS.make(os.path.basename(directory.root))      # the watch puts the child in them
     config["sandbox"] = sandbox_config(directory.root, local)
     environ.update(containment_env(directory, local))
 
@@ -4789,7 +4808,6 @@ register_part("SANDBOX", lambda: Sandbox(EXEC_SANDBOX, EXEC_NETWORK))
 register_part("MONITOR", Monitor)
 register_part("CGROUPS", CallCgroups)
 register_hook("child_config", contain_child)
-register_hook("child_setup", join_cgroups)
 register_hook("child_setup", sandbox_child)
 register_step("installer", confine_installer)
 register_child_mode("exec", exec_after_setup)
