@@ -3283,7 +3283,8 @@ def serve_template(config, fresh_modules):
     preloaded = preload_modules(config, fresh_modules, sock)    # kept by the forgetting below
     forget_modules(fresh_modules)       # once for all its children, who find them forgotten
     gc.freeze()         # our objects are never collected: forked children do not copy them
-    sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
+    with contextlib.suppress(OSError):      # the server is gone: the loop below ends us
+        sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
     while True:
         for fd, _ in poller.poll():
             if fd in roots:                             # a call's child ended
@@ -3340,16 +3341,21 @@ def preload_modules(config, fresh_modules, sock):
     config["budget_mb"] ends the template, which says so: the server starts one without it."""
     forget_modules(fresh_modules if config.get("preload") else set(sys.modules))
     before, mapped, path, skipped = set(sys.modules), statm_mb(os.getpid(), 0), sys.path[:], {}
+    try:
+        here = os.getcwd()
+    except OSError:                       # the run directory is gone: the server is stopping
+        os._exit(0)
     # Only from where calls cannot write: not our cwd, the run directory, where each call's
     # directory would pass for a namespace package.
-    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(os.getcwd())]
+    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(here)]
     for name in config.get("preload", ()):
         try:
             __import__(name)
         except BaseException as exc:        # not installed, or broken: its calls will see why
             skipped[name] = ("%s: %s" % (type(exc).__name__, exc))[:200]
         if len(os.listdir("/proc/self/task")) > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
-            sock.send(json.dumps({"refused": name}).encode())   # a thread, or over its budget
+            with contextlib.suppress(OSError):       # a thread, or over its budget: we end
+                sock.send(json.dumps({"refused": name}).encode())
             os._exit(0)
     sys.path[:] = path
     fresh_modules.update(set(sys.modules) - before)
@@ -3636,7 +3642,8 @@ class Templates:
                 try:
                     fresh = Template(python, generation, names, budget)
                 except OSError as exc:           # an import hung or killed it: not again
-                    log("no preloading template for %s (%s)" % (python, exc))
+                    if self.enabled:             # (else the server is stopping: it says so)
+                        log("no preloading template for %s (%s)" % (python, exc))
                     current = self.by_python.get(python)
                     self.never[python].update(dict.fromkeys(
                         set(names) - set(current.asked if current else ()), True))
