@@ -3244,6 +3244,9 @@ def lives_elsewhere(handle, shown=None):
 # forkserver, forks a child per call; the request and its pipes come over a unix socket
 # (SCM_RIGHTS). The child runs child_main() like a spawned one: the code cannot tell them apart.
 # Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
+# Warm imports: a template also preloads the modules its environment's calls use (learned from
+# their code and what their interpreters loaded, and EXEC_PRELOAD), each call getting a fresh
+# copy-on-write copy of them; one that learned more is replaced in the background.
 #
 # --- The template's side: its loop, in the child process ---------------------------------
 
@@ -3554,7 +3557,8 @@ def _have_pidfd():
 
 class Templates:
     """The templates of the environments in use: one per interpreter, for its current
-    generation of packages; beyond `size` of them, the least recently used is retired."""
+    generation of packages; beyond `size` of them, the least recently used is retired. A
+    template starts bare, at once; one preloading what its calls use replaces it when ready."""
 
     def __init__(self, enabled, size=3):
         self.enabled, self.size = enabled and LINUX and _have_pidfd(), size
@@ -3563,7 +3567,7 @@ class Templates:
         self.starting = {}                     # python -> lock held while one starts
         self.failed = {}                       # python -> until when not to try again
         self.wanted = collections.defaultdict(dict)   # python -> {module its calls import: None}
-        self.never = collections.defaultdict(dict)    # python -> {module: why not preloaded}
+        self.never = collections.defaultdict(dict)    # python -> {module refused: True}
         self.building = set()                  # pythons whose preloading template is starting
         self.heard = {}                        # a call's directory -> the modules it imports
 
