@@ -3364,6 +3364,9 @@ def lives_elsewhere(handle, shown=None):
 # forkserver, forks a child per call; the request and its pipes come over a unix socket
 # (SCM_RIGHTS). The child runs child_main() like a spawned one: the code cannot tell them apart.
 # Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
+# Warm imports: a template also preloads the modules its environment's calls use (learned from
+# their code and what their interpreters loaded, and EXEC_PRELOAD), each call getting a fresh
+# copy-on-write copy of them; one that learned more is replaced in the background.
 #
 # --- The template's side: its loop, in the child process ---------------------------------
 
@@ -3409,7 +3412,8 @@ def serve_template(config, fresh_modules):
     preloaded = preload_modules(config, fresh_modules, sock)    # kept by the forgetting below
     forget_modules(fresh_modules)       # once for all its children, who find them forgotten
     gc.freeze()         # our objects are never collected: forked children do not copy them
-    sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
+    with contextlib.suppress(OSError):      # the server is gone: the loop below ends us
+        sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
     while True:
         events = poller.poll(1000 if _DYING else None)      # a stuck orphan: reaped later
         if not events:
@@ -3472,20 +3476,21 @@ def preload_modules(config, fresh_modules, sock):
     names = config.get("preload", ()) if SITE_DONE else ()
     forget_modules(fresh_modules if names else set(sys.modules))
     before, mapped, path, skipped = set(sys.modules), statm_mb(os.getpid(), 0), sys.path[:], {}
+    try:
+        here = os.getcwd()
+    except OSError:                       # the run directory is gone: the server is stopping
+        os._exit(0)
     # Only from where calls cannot write: not our cwd, the run directory, where each call's
     # directory would pass for a namespace package.
-    try:
-        run_dir = os.getcwd()
-    except FileNotFoundError:            # the server ended meanwhile, and removed it
-        os._exit(0)
-    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(run_dir)]
+    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(here)]
     for name in names:
         try:
             __import__(name)
         except BaseException as exc:        # not installed, or broken: its calls will see why
             skipped[name] = ("%s: %s" % (type(exc).__name__, exc))[:200]
         if len(os.listdir("/proc/self/task")) > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
-            sock.send(json.dumps({"refused": name}).encode())   # a thread, or over its budget
+            with contextlib.suppress(OSError):       # a thread, or over its budget: we end
+                sock.send(json.dumps({"refused": name}).encode())
             os._exit(0)
     sys.path[:] = path
     fresh_modules.update(set(sys.modules) - before)
@@ -3692,7 +3697,8 @@ def _have_pidfd():
 
 class Templates:
     """The templates of the environments in use: one per interpreter, for its current
-    generation of packages; beyond `size` of them, the least recently used is retired."""
+    generation of packages; beyond `size` of them, the least recently used is retired. A
+    template starts bare, at once; one preloading what its calls use replaces it when ready."""
 
     def __init__(self, enabled, size=3):
         self.enabled, self.size = enabled and LINUX and _have_pidfd(), size
@@ -3701,8 +3707,8 @@ class Templates:
         self.starting = {}                     # python -> lock held while one starts
         self.failed = {}                       # python -> until when not to try again
         self.wanted = collections.defaultdict(dict)   # python -> {module its calls import: None}
-        self.never = collections.defaultdict(dict)    # python -> {module: why not preloaded}
-        self.building = set()
+        self.never = collections.defaultdict(dict)    # python -> {module refused: True}
+        self.building = set()                  # pythons whose preloading template is starting
         self.untouched_not = set()             # pythons a call installed into: no preloading
         self.heard = {}                        # a call's directory -> the modules it imports
 
@@ -3786,7 +3792,8 @@ class Templates:
                 try:
                     fresh = Template(python, generation, names, budget)
                 except OSError as exc:           # an import hung or killed it: not again
-                    log("no preloading template for %s (%s)" % (python, exc))
+                    if self.enabled:             # (else the server is stopping: it says so)
+                        log("no preloading template for %s (%s)" % (python, exc))
                     current = self.by_python.get(python)
                     self.never[python].update(dict.fromkeys(
                         set(names) - set(current.asked if current else ()), True))
