@@ -3017,6 +3017,8 @@ attempt("own copy2", lambda: shutil.copy2("mine.txt", "copy2.txt"))
 attempt("own copyfile", lambda: shutil.copyfile("mine.txt", "copyfile.txt"))
 attempt("utime now on /tmp", lambda: os.utime("/tmp"))
 outcomes["uid"] = os.getuid()
+import resource
+outcomes["nproc"] = resource.getrlimit(resource.RLIMIT_NPROC)[0]
 print(json.dumps(outcomes))
 """
 OUTSIDE = ("chmod", "utime", "setxattr", "chown", "chmod dir")
@@ -3147,6 +3149,7 @@ def test_as_root_each_http_call_has_its_own_uid_so_metadata_works_inside_only(tm
         # File times are refused even at home: "now" on a world-writable /tmp needs no ownership.
         assert (outcomes["own chmod"], outcomes["own copy2"]) == ("allowed", "EPERM"), outcomes
         assert outcomes["utime now on /tmp"] == "EPERM", outcomes
+        assert outcomes["nproc"] == 256, outcomes    # EXEC_MAX_PROCS, for the call's own uid
         assert outcomes["uid"] >= 1 << 31 and untouched(path, before)
         assert edited["value"] == "(%s, 'xb')" % kernel["value"], edited
     finally:
