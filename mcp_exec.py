@@ -3398,6 +3398,8 @@ def serve_template(config, fresh_modules):
     the exit reported."""
     sock = socket.socket(fileno=config["socket_fd"])
     _prepare_template(config.get("sandbox"), config.get("own_uids"))
+    if config.get("template_sandbox"):      # before anything of its environment's packages
+        apply_sandbox(config["template_sandbox"])
     if config.get("run_site"):      # the server's own packages: none came with a call
         started = set(sys.modules)
         finish_startup()
@@ -3536,18 +3538,22 @@ def _rlimits():
 class Template:
     """The server's side of one template process."""
 
-    def __init__(self, python, generation, preload=(), budget_mb=0):
+    def __init__(self, python, generation, preload=(), budget_mb=0, remote=False):
         self.python, self.generation, self.asked = python, generation, list(preload)
+        self.remote = remote                    # its calls come over HTTP (their reads narrow)
         self.lock = threading.Lock()
         self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
         self.alive = True
         self.retired = False
         self.next_id = 0
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # site (.pth files, sitecustomize) runs here only where no package came with a call
-        # (Environments.untouched); elsewhere it runs in each child, sandboxed (child_argv).
+        # site (.pth files, sitecustomize) and preloading run here only inside the template's
+        # own sandbox, or where no package came with a call (Environments.untouched); else in
+        # each child, sandboxed (child_argv).
+        sandbox = template_sandbox(remote)
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
-                  "own_uids": SANDBOX.own_uids, "run_site": ENVIRONMENTS.untouched(python),
+                  "own_uids": SANDBOX.own_uids, "template_sandbox": sandbox,
+                  "run_site": bool(sandbox) or ENVIRONMENTS.untouched(python),
                   "preload": self.asked, "budget_mb": budget_mb}
         argv = child_argv(python, config)
         try:
@@ -3710,6 +3716,7 @@ class Templates:
         self.never = collections.defaultdict(dict)    # python -> {module refused: True}
         self.building = set()                  # pythons whose preloading template is starting
         self.untouched_not = set()             # pythons a call installed into: no preloading
+        self.remote = False                    # the calls come over HTTP (the last one did)
         self.heard = {}                        # a call's directory -> the modules it imports
 
     def fork(self, env, config, pipes, extra_fds=()):
@@ -3724,11 +3731,13 @@ class Templates:
         with start_lock:                       # one start at a time per environment
             with self.lock:
                 template = self.by_python.pop(python, None)
-            good = template and template.alive and template.generation == env.generation
+            self.remote = bool((config.get("sandbox") or {}).get("remote"))
+            good = (template and template.alive and template.generation == env.generation
+                    and template.remote == self.remote)
             stale = [template] if template and not good else []
             if not good:                       # a good one stays, now the most recent
                 try:
-                    template = Template(python, env.generation)
+                    template = Template(python, env.generation, remote=self.remote)
                 except OSError as exc:
                     log("no template for %s (%s); its calls are spawned for a minute"
                         % (python, exc))
@@ -3765,10 +3774,11 @@ class Templates:
         """What this environment's template should preload: EXEC_PRELOAD's names, then those its
         calls import, less EXEC_PRELOAD's -NAMEs, those refused before and NEVER_PRELOAD. Their
         imports run outside the sandbox, as installed packages' .pth files do (README)."""
-        if not ENVIRONMENTS.untouched(python):    # a call's packages: their code runs in calls
+        if not (ENVIRONMENTS.untouched(python) or template_sandbox(self.remote)):
             if python not in self.untouched_not:
                 self.untouched_not.add(python)
-                log("no preloading for %s: packages came with a call into it" % python)
+                log("no preloading for %s: packages came with a call into it, and its "
+                    "template cannot be sandboxed (each call's uid)" % python)
             return []
         never = {name[1:] for name in EXEC_PRELOAD if name.startswith("-")} | NEVER_PRELOAD
         names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
@@ -3790,7 +3800,7 @@ class Templates:
                 if budget < 32:            # the others hold it: not even a bare one would fit
                     return
                 try:
-                    fresh = Template(python, generation, names, budget)
+                    fresh = Template(python, generation, names, budget, self.remote)
                 except OSError as exc:           # an import hung or killed it: not again
                     if self.enabled:             # (else the server is stopping: it says so)
                         log("no preloading template for %s (%s)" % (python, exc))
@@ -4064,6 +4074,25 @@ def sandbox_config(call_root, local):
             "remote": not local, "own_uid": SANDBOX.own_uids and not local and call_root}
 
 
+def template_sandbox(remote):
+    """The sandbox a template applies to itself before its environment's packages run in it
+    (site's .pth files, preloading): a call's, widened to every call's directory (the run
+    directory) and its own /proc (to find and reap its orphans); or None where templates
+    keep their capabilities to give each call its uid (Sandbox.own_uids), or there is none.
+    Each call's child narrows it to its own directory: Landlock domains and seccomp filters
+    only ever add up."""
+    if not SANDBOX.active or SANDBOX.own_uids:
+        return None
+    fonts = os.path.join(STATE_DIR, "matplotlib")         # template_environment's MPLCONFIGDIR
+    with contextlib.suppress(OSError):
+        os.makedirs(fonts, exist_ok=True)
+    spec = sandbox_config(RUN_DIR.path(), not remote)
+    spec["write"] += [fonts]
+    if spec["read"] is not None:
+        spec["read"] += ["/proc/self", fonts]
+    return dict(spec, own_uid=False)
+
+
 def containment_env(directory, local):
     """Where code may write, caches go: into the call's own directory."""
     if not SANDBOX.abi:
@@ -4265,7 +4294,8 @@ def _program(arch, network_off, remote=False, own_uid=False):
     p += ["ioctl", arg(1), (JEQ, "deny", 0, 0x5412), (JEQ, "deny", 0, 0x541c)]   # TIOCSTI/LINUX
     p += [(JEQ, "allow", 0, 0) if own_uid else (JEQ, "deny", 0, 0x40086602),  # FS_IOC_SETFLAGS
           (JEQ, "deny", "allow", 0x401c5820)]                              # FS_IOC_FSSETXATTR
-    p += ["prctl", arg(0), (JEQ, "deny", 0, 36),                  # keep PR_SET_CHILD_SUBREAPER
+    p += ["prctl", arg(0), (JEQ, 0, "dumpable", 36), arg(1),      # PR_SET_CHILD_SUBREAPER: set
+          (JEQ, "deny", "allow", 0), "dumpable", arg(0),      # (a template's child), never cleared;
           (JEQ, "deny", "allow", PR_SET_DUMPABLE)]    # and not dumpable, as setuid() left it
     # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's, outside the call.
     p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
