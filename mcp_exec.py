@@ -3309,9 +3309,10 @@ def main(argv=None):
 def core_alone():
     """True where this file is the core alone, cut off at the line that ends it: then the
     module ends here, and builds its parts and serves below. The whole file does both at its
-    end instead, once every section has registered."""
-    with open(__file__, "rb") as f:
-        return b"\n# The core " + b"ends here" not in f.read()
+    end instead, once every section has registered. Python compiled the whole module before it
+    ran its first line, and the module's code lists every global name any of its lines sets:
+    the line after the core's end sets SECTIONS_FOLLOW. So nothing is read from disk."""
+    return "SECTIONS_FOLLOW" not in sys._getframe(1).f_code.co_names
 
 
 register_command([""], lambda args: serve_stdio())
@@ -3326,6 +3327,7 @@ if core_alone():
 # The core ends here. What follows makes that server faster, safer and richer, each section
 # only through the core's register_*(): the fork server, containment, cached environments, what
 # the model sees, kernels, the 2026-07-28 era, jobs and tasks, the client and the command line.
+SECTIONS_FOLLOW = True          # the name core_alone() looks for: this file goes on
 
 import importlib
 import io

@@ -818,6 +818,26 @@ def test_the_cut_core_serves_streamable_http_and_sse_under_waitress(tmp_path):
     assert not re.search(r"^(from|import) flask\b", core.read_text(), re.M)  # only HTTP does
 
 
+SOURCE_READS = """
+import os, sys
+server = os.path.abspath(sys.argv[1])
+reads = []
+def note(event, args):      # an open() whose caller is the server's own code, of its own file
+    if event == "open" and isinstance(args[0], str) and os.path.abspath(args[0]) == server:
+        reads.append(sys._getframe(1).f_code.co_filename)
+sys.addaudithook(note)
+sys.path.insert(0, os.path.dirname(server))
+import mcp_exec
+print([name for name in reads if os.path.abspath(name) == server])
+"""
+
+
+def test_the_file_reads_not_its_own_source_at_import():
+    proc = subprocess.run([sys.executable, "-c", SOURCE_READS, SERVER], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert proc.stdout.strip() == "[]", (proc.stdout, proc.stderr)     # not in any child either
+
+
 def test_the_cut_core_keeps_code_off_the_web_with_stdio_mode_only(tmp_path):
     cut_core(tmp_path)
     server = HttpProcess(tmp_path, waitress=[], app="core:app", cwd=tmp_path,
