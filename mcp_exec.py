@@ -7569,10 +7569,23 @@ def shared_setup():
     SHARED = SharedService(store)
     SHARED.start()
     log("instance %s of a shared service: Redis %s at %s" % (INSTANCE, version, store.url))
-    for name in ("route", "cancelled", "find_session", "session_opened", "session_deleted",
-                 "sse_opened", "sse_elsewhere", "health", "job_published", "job_ended",
-                 "job_answered"):
-        register_hook(name, getattr(SHARED, name))      # the hooks of the same names
+    register_shared_hooks(SHARED)
+
+
+def register_shared_hooks(shared):
+    """The core's and sections' hooks a shared service serves, each by its method of the same
+    name: where a request belongs, and what other instances must hear of."""
+    register_hook("route", shared.route)
+    register_hook("cancelled", shared.cancelled)
+    register_hook("find_session", shared.find_session)
+    register_hook("session_opened", shared.session_opened)
+    register_hook("session_deleted", shared.session_deleted)
+    register_hook("sse_opened", shared.sse_opened)
+    register_hook("sse_elsewhere", shared.sse_elsewhere)
+    register_hook("health", shared.health)
+    register_hook("job_published", shared.job_published)
+    register_hook("job_ended", shared.job_ended)
+    register_hook("job_answered", shared.job_answered)
 
 
 SHARED = None             # the SharedService, with REDIS_URL over HTTP (shared_setup)
