@@ -433,6 +433,7 @@ def protocol(version):
 #   start_child(env, config, pipes, extra_fds)         child_config(config, environ, dir, local)
 #   watch(pid, directory) -> a watch, or None          child_setup(config), in the child
 #   installer(argv, env, python) -> argv: how pip/uv start
+#   environments(root) -> the ENVIRONMENTS part
 #                                                      child_report(value, config) -> dict
 #                                                      read_record(result, record)
 #                                                      http_post(server, payload, headers, gone)
@@ -464,7 +465,8 @@ LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(
 STEPS = {}                # step name -> the function that does it now
 HOOKS = collections.defaultdict(list)       # hook name -> the functions that run there
 CHILD_MODES = {}          # the child's config["mode"] -> ChildMode(serve, before_setup)
-PARTS = {}                # name -> factory(): the server's long-lived objects (build_parts)
+PART_BUILDERS = []        # build(part): a section's long-lived objects, as its module names
+PARTS = {}                # part name -> its factory(), as build_parts() last built it
 COMMANDS = {}             # first command-line word -> main(rest of the words) -> exit status
 ChildMode = collections.namedtuple("ChildMode", "serve before_setup")
 
@@ -530,16 +532,20 @@ def register_child_mode(mode, serve, before_setup=False):
     CHILD_MODES[mode] = ChildMode(serve, before_setup)
 
 
-def register_part(name, factory):
-    """A long-lived object of the server, made by build_parts() as the module global `name`."""
-    PARTS[name] = factory
+def register_parts(build):
+    """A section's long-lived objects: build(part) assigns each to the module name the section
+    declares beside it (`SANDBOX = part("SANDBOX", factory)`), when build_parts() runs."""
+    PART_BUILDERS.append(build)
 
 
 def build_parts(**fakes):
-    """Make every registered part, in registration order, as a module global: the one place
-    where the server's long-lived objects are built. A test passes fakes by name."""
-    for name, factory in PARTS.items():
-        globals()[name] = fakes[name] if name in fakes else factory()
+    """Make every section's parts, in registration order: the one time the server's long-lived
+    objects are built. A test passes fakes by name, which stand in for their factories."""
+    def part(name, factory):
+        PARTS[name] = factory
+        return fakes[name] if name in fakes else factory()
+    for build in PART_BUILDERS:
+        build(part)
 
 
 def register_command(words, main):
@@ -2295,9 +2301,18 @@ def executor_shutdown():
     RUN_DIR.close()
 
 
-register_part("EXEC_SLOTS", lambda: CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE))
-register_part("RUN_DIR", lambda: RunDir(STATE_DIR))
-register_part("ENVIRONMENTS", lambda: Environments(STATE_DIR))
+EXEC_SLOTS = RUN_DIR = ENVIRONMENTS = None      # the core's parts, made by build_parts()
+
+
+def build_core_parts(part):
+    global EXEC_SLOTS, RUN_DIR, ENVIRONMENTS
+    EXEC_SLOTS = part("EXEC_SLOTS", lambda: CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE))
+    RUN_DIR = part("RUN_DIR", lambda: RunDir(STATE_DIR))
+    ENVIRONMENTS = part("ENVIRONMENTS", lambda: STEPS["environments"](STATE_DIR))
+
+
+register_parts(build_core_parts)
+register_step("environments", Environments)            # section 8 caches isolated venvs
 register_step("run", run_stateless)
 register_step("start_child", spawn_child)
 register_step("installer", lambda argv, env, python: argv)    # section 7 confines it
@@ -3156,8 +3171,9 @@ def _hang_up(environ):
 def __getattr__(name):
     """`mcp_exec:app` for waitress-serve: the Flask app is built on first access only."""
     if name == "app":
-        globals()["app"] = create_app()
-        return globals()["app"]
+        global app
+        app = create_app()
+        return app
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
@@ -3896,7 +3912,15 @@ def fork_child(env, config, pipes, extra_fds=()):
             or spawn_child(env, config, pipes, extra_fds))
 
 
-register_part("TEMPLATES", lambda: Templates(FORK_SERVER))
+TEMPLATES = None          # section 6's part, made by build_parts()
+
+
+def build_templates(part):
+    global TEMPLATES
+    TEMPLATES = part("TEMPLATES", lambda: Templates(FORK_SERVER))
+
+
+register_parts(build_templates)
 register_step("start_child", fork_child)
 register_child_mode("template", serve_template, before_setup=True)
 register_hook("inputs", hear_imports)
@@ -4813,9 +4837,17 @@ def sandbox_child(config):
         apply_sandbox(config["sandbox"])
 
 
-register_part("SANDBOX", lambda: Sandbox(EXEC_SANDBOX, EXEC_NETWORK))
-register_part("MONITOR", Monitor)
-register_part("CGROUPS", CallCgroups)
+SANDBOX = MONITOR = CGROUPS = None     # section 7's parts, made by build_parts()
+
+
+def build_containment(part):
+    global SANDBOX, MONITOR, CGROUPS
+    SANDBOX = part("SANDBOX", lambda: Sandbox(EXEC_SANDBOX, EXEC_NETWORK))
+    MONITOR = part("MONITOR", Monitor)
+    CGROUPS = part("CGROUPS", CallCgroups)
+
+
+register_parts(build_containment)
 register_hook("child_config", contain_child)
 register_hook("child_setup", sandbox_child)
 register_step("installer", confine_installer)
@@ -4966,7 +4998,7 @@ def _exclusive_lease(venv):
 
 
 LEASE_FILE = ".mcp-exec-lease"
-register_part("ENVIRONMENTS", lambda: CachedEnvironments(STATE_DIR))
+register_step("environments", CachedEnvironments)      # what the core's ENVIRONMENTS is
 register_lifecycle(setup=lambda: ENVIRONMENTS.recover())
 
 
@@ -5472,8 +5504,16 @@ def as_original(result):
             result["structuredContent"] = {"result": obj}
 
 
+OUTPUTS = None            # section 9's part, made by build_parts()
+
+
+def build_outputs(part):
+    global OUTPUTS
+    OUTPUTS = part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
+
+
 register_hook("decorate", shape_result)
-register_part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
+register_parts(build_outputs)
 register_hook("child_config", value_limits)
 register_hook("child_report", describe_value)
 register_hook("read_record", apply_record)
@@ -5807,7 +5847,15 @@ KERNEL_NOTE = ("Calls share nothing unless you pass \"session\": \"new\" (variab
                "files then persist) and the \"session\" handle it returns in later calls; end it "
                "with %s when done. Sessions end after %d minutes idle."
                % ("code_exec_job", SESSION_IDLE // 60))
-register_part("KERNELS", Kernels)
+KERNELS = None            # section 10's part, made by build_parts()
+
+
+def build_kernels(part):
+    global KERNELS
+    KERNELS = part("KERNELS", Kernels)
+
+
+register_parts(build_kernels)
 register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
@@ -6377,7 +6425,15 @@ def job_tool_arguments(arguments):
     return dict(arguments, code="", session=arguments["end_session"], end_session=True)
 
 
-register_part("JOBS", Jobs)
+JOBS = None               # section 12's part, made by build_parts()
+
+
+def build_jobs(part):
+    global JOBS
+    JOBS = part("JOBS", Jobs)
+
+
+register_parts(build_jobs)
 register_step("call", job_call_mode)
 register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
                       capability=JOB_CAPABILITIES, results=JOB_RESULTS,
