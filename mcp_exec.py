@@ -366,6 +366,11 @@ def error_response(request_id, code, message, data=None):
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
+def result_response(request_id, result):
+    """The response that carries a method's result."""
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
 def _reject_constant(name):
     raise ValueError("%s is not JSON" % name)
 
@@ -453,7 +458,7 @@ def protocol(version):
 #                                                      job_ended(job), job_answered(job)
 #                                                      decorate(request, result): a last touch
 
-METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
+METHODS = {}              # method name -> its Method(handler, eras, slow)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
 ARGUMENT_CHECKS = []      # check(arguments, call) -> None, or what is wrong
 CODE_OPTIONAL_WITH = []   # arguments that stand in for "code" (a job's handle)
@@ -469,11 +474,17 @@ PART_BUILDERS = []        # build(part): a section's long-lived objects, as its 
 PARTS = {}                # part name -> its factory(), as build_parts() last built it
 COMMANDS = {}             # first command-line word -> main(rest of the words) -> exit status
 ChildMode = collections.namedtuple("ChildMode", "serve before_setup")
+Method = collections.namedtuple("Method", "handler eras slow")    # handler(request) -> result
 
 
 def register_method(name, handler, eras=("handshake", "modern"), slow=False):
     """A request handler. A slow one (it may wait for code) runs on a worker thread."""
-    METHODS[name] = (handler, eras, slow)
+    METHODS[name] = Method(handler, eras, slow)
+
+
+def registered_method(name):
+    """The Method registered as `name`; for a name nobody registered, one in no era."""
+    return METHODS.get(name) or Method(None, (), False)
 
 
 def register_era(parse):
@@ -709,7 +720,7 @@ def parse_request(message, session, notify=None):
 
 def handshake_request(request_id, method, params, session, notify):
     """Handshake era: the version is the one initialize negotiated for this session."""
-    if "handshake" not in METHODS.get(method, (None, (), False))[1]:
+    if "handshake" not in registered_method(method).eras:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
     if session.protocol_version is None and method not in ("initialize", "ping"):   # lifecycle.mdx
         raise ProtocolError(INVALID_REQUEST, "Not initialized: send an initialize request first "
@@ -725,7 +736,7 @@ def answer_request(request):
             response = route(request)
             if response is not None:
                 return None if response is CANCELLED else response
-        result = METHODS[request.method][0](request)
+        result = METHODS[request.method].handler(request)
     except ProtocolError as exc:
         return error_response(request.id, exc.code, exc.message, exc.data)
     except Exception:
@@ -735,7 +746,7 @@ def answer_request(request):
     if result is CANCELLED:
         return None
     request.decorate(result)
-    return {"jsonrpc": "2.0", "id": request.id, "result": result}
+    return result_response(request.id, result)
 
 
 # --- The methods ------------------------------------------------------------------
@@ -773,9 +784,14 @@ def server_capabilities(version):
     return {name: value for name, value in offered.items() if value is not None}
 
 
-def handle_tools_list(request):
-    if request.params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
+def refuse_cursor(request):
+    """A list method's check: we never hand out cursors, so any is unknown (pagination.mdx)."""
+    if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+
+
+def handle_tools_list(request):
+    refuse_cursor(request)
     session = request.session
     tools = [define(request.version, session.local) for define, _ in TOOLS.values()]
     return {"tools": tools if session.allow_exec else []}
@@ -1057,7 +1073,7 @@ def needs_worker(payload):
     """True if handling the payload may take long (it holds a request that runs code)."""
     messages = payload if isinstance(payload, list) else [payload]
     return any(isinstance(m, dict) and "id" in m and isinstance(m.get("method"), str)
-               and METHODS.get(m["method"], (None, (), False))[2] for m in messages)
+               and registered_method(m["method"]).slow for m in messages)
 # =============================================================================
 # 3. The executor: one call's life, on the server and in the child
 # =============================================================================
@@ -2927,7 +2943,7 @@ class HttpServer:
         disconnect (2025-11-25 transports.mdx, Sending Messages to the Server): it holds its
         token to the end, client or not. A JSON reply later than JSON_KEEPALIVE starts its body
         with blanks (json_blanks), so that no router's first-byte timeout cuts it."""
-        if not METHODS[request.method][2]:
+        if not METHODS[request.method].slow:
             return self.quick_reply(answer_request(request), accept)
         sse = "text/event-stream" in accept or not accepts_json(accept)
         inline = not sse and not request.modern
@@ -2936,7 +2952,7 @@ class HttpServer:
             result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1),
                                  request.version)
             request.decorate(result)
-            return json_reply({"jsonrpc": "2.0", "id": request.id, "result": result})
+            return json_reply(result_response(request.id, result))
         if sse:
             def on_close():
                 self.budget.release(token)
@@ -5413,8 +5429,7 @@ def handle_resources_read(request):
 def handle_resources_list(request):
     """This MCP session's calls' files. Other sessions' are readable by exact URI (an unguessable
     capability), never listed; a stateless request, a session of its own, lists none."""
-    if request.params.get("cursor") is not None:
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+    refuse_cursor(request)
     return {"resources": [
         {"uri": uri, "name": name, "size": size,
          "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
@@ -5927,7 +5942,7 @@ def modern_request(request_id, method, params, session, notify):
     if version not in MODERN_VERSIONS:
         raise ProtocolError(UNSUPPORTED_VERSION, "Unsupported protocol version",
                             {"supported": list(SUPPORTED_VERSIONS), "requested": version})
-    if "modern" not in METHODS.get(method, (None, (), False))[1]:
+    if "modern" not in registered_method(method).eras:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
     return ModernRequest(request_id, method, params, session, version, notify)
 
@@ -6380,8 +6395,7 @@ def handle_tasks_list(request):
     """This MCP session's tasks: with one shared key, the narrowest list we can give."""
     if not protocol(request.version).tasks:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: tasks/list (from 2025-11-25)")
-    if request.params.get("cursor") is not None:
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+    refuse_cursor(request)
     return {"tasks": [job.task(False) for job in JOBS.of(request.session.owner)]}
 
 
@@ -7428,7 +7442,7 @@ class SharedService:
                                         session=self.described(request.session))
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
-        return {"jsonrpc": "2.0", "id": request.id, "result": {"tasks": tasks}}
+        return result_response(request.id, {"tasks": tasks})
 
     def tasks_here(self, message):
         return [job.task(False) for job in JOBS.of(message["session"]["owner"])]
@@ -7513,7 +7527,7 @@ class SharedService:
         if isinstance(result, ProtocolError):
             return error_response(request.id, result.code, result.message)
         request.decorate(result)
-        return {"jsonrpc": "2.0", "id": request.id, "result": result}
+        return result_response(request.id, result)
 
 
 # What another instance may ask of this one (SharedService.answer).
@@ -7594,7 +7608,7 @@ def failed_response(request, text):
             result = {"taskId": request.params["taskId"], "status": "failed",
                       "statusMessage": text, "createdAt": now, "lastUpdatedAt": now}
         request.decorate(result)
-        return {"jsonrpc": "2.0", "id": request.id, "result": result}
+        return result_response(request.id, result)
     if request.method == "resources/read":
         code = INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND
         return error_response(request.id, code, "Resource not found: " + text)
