@@ -7178,6 +7178,7 @@ class SharedService:
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.down_since = None           # when Redis stopped answering the heartbeat
+        self.followed = {}               # hid -> the last_used follow_idle_clocks() set
         self.workers = Workers()
 
     def start(self):
@@ -7199,7 +7200,8 @@ class SharedService:
                 self.published = {h: p for h, p in self.published.items() if JOBS.get(h)}
                 streams = list(self.streams)
                 known = {h: s for h, s in self.sessions.items() if isinstance(s, HttpSession)}
-                used = [h for h, s in known.items() if s.last_used >= last]
+                used = [h for h, s in known.items()        # here: not a clock we followed
+                        if s.last_used >= last and s.last_used != self.followed.get(h)]
             try:
                 self.store.beat(streams)
                 self.store.renew("session", used, SESSION_IDLE_TIMEOUT)
@@ -7220,11 +7222,14 @@ class SharedService:
     def follow_idle_clocks(self, known):
         """A session's idle time is the service's: its record's TTL, renewed by a use anywhere,
         sets back the clock of this instance's copy, so that the copy (and the jobs and
-        kernels it has here) does not expire while the session is used elsewhere."""
+        kernels it has here) does not expire while the session is used elsewhere. A clock set
+        back so is no use here: renewing the record for it would keep an idle session forever."""
         now = time.monotonic()
+        self.followed = {hid: self.followed[hid] for hid in known if hid in self.followed}
         for (hid, session), left in zip(known.items(), self.store.ttls("session", list(known))):
-            if left > 0:
-                session.last_used = max(session.last_used, now - (SESSION_IDLE_TIMEOUT - left))
+            if left > 0 and now - (SESSION_IDLE_TIMEOUT - left) > session.last_used:
+                session.last_used = now - (SESSION_IDLE_TIMEOUT - left)
+                self.followed[hid] = session.last_used
             elif now - session.last_used > SESSION_IDLE_TIMEOUT:     # over, everywhere
                 with self.lock:
                     self.sessions.pop(hid, None)

@@ -5979,7 +5979,8 @@ def test_head_on_mcp_is_405_and_runs_nothing(web, tmp_path):
     status, headers, _ = web.request("HEAD", "/mcp", call_message("open(%r, 'w')" % str(marker)),
                                      dict(AUTH, Accept="application/json"))
     assert status == 405 and "POST" in headers["allow"]
-    time.sleep(0.5)
+    sid, _ = web.initialize(LATEST)
+    assert tool_output(http_call(web, sid, "print(6*7)"))["stdout"] == "42\n"   # a later call ran
     assert not marker.exists()
 
 
@@ -7308,18 +7309,27 @@ def test_a_session_used_elsewhere_does_not_expire_here_with_its_kernel(service, 
     # Idle time is the service's: web.b's copy of a session used only on web.a follows its
     # record's TTL, so web.b's sweep of idle sessions (run when a session opens there) does
     # not end the session, nor the kernel it has on web.b. SESSION_IDLE_TIMEOUT=5, above the
-    # 3.3 s between heartbeats, which renew the record.
+    # 3.3 s between heartbeats, which renew the record. A control session, opened on web.b
+    # after the session's last use there and never used again, says when web.b's idle time
+    # has run out: its record is gone from Redis (and web.b's sweep ends it).
     _, redis_server, _ = service
     here, there = (start_instance(tmp_path, redis_server.url, name, SESSION_IDLE_TIMEOUT="5")
                    for name in ("web.a", "web.b"))
     try:
         sid, _ = here.initialize(LATEST)
         kernel = tool_output(http_call(there, sid, "x = 41", session="new"))["session"]
-        for n in range(8):                        # used on web.a alone for 8 s
-            assert tool_output(http_call(here, sid, "print(%d)" % n, 3 + n))["stdout"] == "%d\n" % n
-            time.sleep(1)
+        control, _ = there.initialize(LATEST)
+        control_record, redis = "mcp-exec:session:" + store_hid(control), redis_server.client()
+        uses = iter(range(3, 1000))
+
+        def used_here_till_the_control_expired():
+            n = next(uses)
+            assert tool_output(http_call(here, sid, "print(%d)" % n, n))["stdout"] == "%d\n" % n
+            return not redis.exists(control_record)
+        assert wait_until(used_here_till_the_control_expired, seconds=HANG, step=0.5)
         there.initialize(LATEST)                  # web.b sweeps its idle sessions
-        out = tool_output(http_call(there, sid, "x + 1", 20, session=kernel))
+        assert there.mcp({"jsonrpc": "2.0", "id": 9, "method": "ping"}, control)[0] == 404
+        out = tool_output(http_call(there, sid, "x + 1", 1000, session=kernel))
         assert out.get("value") == "42", out
     finally:
         here.stop()
