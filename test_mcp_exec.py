@@ -960,7 +960,7 @@ def test_a_call_is_one_typed_object_that_sections_cannot_add_to():
         call.something_new = 1
 
 
-# ===== 2. The wire format: JSON-RPC framing =====
+# ===== 2. The wire format (handshake era): JSON-RPC framing =====
 
 
 def test_unparsable_line_is_parse_error_with_null_id(start_wire):
@@ -1208,7 +1208,7 @@ def test_stdout_carries_only_json_lines(own_server):
     assert len(own_server.lines) >= 6
 
 
-# ===== 2. The wire format: lifecycle and versions =====
+# ===== 2. The wire format (handshake era): lifecycle and versions =====
 
 
 def test_ping_before_initialize_is_answered(start_wire):
@@ -1316,7 +1316,7 @@ def test_server_discover_lists_every_supported_version(start_wire):
     assert "tools" in result["capabilities"]
 
 
-# ===== 2. The wire format: tools =====
+# ===== 2. The wire format (handshake era): tools =====
 
 
 def list_tool(s, version):
@@ -1669,7 +1669,7 @@ def test_non_ascii_output_round_trips(server):
     assert out["stdout"] == "h\u00e9llo \u2603 \U0001f600\n"
 
 
-# ===== 3. stdio transport =====
+# ===== 4. stdio transport =====
 
 
 def test_inprocess_workers_reuse_a_waiting_thread_and_wait_for_work_not_threads():
@@ -1767,7 +1767,7 @@ def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_initialized)
     assert '<-- {"jsonrpc":"2.0","id":"traced-ping","result":{}}' in stderr
 
 
-# ===== 4. Executor =====
+# ===== 3. The executor: one call's life, on the server and in the child =====
 
 # The grandchild says it runs (on a pipe of its own: it keeps the call's stdout and stderr),
 # then the code prints and leaves `printed`: a line printed before the timeout.
@@ -2242,7 +2242,7 @@ def test_calls_beyond_the_queue_are_refused_as_busy(start_initialized, tmp_path)
     assert s.wait_for(71)["result"]["isError"] is False
 
 
-# ===== 6. Fork server =====
+# ===== 6. Fork server: one template interpreter per environment =====
 
 FORK_PROBE = r"""
 import json, os, random, sys
@@ -2565,7 +2565,7 @@ def test_the_orphans_of_a_call_leave_no_zombie_in_its_template(server):
     assert left == [], left
 
 
-# ===== 7. Containment =====
+# ===== 7. Containment: a call cannot reach another call, the server, or its secret =====
 
 def landlock_abi():
     try:
@@ -3771,7 +3771,7 @@ def test_a_100_mb_repr_is_capped_and_marked_truncated(server):
     assert out["value"].startswith("'xxx") and len(out["value"]) < 1_000_000
 
 
-# ===== 8. Package environments: the isolated cache (use_temp_dir) =====
+# ===== 8. Environments: isolated venvs, cached (use_temp_dir) =====
 
 PREFIX_PROBE = "import sys\nimport mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE, sys.prefix)\n"
 
@@ -3957,7 +3957,7 @@ def test_hermetic_install_through_uv(start_initialized, tmp_path, wheelhouse):
     assert not (tmp_path / "pip.log").exists(), "pip ran although uv is on PATH"
 
 
-# ===== 9. What the model sees: values, images, files =====
+# ===== 9. What the model sees: the last value, images, files in and out =====
 
 def test_last_expression_value_is_returned(server):
     assert server.run("x = 40\nx + 2")[1]["value"] == "42"
@@ -4212,7 +4212,7 @@ def rss_kb(pid, field="VmRSS"):
         return int(next(line for line in f if line.startswith(field + ":")).split()[1])
 
 
-# ===== 10. Kernels (the "session" argument) =====
+# ===== 10. Kernels: state that lives across calls, when the model asks for it =====
 
 def new_session(s, code="", **arguments):
     result, out = s.run(code, session="new", **arguments)
@@ -4547,7 +4547,8 @@ def test_a_store_too_small_for_a_call_still_answers_it(start_initialized):
     assert not result["isError"] and len(out["files"]) == 3
 
 
-# ===== 12. Jobs and tasks: CALL_WAIT, {"job": ...}, 2025-11-25 Tasks, the 2026-07-28 extension =====
+# ===== 12. Jobs and tasks: progress, and runs that outlive their request =====
+# CALL_WAIT, {"job": ...}, 2025-11-25 Tasks, the 2026-07-28 extension.
 # Events are ordered by what the server says (handles, pids, statuses, files), never by sleeping.
 
 TASKS_EXT = "io.modelcontextprotocol/tasks"
@@ -5205,7 +5206,7 @@ def test_a_job_whose_install_fails_after_call_wait_still_says_why(start_initiali
     assert "Dependency install failed" in out["stderr"], out
 
 
-# ===== 13. HTTP transports =====
+# ===== 5. HTTP: Streamable HTTP and HTTP+SSE, on Flask and waitress =====
 # A real waitress (python mcp_exec.py --http) on a free loopback port, spoken to with
 # http.client: the bytes on the wire are what we assert.
 
@@ -6194,7 +6195,7 @@ def _health(server):
         return False
 
 
-# --- The 2026-07-28 era on Streamable HTTP -----------------------------------------
+# ===== 11. The 2026-07-28 era: stateless requests (on Streamable HTTP) =====
 
 
 
@@ -6329,7 +6330,7 @@ def test_departed_json_clients_cannot_take_the_threads_health_needs(start_http, 
     assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
 
 
-# --- Liveness under load ------------------------------------
+# ===== 5. HTTP (continued): liveness under load =====
 
 def health_times(server, stop, times):
     """Poll /health until `stop` is set, recording how long each answer took."""
@@ -6516,7 +6517,7 @@ def test_http_without_flask_names_the_command_that_installs_it(tmp_path):
     assert "flask and waitress" in err and "pip install -r requirements.txt" in err
 
 
-# ===== 14. Client =====
+# ===== 13. Client =====
 # `python mcp_exec.py client ...` as a subprocess, against a stdio server it starts
 # itself (its own environment, so this test's MCP_EXEC_DIR) or the HTTP servers above.
 
@@ -6890,7 +6891,7 @@ def test_demo_shows_a_session_on_the_wire(tmp_path):
     assert "5050" in text
 
 
-# --- Many instances as one service: REDIS_URL (section 14) -----------------------------------
+# ===== 14. Many instances as one service: REDIS_URL =====
 # A real redis-server on a free loopback port, no persistence; real instances (python
 # mcp_exec.py --http, each with its own DYNO and MCP_EXEC_DIR); and a router: each request
 # goes to the next instance in turn, as Heroku's does, with no session affinity.
