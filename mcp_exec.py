@@ -366,6 +366,11 @@ def error_response(request_id, code, message, data=None):
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
+def result_response(request_id, result):
+    """The response that carries a method's result."""
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
 def _reject_constant(name):
     raise ValueError("%s is not JSON" % name)
 
@@ -433,6 +438,7 @@ def protocol(version):
 #   start_child(env, config, pipes, extra_fds)         child_config(config, environ, dir, local)
 #   watch(pid, directory) -> a watch, or None          child_setup(config), in the child
 #   installer(argv, env, python) -> argv: how pip/uv start
+#   environments(root) -> the ENVIRONMENTS part
 #                                                      child_report(value, config) -> dict
 #                                                      read_record(result, record)
 #                                                      http_post(server, payload, headers, gone)
@@ -452,7 +458,7 @@ def protocol(version):
 #                                                      job_ended(job), job_answered(job)
 #                                                      decorate(request, result): a last touch
 
-METHODS = {}              # method -> (handler(request) -> result, its eras, slow?)
+METHODS = {}              # method name -> its Method(handler, eras, slow)
 ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
 ARGUMENT_CHECKS = []      # check(arguments, call) -> None, or what is wrong
 CODE_OPTIONAL_WITH = []   # arguments that stand in for "code" (a job's handle)
@@ -464,14 +470,21 @@ LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(
 STEPS = {}                # step name -> the function that does it now
 HOOKS = collections.defaultdict(list)       # hook name -> the functions that run there
 CHILD_MODES = {}          # the child's config["mode"] -> ChildMode(serve, before_setup)
-PARTS = {}                # name -> factory(): the server's long-lived objects (build_parts)
+PART_BUILDERS = []        # build(part): a section's long-lived objects, as its module names
+PARTS = {}                # part name -> its factory(), as build_parts() last built it
 COMMANDS = {}             # first command-line word -> main(rest of the words) -> exit status
 ChildMode = collections.namedtuple("ChildMode", "serve before_setup")
+Method = collections.namedtuple("Method", "handler eras slow")    # handler(request) -> result
 
 
 def register_method(name, handler, eras=("handshake", "modern"), slow=False):
     """A request handler. A slow one (it may wait for code) runs on a worker thread."""
-    METHODS[name] = (handler, eras, slow)
+    METHODS[name] = Method(handler, eras, slow)
+
+
+def registered_method(name):
+    """The Method registered as `name`; for a name nobody registered, one in no era."""
+    return METHODS.get(name) or Method(None, (), False)
 
 
 def register_era(parse):
@@ -530,16 +543,20 @@ def register_child_mode(mode, serve, before_setup=False):
     CHILD_MODES[mode] = ChildMode(serve, before_setup)
 
 
-def register_part(name, factory):
-    """A long-lived object of the server, made by build_parts() as the module global `name`."""
-    PARTS[name] = factory
+def register_parts(build):
+    """A section's long-lived objects: build(part) assigns each to the module name the section
+    declares beside it (`SANDBOX = part("SANDBOX", factory)`), when build_parts() runs."""
+    PART_BUILDERS.append(build)
 
 
 def build_parts(**fakes):
-    """Make every registered part, in registration order, as a module global: the one place
-    where the server's long-lived objects are built. A test passes fakes by name."""
-    for name, factory in PARTS.items():
-        globals()[name] = fakes[name] if name in fakes else factory()
+    """Make every section's parts, in registration order: the one time the server's long-lived
+    objects are built. A test passes fakes by name, which stand in for their factories."""
+    def part(name, factory):
+        PARTS[name] = factory
+        return fakes[name] if name in fakes else factory()
+    for build in PART_BUILDERS:
+        build(part)
 
 
 def register_command(words, main):
@@ -703,7 +720,7 @@ def parse_request(message, session, notify=None):
 
 def handshake_request(request_id, method, params, session, notify):
     """Handshake era: the version is the one initialize negotiated for this session."""
-    if "handshake" not in METHODS.get(method, (None, (), False))[1]:
+    if "handshake" not in registered_method(method).eras:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
     if session.protocol_version is None and method not in ("initialize", "ping"):   # lifecycle.mdx
         raise ProtocolError(INVALID_REQUEST, "Not initialized: send an initialize request first "
@@ -719,7 +736,7 @@ def answer_request(request):
             response = route(request)
             if response is not None:
                 return None if response is CANCELLED else response
-        result = METHODS[request.method][0](request)
+        result = METHODS[request.method].handler(request)
     except ProtocolError as exc:
         return error_response(request.id, exc.code, exc.message, exc.data)
     except Exception:
@@ -729,7 +746,7 @@ def answer_request(request):
     if result is CANCELLED:
         return None
     request.decorate(result)
-    return {"jsonrpc": "2.0", "id": request.id, "result": result}
+    return result_response(request.id, result)
 
 
 # --- The methods ------------------------------------------------------------------
@@ -767,9 +784,14 @@ def server_capabilities(version):
     return {name: value for name, value in offered.items() if value is not None}
 
 
-def handle_tools_list(request):
-    if request.params.get("cursor") is not None:   # we never hand out cursors (pagination.mdx)
+def refuse_cursor(request):
+    """A list method's check: we never hand out cursors, so any is unknown (pagination.mdx)."""
+    if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+
+
+def handle_tools_list(request):
+    refuse_cursor(request)
     session = request.session
     tools = [define(request.version, session.local) for define, _ in TOOLS.values()]
     return {"tools": tools if session.allow_exec else []}
@@ -1051,7 +1073,7 @@ def needs_worker(payload):
     """True if handling the payload may take long (it holds a request that runs code)."""
     messages = payload if isinstance(payload, list) else [payload]
     return any(isinstance(m, dict) and "id" in m and isinstance(m.get("method"), str)
-               and METHODS.get(m["method"], (None, (), False))[2] for m in messages)
+               and registered_method(m["method"]).slow for m in messages)
 # =============================================================================
 # 3. The executor: one call's life, on the server and in the child
 # =============================================================================
@@ -2295,9 +2317,18 @@ def executor_shutdown():
     RUN_DIR.close()
 
 
-register_part("EXEC_SLOTS", lambda: CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE))
-register_part("RUN_DIR", lambda: RunDir(STATE_DIR))
-register_part("ENVIRONMENTS", lambda: Environments(STATE_DIR))
+EXEC_SLOTS = RUN_DIR = ENVIRONMENTS = None      # the core's parts, made by build_parts()
+
+
+def build_core_parts(part):
+    global EXEC_SLOTS, RUN_DIR, ENVIRONMENTS
+    EXEC_SLOTS = part("EXEC_SLOTS", lambda: CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE))
+    RUN_DIR = part("RUN_DIR", lambda: RunDir(STATE_DIR))
+    ENVIRONMENTS = part("ENVIRONMENTS", lambda: STEPS["environments"](STATE_DIR))
+
+
+register_parts(build_core_parts)
+register_step("environments", Environments)            # section 8 caches isolated venvs
 register_step("run", run_stateless)
 register_step("start_child", spawn_child)
 register_step("installer", lambda argv, env, python: argv)    # section 7 confines it
@@ -2912,7 +2943,7 @@ class HttpServer:
         disconnect (2025-11-25 transports.mdx, Sending Messages to the Server): it holds its
         token to the end, client or not. A JSON reply later than JSON_KEEPALIVE starts its body
         with blanks (json_blanks), so that no router's first-byte timeout cuts it."""
-        if not METHODS[request.method][2]:
+        if not METHODS[request.method].slow:
             return self.quick_reply(answer_request(request), accept)
         sse = "text/event-stream" in accept or not accepts_json(accept)
         inline = not sse and not request.modern
@@ -2921,7 +2952,7 @@ class HttpServer:
             result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1),
                                  request.version)
             request.decorate(result)
-            return json_reply({"jsonrpc": "2.0", "id": request.id, "result": result})
+            return json_reply(result_response(request.id, result))
         if sse:
             def on_close():
                 self.budget.release(token)
@@ -3156,8 +3187,9 @@ def _hang_up(environ):
 def __getattr__(name):
     """`mcp_exec:app` for waitress-serve: the Flask app is built on first access only."""
     if name == "app":
-        globals()["app"] = create_app()
-        return globals()["app"]
+        global app
+        app = create_app()
+        return app
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
@@ -3309,9 +3341,10 @@ def main(argv=None):
 def core_alone():
     """True where this file is the core alone, cut off at the line that ends it: then the
     module ends here, and builds its parts and serves below. The whole file does both at its
-    end instead, once every section has registered."""
-    with open(__file__, "rb") as f:
-        return b"\n# The core " + b"ends here" not in f.read()
+    end instead, once every section has registered. Python compiled the whole module before it
+    ran its first line, and the module's code lists every global name any of its lines sets:
+    the line after the core's end sets SECTIONS_FOLLOW. So nothing is read from disk."""
+    return "SECTIONS_FOLLOW" not in sys._getframe(1).f_code.co_names
 
 
 register_command([""], lambda args: serve_stdio())
@@ -3326,6 +3359,7 @@ if core_alone():
 # The core ends here. What follows makes that server faster, safer and richer, each section
 # only through the core's register_*(): the fork server, containment, cached environments, what
 # the model sees, kernels, the 2026-07-28 era, jobs and tasks, the client and the command line.
+SECTIONS_FOLLOW = True          # the name core_alone() looks for: this file goes on
 
 import importlib
 import io
@@ -3904,7 +3938,15 @@ def fork_child(env, config, pipes, extra_fds=()):
             or spawn_child(env, config, pipes, extra_fds))
 
 
-register_part("TEMPLATES", lambda: Templates(FORK_SERVER))
+TEMPLATES = None          # section 6's part, made by build_parts()
+
+
+def build_templates(part):
+    global TEMPLATES
+    TEMPLATES = part("TEMPLATES", lambda: Templates(FORK_SERVER))
+
+
+register_parts(build_templates)
 register_step("start_child", fork_child)
 register_child_mode("template", serve_template, before_setup=True)
 register_hook("inputs", hear_imports)
@@ -4841,9 +4883,17 @@ def sandbox_child(config):
         apply_sandbox(config["sandbox"])
 
 
-register_part("SANDBOX", lambda: Sandbox(EXEC_SANDBOX, EXEC_NETWORK))
-register_part("MONITOR", Monitor)
-register_part("CGROUPS", CallCgroups)
+SANDBOX = MONITOR = CGROUPS = None     # section 7's parts, made by build_parts()
+
+
+def build_containment(part):
+    global SANDBOX, MONITOR, CGROUPS
+    SANDBOX = part("SANDBOX", lambda: Sandbox(EXEC_SANDBOX, EXEC_NETWORK))
+    MONITOR = part("MONITOR", Monitor)
+    CGROUPS = part("CGROUPS", CallCgroups)
+
+
+register_parts(build_containment)
 register_hook("child_config", contain_child)
 register_hook("child_setup", sandbox_child)
 register_step("installer", confine_installer)
@@ -4994,7 +5044,7 @@ def _exclusive_lease(venv):
 
 
 LEASE_FILE = ".mcp-exec-lease"
-register_part("ENVIRONMENTS", lambda: CachedEnvironments(STATE_DIR))
+register_step("environments", CachedEnvironments)      # what the core's ENVIRONMENTS is
 register_lifecycle(setup=lambda: ENVIRONMENTS.recover())
 
 
@@ -5409,8 +5459,7 @@ def handle_resources_read(request):
 def handle_resources_list(request):
     """This MCP session's calls' files. Other sessions' are readable by exact URI (an unguessable
     capability), never listed; a stateless request, a session of its own, lists none."""
-    if request.params.get("cursor") is not None:
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+    refuse_cursor(request)
     return {"resources": [
         {"uri": uri, "name": name, "size": size,
          "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
@@ -5500,8 +5549,16 @@ def as_original(result):
             result["structuredContent"] = {"result": obj}
 
 
+OUTPUTS = None            # section 9's part, made by build_parts()
+
+
+def build_outputs(part):
+    global OUTPUTS
+    OUTPUTS = part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
+
+
 register_hook("decorate", shape_result)
-register_part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
+register_parts(build_outputs)
 register_hook("child_config", value_limits)
 register_hook("child_report", describe_value)
 register_hook("read_record", apply_record)
@@ -5835,7 +5892,15 @@ KERNEL_NOTE = ("Calls share nothing unless you pass \"session\": \"new\" (variab
                "files then persist) and the \"session\" handle it returns in later calls; end it "
                "with %s when done. Sessions end after %d minutes idle."
                % ("code_exec_job", SESSION_IDLE // 60))
-register_part("KERNELS", Kernels)
+KERNELS = None            # section 10's part, made by build_parts()
+
+
+def build_kernels(part):
+    global KERNELS
+    KERNELS = part("KERNELS", Kernels)
+
+
+register_parts(build_kernels)
 register_step("run", run_call_or_kernel)
 register_child_mode("kernel", serve_kernel)
 register_lifecycle(shutdown=lambda: KERNELS.close())
@@ -5907,7 +5972,7 @@ def modern_request(request_id, method, params, session, notify):
     if version not in MODERN_VERSIONS:
         raise ProtocolError(UNSUPPORTED_VERSION, "Unsupported protocol version",
                             {"supported": list(SUPPORTED_VERSIONS), "requested": version})
-    if "modern" not in METHODS.get(method, (None, (), False))[1]:
+    if "modern" not in registered_method(method).eras:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
     return ModernRequest(request_id, method, params, session, version, notify)
 
@@ -6360,8 +6425,7 @@ def handle_tasks_list(request):
     """This MCP session's tasks: with one shared key, the narrowest list we can give."""
     if not protocol(request.version).tasks:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: tasks/list (from 2025-11-25)")
-    if request.params.get("cursor") is not None:
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
+    refuse_cursor(request)
     return {"tasks": [job.task(False) for job in JOBS.of(request.session.owner)]}
 
 
@@ -6405,7 +6469,15 @@ def job_tool_arguments(arguments):
     return dict(arguments, code="", session=arguments["end_session"], end_session=True)
 
 
-register_part("JOBS", Jobs)
+JOBS = None               # section 12's part, made by build_parts()
+
+
+def build_jobs(part):
+    global JOBS
+    JOBS = part("JOBS", Jobs)
+
+
+register_parts(build_jobs)
 register_step("call", job_call_mode)
 register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
                       capability=JOB_CAPABILITIES, results=JOB_RESULTS,
@@ -7136,6 +7208,7 @@ class SharedService:
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.down_since = None           # when Redis stopped answering the heartbeat
+        self.followed = {}               # hid -> the last_used follow_idle_clocks() set
         self.workers = Workers()
 
     def start(self):
@@ -7157,7 +7230,8 @@ class SharedService:
                 self.published = {h: p for h, p in self.published.items() if JOBS.get(h)}
                 streams = list(self.streams)
                 known = {h: s for h, s in self.sessions.items() if isinstance(s, HttpSession)}
-                used = [h for h, s in known.items() if s.last_used >= last]
+                used = [h for h, s in known.items()        # here: not a clock we followed
+                        if s.last_used >= last and s.last_used != self.followed.get(h)]
             try:
                 self.store.beat(streams)
                 self.store.renew("session", used, SESSION_IDLE_TIMEOUT)
@@ -7178,11 +7252,14 @@ class SharedService:
     def follow_idle_clocks(self, known):
         """A session's idle time is the service's: its record's TTL, renewed by a use anywhere,
         sets back the clock of this instance's copy, so that the copy (and the jobs and
-        kernels it has here) does not expire while the session is used elsewhere."""
+        kernels it has here) does not expire while the session is used elsewhere. A clock set
+        back so is no use here: renewing the record for it would keep an idle session forever."""
         now = time.monotonic()
+        self.followed = {hid: self.followed[hid] for hid in known if hid in self.followed}
         for (hid, session), left in zip(known.items(), self.store.ttls("session", list(known))):
-            if left > 0:
-                session.last_used = max(session.last_used, now - (SESSION_IDLE_TIMEOUT - left))
+            if left > 0 and now - (SESSION_IDLE_TIMEOUT - left) > session.last_used:
+                session.last_used = now - (SESSION_IDLE_TIMEOUT - left)
+                self.followed[hid] = session.last_used
             elif now - session.last_used > SESSION_IDLE_TIMEOUT:     # over, everywhere
                 with self.lock:
                     self.sessions.pop(hid, None)
@@ -7400,7 +7477,7 @@ class SharedService:
                                         session=self.described(request.session))
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
-        return {"jsonrpc": "2.0", "id": request.id, "result": {"tasks": tasks}}
+        return result_response(request.id, {"tasks": tasks})
 
     def tasks_here(self, message):
         return [job.task(False) for job in JOBS.of(message["session"]["owner"])]
@@ -7485,7 +7562,7 @@ class SharedService:
         if isinstance(result, ProtocolError):
             return error_response(request.id, result.code, result.message)
         request.decorate(result)
-        return {"jsonrpc": "2.0", "id": request.id, "result": result}
+        return result_response(request.id, result)
 
 
 # What another instance may ask of this one (SharedService.answer).
@@ -7566,7 +7643,7 @@ def failed_response(request, text):
             result = {"taskId": request.params["taskId"], "status": "failed",
                       "statusMessage": text, "createdAt": now, "lastUpdatedAt": now}
         request.decorate(result)
-        return {"jsonrpc": "2.0", "id": request.id, "result": result}
+        return result_response(request.id, result)
     if request.method == "resources/read":
         code = INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND
         return error_response(request.id, code, "Resource not found: " + text)
@@ -7597,10 +7674,23 @@ def shared_setup():
     SHARED = SharedService(store)
     SHARED.start()
     log("instance %s of a shared service: Redis %s at %s" % (INSTANCE, version, store.url))
-    for name in ("route", "cancelled", "find_session", "session_opened", "session_deleted",
-                 "sse_opened", "sse_elsewhere", "health", "job_published", "job_ended",
-                 "job_answered"):
-        register_hook(name, getattr(SHARED, name))      # the hooks of the same names
+    register_shared_hooks(SHARED)
+
+
+def register_shared_hooks(shared):
+    """The core's and sections' hooks a shared service serves, each by its method of the same
+    name: where a request belongs, and what other instances must hear of."""
+    register_hook("route", shared.route)
+    register_hook("cancelled", shared.cancelled)
+    register_hook("find_session", shared.find_session)
+    register_hook("session_opened", shared.session_opened)
+    register_hook("session_deleted", shared.session_deleted)
+    register_hook("sse_opened", shared.sse_opened)
+    register_hook("sse_elsewhere", shared.sse_elsewhere)
+    register_hook("health", shared.health)
+    register_hook("job_published", shared.job_published)
+    register_hook("job_ended", shared.job_ended)
+    register_hook("job_answered", shared.job_answered)
 
 
 SHARED = None             # the SharedService, with REDIS_URL over HTTP (shared_setup)

@@ -818,6 +818,26 @@ def test_the_cut_core_serves_streamable_http_and_sse_under_waitress(tmp_path):
     assert not re.search(r"^(from|import) flask\b", core.read_text(), re.M)  # only HTTP does
 
 
+SOURCE_READS = """
+import os, sys
+server = os.path.abspath(sys.argv[1])
+reads = []
+def note(event, args):      # an open() whose caller is the server's own code, of its own file
+    if event == "open" and isinstance(args[0], str) and os.path.abspath(args[0]) == server:
+        reads.append(sys._getframe(1).f_code.co_filename)
+sys.addaudithook(note)
+sys.path.insert(0, os.path.dirname(server))
+import mcp_exec
+print([name for name in reads if os.path.abspath(name) == server])
+"""
+
+
+def test_the_file_reads_not_its_own_source_at_import():
+    proc = subprocess.run([sys.executable, "-c", SOURCE_READS, SERVER], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert proc.stdout.strip() == "[]", (proc.stdout, proc.stderr)     # not in any child either
+
+
 def test_the_cut_core_keeps_code_off_the_web_with_stdio_mode_only(tmp_path):
     cut_core(tmp_path)
     server = HttpProcess(tmp_path, waitress=[], app="core:app", cwd=tmp_path,
@@ -940,7 +960,7 @@ def test_a_call_is_one_typed_object_that_sections_cannot_add_to():
         call.something_new = 1
 
 
-# ===== 2. The wire format: JSON-RPC framing =====
+# ===== 2. The wire format (handshake era): JSON-RPC framing =====
 
 
 def test_unparsable_line_is_parse_error_with_null_id(start_wire):
@@ -1188,7 +1208,7 @@ def test_stdout_carries_only_json_lines(own_server):
     assert len(own_server.lines) >= 6
 
 
-# ===== 2. The wire format: lifecycle and versions =====
+# ===== 2. The wire format (handshake era): lifecycle and versions =====
 
 
 def test_ping_before_initialize_is_answered(start_wire):
@@ -1296,7 +1316,7 @@ def test_server_discover_lists_every_supported_version(start_wire):
     assert "tools" in result["capabilities"]
 
 
-# ===== 2. The wire format: tools =====
+# ===== 2. The wire format (handshake era): tools =====
 
 
 def list_tool(s, version):
@@ -1649,7 +1669,7 @@ def test_non_ascii_output_round_trips(server):
     assert out["stdout"] == "h\u00e9llo \u2603 \U0001f600\n"
 
 
-# ===== 3. stdio transport =====
+# ===== 4. stdio transport =====
 
 
 def test_inprocess_workers_reuse_a_waiting_thread_and_wait_for_work_not_threads():
@@ -1747,7 +1767,7 @@ def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_initialized)
     assert '<-- {"jsonrpc":"2.0","id":"traced-ping","result":{}}' in stderr
 
 
-# ===== 4. Executor =====
+# ===== 3. The executor: one call's life, on the server and in the child =====
 
 # The grandchild says it runs (on a pipe of its own: it keeps the call's stdout and stderr),
 # then the code prints and leaves `printed`: a line printed before the timeout.
@@ -2222,7 +2242,7 @@ def test_calls_beyond_the_queue_are_refused_as_busy(start_initialized, tmp_path)
     assert s.wait_for(71)["result"]["isError"] is False
 
 
-# ===== 6. Fork server =====
+# ===== 6. Fork server: one template interpreter per environment =====
 
 FORK_PROBE = r"""
 import json, os, random, sys
@@ -2552,7 +2572,7 @@ def test_the_orphans_of_a_call_leave_no_zombie_in_its_template(server):
     assert left == [], left
 
 
-# ===== 7. Containment =====
+# ===== 7. Containment: a call cannot reach another call, the server, or its secret =====
 
 def landlock_abi():
     try:
@@ -3762,7 +3782,7 @@ def test_a_100_mb_repr_is_capped_and_marked_truncated(server):
     assert out["value"].startswith("'xxx") and len(out["value"]) < 1_000_000
 
 
-# ===== 8. Package environments: the isolated cache (use_temp_dir) =====
+# ===== 8. Environments: isolated venvs, cached (use_temp_dir) =====
 
 PREFIX_PROBE = "import sys\nimport mcpexec_testpkg\nprint(mcpexec_testpkg.VALUE, sys.prefix)\n"
 
@@ -3948,7 +3968,7 @@ def test_hermetic_install_through_uv(start_initialized, tmp_path, wheelhouse):
     assert not (tmp_path / "pip.log").exists(), "pip ran although uv is on PATH"
 
 
-# ===== 9. What the model sees: values, images, files =====
+# ===== 9. What the model sees: the last value, images, files in and out =====
 
 def test_last_expression_value_is_returned(server):
     assert server.run("x = 40\nx + 2")[1]["value"] == "42"
@@ -4203,7 +4223,7 @@ def rss_kb(pid, field="VmRSS"):
         return int(next(line for line in f if line.startswith(field + ":")).split()[1])
 
 
-# ===== 10. Kernels (the "session" argument) =====
+# ===== 10. Kernels: state that lives across calls, when the model asks for it =====
 
 def new_session(s, code="", **arguments):
     result, out = s.run(code, session="new", **arguments)
@@ -4538,7 +4558,8 @@ def test_a_store_too_small_for_a_call_still_answers_it(start_initialized):
     assert not result["isError"] and len(out["files"]) == 3
 
 
-# ===== 12. Jobs and tasks: CALL_WAIT, {"job": ...}, 2025-11-25 Tasks, the 2026-07-28 extension =====
+# ===== 12. Jobs and tasks: progress, and runs that outlive their request =====
+# CALL_WAIT, {"job": ...}, 2025-11-25 Tasks, the 2026-07-28 extension.
 # Events are ordered by what the server says (handles, pids, statuses, files), never by sleeping.
 
 TASKS_EXT = "io.modelcontextprotocol/tasks"
@@ -5196,7 +5217,7 @@ def test_a_job_whose_install_fails_after_call_wait_still_says_why(start_initiali
     assert "Dependency install failed" in out["stderr"], out
 
 
-# ===== 13. HTTP transports =====
+# ===== 5. HTTP: Streamable HTTP and HTTP+SSE, on Flask and waitress =====
 # A real waitress (python mcp_exec.py --http) on a free loopback port, spoken to with
 # http.client: the bytes on the wire are what we assert.
 
@@ -5970,7 +5991,8 @@ def test_head_on_mcp_is_405_and_runs_nothing(web, tmp_path):
     status, headers, _ = web.request("HEAD", "/mcp", call_message("open(%r, 'w')" % str(marker)),
                                      dict(AUTH, Accept="application/json"))
     assert status == 405 and "POST" in headers["allow"]
-    time.sleep(0.5)
+    sid, _ = web.initialize(LATEST)
+    assert tool_output(http_call(web, sid, "print(6*7)"))["stdout"] == "42\n"   # a later call ran
     assert not marker.exists()
 
 
@@ -6184,7 +6206,7 @@ def _health(server):
         return False
 
 
-# --- The 2026-07-28 era on Streamable HTTP -----------------------------------------
+# ===== 11. The 2026-07-28 era: stateless requests (on Streamable HTTP) =====
 
 
 
@@ -6319,7 +6341,7 @@ def test_departed_json_clients_cannot_take_the_threads_health_needs(start_http, 
     assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
 
 
-# --- Liveness under load ------------------------------------
+# ===== 5. HTTP (continued): liveness under load =====
 
 def health_times(server, stop, times):
     """Poll /health until `stop` is set, recording how long each answer took."""
@@ -6506,7 +6528,7 @@ def test_http_without_flask_names_the_command_that_installs_it(tmp_path):
     assert "flask and waitress" in err and "pip install -r requirements.txt" in err
 
 
-# ===== 14. Client =====
+# ===== 13. Client =====
 # `python mcp_exec.py client ...` as a subprocess, against a stdio server it starts
 # itself (its own environment, so this test's MCP_EXEC_DIR) or the HTTP servers above.
 
@@ -6880,7 +6902,7 @@ def test_demo_shows_a_session_on_the_wire(tmp_path):
     assert "5050" in text
 
 
-# --- Many instances as one service: REDIS_URL (section 14) -----------------------------------
+# ===== 14. Many instances as one service: REDIS_URL =====
 # A real redis-server on a free loopback port, no persistence; real instances (python
 # mcp_exec.py --http, each with its own DYNO and MCP_EXEC_DIR); and a router: each request
 # goes to the next instance in turn, as Heroku's does, with no session affinity.
@@ -7299,18 +7321,27 @@ def test_a_session_used_elsewhere_does_not_expire_here_with_its_kernel(service, 
     # Idle time is the service's: web.b's copy of a session used only on web.a follows its
     # record's TTL, so web.b's sweep of idle sessions (run when a session opens there) does
     # not end the session, nor the kernel it has on web.b. SESSION_IDLE_TIMEOUT=5, above the
-    # 3.3 s between heartbeats, which renew the record.
+    # 3.3 s between heartbeats, which renew the record. A control session, opened on web.b
+    # after the session's last use there and never used again, says when web.b's idle time
+    # has run out: its record is gone from Redis (and web.b's sweep ends it).
     _, redis_server, _ = service
     here, there = (start_instance(tmp_path, redis_server.url, name, SESSION_IDLE_TIMEOUT="5")
                    for name in ("web.a", "web.b"))
     try:
         sid, _ = here.initialize(LATEST)
         kernel = tool_output(http_call(there, sid, "x = 41", session="new"))["session"]
-        for n in range(8):                        # used on web.a alone for 8 s
-            assert tool_output(http_call(here, sid, "print(%d)" % n, 3 + n))["stdout"] == "%d\n" % n
-            time.sleep(1)
+        control, _ = there.initialize(LATEST)
+        control_record, redis = "mcp-exec:session:" + store_hid(control), redis_server.client()
+        uses = iter(range(3, 1000))
+
+        def used_here_till_the_control_expired():
+            n = next(uses)
+            assert tool_output(http_call(here, sid, "print(%d)" % n, n))["stdout"] == "%d\n" % n
+            return not redis.exists(control_record)
+        assert wait_until(used_here_till_the_control_expired, seconds=HANG, step=0.5)
         there.initialize(LATEST)                  # web.b sweeps its idle sessions
-        out = tool_output(http_call(there, sid, "x + 1", 20, session=kernel))
+        assert there.mcp({"jsonrpc": "2.0", "id": 9, "method": "ping"}, control)[0] == 404
+        out = tool_output(http_call(there, sid, "x + 1", 1000, session=kernel))
         assert out.get("value") == "42", out
     finally:
         here.stop()
