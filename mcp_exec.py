@@ -183,6 +183,9 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_SANDBOX", str, "auto", "auto (Landlock and seccomp where the kernel "
             "has them), landlock (refuse to start without), off"),
     Setting(EXECUTION, "EXEC_NETWORK", str, "on", "off = the sandbox denies every IP socket"),
+    Setting(EXECUTION, "EXEC_CGROUPS", bool, True, "a cgroup per call where the server may make "
+            "one (root, cgroup v1): the kernel keeps EXEC_MAX_PROCS and EXEC_MEMORY_MB; each "
+            "costs a call 0.5-4 ms (the kernel's RCU grace period); false = polled only"),
     Setting(EXECUTION, "EXEC_READ_PATHS", list, [],
             "over HTTP, more paths the code may read (sandbox)"),
     Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
@@ -275,6 +278,7 @@ EXEC_DISK_MB = _EXEC["EXEC_DISK_MB"]
 EXEC_MAX_ENTRIES = _EXEC["EXEC_MAX_ENTRIES"]
 EXEC_SANDBOX = _EXEC["EXEC_SANDBOX"].lower()
 EXEC_NETWORK = _EXEC["EXEC_NETWORK"].lower()
+EXEC_CGROUPS = _EXEC["EXEC_CGROUPS"]
 EXEC_READ_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_READ_PATHS"]]
 EXEC_WRITE_PATHS = [os.path.abspath(p) for p in _EXEC["EXEC_WRITE_PATHS"]]
 FORK_SERVER = _EXEC["FORK_SERVER"]
@@ -4597,7 +4601,7 @@ class CallCgroups:
 
     def start(self):
         """In the server, at start (children import this file too, and make none)."""
-        if LINUX and SANDBOX.active:
+        if LINUX and SANDBOX.active and EXEC_CGROUPS:
             for controller, directory in _cgroup_v1_dirs().items():
                 base = os.path.join(directory, "mcp-exec-%d" % os.getpid())
                 _remove_dead_servers_cgroups(directory)
@@ -4607,7 +4611,8 @@ class CallCgroups:
 
     def describe(self):
         """Which controllers calls get (before start(), as --help asks: which they would)."""
-        found = self.bases or (_cgroup_v1_dirs() if LINUX and SANDBOX.active else {})
+        found = self.bases or (_cgroup_v1_dirs() if LINUX and SANDBOX.active and EXEC_CGROUPS
+                               else {})
         return "cgroup v1 %s per call" % "+".join(sorted(found)) if found else None
 
     def make(self, name):
