@@ -1121,7 +1121,7 @@ def run_once(env, call, session, cancel, on_output):
             take_outputs(result, directory.work, call, session)
         return result
     finally:
-        directory.remove()
+        RUN_DIR.discard(directory)          # its files were taken: it goes beside the answer
 
 
 def wait_or_cancel(ready, cancel, deadline=None, wake=None):
@@ -1742,6 +1742,8 @@ class RunDir:
         self.base = os.path.join(state_dir, "run")
         self.root = self.lock = self.pids = None
         self.guard = threading.Lock()
+        self.to_remove = queue.SimpleQueue()      # CallDirs that discard() was given
+        self.remover = None                       # the thread that removes them
 
     def path(self):
         with self.guard:
@@ -1763,6 +1765,19 @@ class RunDir:
 
     def new_call(self):
         return CallDir(os.path.join(self.path(), "call-" + os.urandom(6).hex()))
+
+    def discard(self, directory):
+        """Remove a call's directory on a thread of this RunDir's, beside the call's answer: a
+        rmdir waits on the file system's journal (0.1-0.3 ms each on ext4), which it need not."""
+        self.to_remove.put(directory)
+        with self.guard:
+            if self.remover is None:
+                self.remover = threading.Thread(target=self._remove, daemon=True)
+                self.remover.start()
+
+    def _remove(self):
+        while True:
+            self.to_remove.get().remove()
 
     def record(self, pid):
         """Note a process this server started, for the next server if this one crashes."""
