@@ -2380,6 +2380,8 @@ class StdioServer:
                     dispatch(payload, self.session, self.send, self.workers)
                 except Exception:   # no input line can kill the server
                     log("error handling a line:\n" + traceback.format_exc())
+            for ended in HOOKS["input_ended"]:  # what no request can follow now ends (12: jobs)
+                ended(self.session)
             self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
         finally:
             self.session.close()                # then kill what is still running
@@ -5746,6 +5748,13 @@ class Kernels:
         with self.lock:
             return {kernel.owner for kernel in self.live.values() if kernel}
 
+    def end_followed(self, session):
+        """The "input_ended" hook (stdin closed): the session's jobs that were answered with their
+        handle and run on, on their call's worker thread, end: no request can follow them now."""
+        for job in self.of(session.owner):
+            if job.handed_off:
+                job.stop("Cancelled: the client closed the server's input.")
+
     def end_session(self, session):
         """The "session_ended" hook: an MCP session's kernels end with it, and free their
         places (SESSION_LIMIT): its next session starts from none."""
@@ -6002,9 +6011,11 @@ register_hook("http_post", modern_http_post)
 # =============================================================================
 # 12. Jobs and tasks: progress, and runs that outlive their request
 # =============================================================================
-# A job is a run owned by the server, not its request. Every tools/call runs as one on its own
-# thread, awaited at most CALL_WAIT seconds: one done in time answers as an ordinary call; one that
-# does not, with its handle and output so far ("status": "running"), and goes on. Three faces:
+# A job is a run owned by the server, not its request. Every tools/call runs as one, awaited at
+# most CALL_WAIT seconds: one done in time answers as an ordinary call; one that does not, with
+# its handle and output so far ("status": "running"), and goes on. Its code runs on the thread
+# that handles its request where another thread may answer (stdio, HTTP+SSE: dispatch()), else
+# on a thread of its own (a POST's thread holds its response). Three faces:
 #   - the handle, which any model can poll in any host: code_exec_job's {"job": "j-..."} (or,
 #     as before, code_exec_python's) waits up to CALL_WAIT again and returns only the output
 #     that is new since the last answer;
@@ -6239,6 +6250,13 @@ class Jobs:
             job.stop()
         for job in jobs:
             job.done.wait(KILL_GRACE + 1)
+
+    def end_followed(self, session):
+        """The "input_ended" hook (stdin closed): the session's jobs that were answered with their
+        handle and run on, on their call's worker thread, end: no request can follow them now."""
+        for job in self.of(session.owner):
+            if job.handed_off:
+                job.stop("Cancelled: the client closed the server's input.")
 
     def end_session(self, session):
         """The "session_ended" hook: an MCP session's jobs and tasks end with it, their
@@ -6483,6 +6501,7 @@ register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=T
 register_method("tasks/list", handle_tasks_list, eras=("handshake",))
 register_lifecycle(shutdown=lambda: JOBS.close())
 register_hook("session_ended", lambda session: JOBS.end_session(session))
+register_hook("input_ended", lambda session: JOBS.end_followed(session))
 register_hook("busy_owners", lambda: JOBS.owners())
 
 

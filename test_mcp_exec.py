@@ -4753,6 +4753,19 @@ def test_a_long_run_answers_running_then_each_line_once_then_the_result(start_in
     assert any(b.get("type") in ("resource", "resource_link") for b in last["content"][1:]), last["content"]
 
 
+def test_eof_ends_a_job_that_no_request_can_follow_any_more(start_initialized, tmp_path):
+    # A call answered with its handle runs on, on the worker thread that answered it. Once
+    # stdin closes, no request can follow it: it ends with the server, and gets none of the
+    # EOF_GRACE that a call still to be answered gets.
+    s = start_initialized(CALL_WAIT=0.3)
+    marker = out_dir(tmp_path) / "finished"
+    handle = running(Tool(s).call(code="import time\ntime.sleep(3)\nopen(%r, 'w').close()\n"
+                                       % str(marker)))
+    assert handle.startswith("j-")
+    assert s.close() == 0
+    assert not marker.exists()             # the server ended before the run could finish
+
+
 def test_cancel_kills_the_whole_process_tree(start_initialized):
     # {"job": h, "cancel": true} must stop the code and everything it started, not only
     # stop reporting on it.
