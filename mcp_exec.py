@@ -587,9 +587,11 @@ class Session:
                 event.set()
         return event
 
-    def end_call(self, request_id):
+    def end_call(self, request_id, event=None):
+        """The call is over (given its start_call() Event: if that is still the id's)."""
         with self.lock:
-            self.calls.pop(request_id, None)
+            if event is None or self.calls.get(request_id) is event:
+                self.calls.pop(request_id, None)
 
     def cancel(self, request_id):
         """Stop a running call. A cancel may overtake its call on the way to a worker thread;
@@ -6281,7 +6283,7 @@ def wait_for_job(job, request, cancel, seconds):
                     progress.send()
     finally:
         job.listener = None
-        request.session.end_call(request.id)
+        request.session.end_call(request.id, cancel)      # (the id may be in use again)
     return None if cancel.is_set() and not job.done.is_set() else job.done.is_set()
 
 
@@ -6317,7 +6319,7 @@ def job_call_mode(request, call):
     job = JOBS.add(call, request.session)
     JOBS.threads.start(lambda: wait_beside(job, request, cancel, seconds, as_task), False)
     job.run(call, request.session)
-    request.session.end_call(request.id)            # answered, its id may be used again
+    request.session.end_call(request.id, cancel)    # answered, its id may be used again
     with job.answering:
         if job.handed_off:                          # answered already, with the job's handle
             return CANCELLED                        # (CANCELLED: nothing more is sent)
