@@ -5750,13 +5750,6 @@ class Kernels:
         with self.lock:
             return {kernel.owner for kernel in self.live.values() if kernel}
 
-    def end_followed(self, session):
-        """The "input_ended" hook (stdin closed): the session's jobs that were answered with their
-        handle and run on, on their call's worker thread, end: no request can follow them now."""
-        for job in self.of(session.owner):
-            if job.handed_off:
-                job.stop("Cancelled: the client closed the server's input.")
-
     def end_session(self, session):
         """The "session_ended" hook: an MCP session's kernels end with it, and free their
         places (SESSION_LIMIT): its next session starts from none."""
