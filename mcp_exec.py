@@ -40,9 +40,12 @@ these appear in this order):
 
     StdioServer.serve()      the reader thread: a line; parse_frame(): bytes -> JSON, or -32700
     dispatch()               a request that may run code goes to a worker thread (Workers.start)
-    handle_message()         parse_request() checks the envelope; answer_request() runs the handler
+    parse_request()          the envelope checked -> a Request; answer_request() runs the handler
     handle_tools_call()      validate_arguments() -> a Call, then the "call" step:
-    job_call_mode()          section 12: the run becomes a job, awaited CALL_WAIT at most
+    job_call_mode()          section 12: the run becomes a job that this thread runs, while
+                             wait_beside() waits on another, CALL_WAIT at most, and answers
+                             then if the code runs on (through Request.answer_later)
+    Job.run()                the job's run, on the worker thread; then
     run_code()               the "run" step: run_call_or_kernel() (section 10), then
     run_stateless()          a slot (CallSlots), an environment, then run_once():
     run_once()               a directory, the "inputs" hooks, start_child(), supervise(), finish()
@@ -59,8 +62,10 @@ One tools/call over Streamable HTTP (JSON, 2025-11-25, in a session), in the ful
     HttpServer.mcp_post()    parse_frame(), the envelope, the "http_post" hooks (2026-07-28)
     HttpServer.session_post()   the session's message: parse_request() -> a Request
     HttpServer.answer()      on the waitress thread, holding a ThreadBudget token
-    answer_request()         the method handler; from here the hops are stdio's:
-    handle_tools_call()      ... job_call_mode(), run_code(), supervise(), finish() ...
+    answer_request()         the method handler; from here the hops are stdio's, but for one:
+    handle_tools_call()      ... job_call_mode(): the waitress thread holds the response, so it
+                             waits (wait_for_job()) while the job runs on a thread of its own
+                             (Jobs.start()): Job.run(), run_code(), supervise(), finish() ...
     tool_result()            the result; create_app() made the route's reply a Flask Response
 
 An event stream (Accept: text/event-stream) runs answer_request() through HttpServer.watch()
@@ -603,9 +608,11 @@ class Session:
                 event.set()
         return event
 
-    def end_call(self, request_id):
+    def end_call(self, request_id, event=None):
+        """The call is over (given its start_call() Event: if that is still the id's)."""
         with self.lock:
-            self.calls.pop(request_id, None)
+            if event is None or self.calls.get(request_id) is event:
+                self.calls.pop(request_id, None)
 
     def cancel(self, request_id):
         """Stop a running call. A cancel may overtake its call on the way to a worker thread;
@@ -650,6 +657,8 @@ class Session:
 class Request:
     """One request on its way to its method handler. Section 11's era subclasses it."""
     modern = False
+    answer_later = None     # answer_later(result or ProtocolError), where another thread may
+                            # answer (dispatch() sets it); a handler that uses it returns CANCELLED
 
     def __init__(self, request_id, method, params, session, version, notify):
         self.id, self.method, self.params = request_id, method, params
@@ -1140,7 +1149,7 @@ def run_once(env, call, session, cancel, on_output):
             take_outputs(result, directory.work, call, session)
         return result
     finally:
-        directory.remove()
+        RUN_DIR.discard(directory)          # its files were taken: it goes beside the answer
 
 
 def wait_or_cancel(ready, cancel, deadline=None, wake=None):
@@ -1761,6 +1770,8 @@ class RunDir:
         self.base = os.path.join(state_dir, "run")
         self.root = self.lock = self.pids = None
         self.guard = threading.Lock()
+        self.to_remove = queue.SimpleQueue()      # CallDirs that discard() was given
+        self.remover = None                       # the thread that removes them
 
     def path(self):
         with self.guard:
@@ -1782,6 +1793,19 @@ class RunDir:
 
     def new_call(self):
         return CallDir(os.path.join(self.path(), "call-" + os.urandom(6).hex()))
+
+    def discard(self, directory):
+        """Remove a call's directory on a thread of this RunDir's, beside the call's answer: a
+        rmdir waits on the file system's journal (0.1-0.3 ms each on ext4), which it need not."""
+        self.to_remove.put(directory)
+        with self.guard:
+            if self.remover is None:
+                self.remover = threading.Thread(target=self._remove, daemon=True)
+                self.remover.start()
+
+    def _remove(self):
+        while True:
+            self.to_remove.get().remove()
 
     def record(self, pid):
         """Note a process this server started, for the next server if this one crashes."""
@@ -2393,6 +2417,8 @@ class StdioServer:
                     dispatch(payload, self.session, self.send, self.workers)
                 except Exception:   # no input line can kill the server
                     log("error handling a line:\n" + traceback.format_exc())
+            for ended in HOOKS["input_ended"]:  # what no request can follow now ends (12: jobs)
+                ended(self.session)
             self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
         finally:
             self.session.close()                # then kill what is still running
@@ -2401,9 +2427,17 @@ class StdioServer:
 
 def dispatch(payload, session, send, workers):
     """Handle a parsed frame and send() its reply: inline if quick, on a worker thread if it holds
-    a tools/call, so that reading goes on while calls run (ping, cancel, more calls)."""
+    a tools/call, so that reading goes on while calls run (ping, cancel, more calls). A request
+    not in a batch may be answered from another thread too (Request.answer_later): a tools/call
+    runs its code on this worker, and the thread that waits beside it answers at CALL_WAIT."""
     def work():
-        reply = handle_payload(payload, session, send)
+        if isinstance(payload, list):
+            reply = handle_payload(payload, session, send)
+        else:
+            reply = parse_request(payload, session, send)
+        if isinstance(reply, Request):
+            reply.answer_later = functools.partial(answer_later, reply, send)
+            reply = answer_request(reply)
         if reply is not None:
             send(reply)
     if needs_worker(payload):
@@ -2426,9 +2460,10 @@ class Workers:
         self.changed = threading.Condition(lock)      # running changed
         self.has_work = threading.Condition(lock)     # queued grew
 
-    def start(self, target):
+    def start(self, target, in_order=True):
         """Run target() on a thread. Like Thread.start(), return once a thread has taken it:
-        work given in order is taken in order (a kernel's calls line up as they came)."""
+        work given in order is taken in order (a kernel's calls line up as they came). in_order
+        False: return at once (work that may start after what is given later)."""
         taken = threading.Event()
         with self.changed:
             self.running += 1
@@ -2438,7 +2473,8 @@ class Workers:
                 self.has_work.notify()
         if not spare:
             threading.Thread(target=self._serve, daemon=True).start()
-        taken.wait()
+        if in_order:
+            taken.wait()
 
     def _serve(self):
         """Run the oldest work, then wait up to `linger` s for more; none came: the thread ends."""
@@ -2465,6 +2501,16 @@ class Workers:
         """Wait until no work runs, `seconds` at most -> True if none runs."""
         with self.changed:
             return self.changed.wait_for(lambda: self.running == 0, seconds)
+
+
+def answer_later(request, send, answer):
+    """Send a request's answer (a result, or a ProtocolError) from a thread other than its
+    handler's, as answer_request() would have."""
+    if isinstance(answer, ProtocolError):
+        send(error_response(request.id, answer.code, answer.message, answer.data))
+        return
+    request.decorate(answer)
+    send({"jsonrpc": "2.0", "id": request.id, "result": answer})
 
 
 def serve_stdio():
@@ -6060,9 +6106,11 @@ register_hook("http_post", modern_http_post)
 # =============================================================================
 # 12. Jobs and tasks: progress, and runs that outlive their request
 # =============================================================================
-# A job is a run owned by the server, not its request. Every tools/call runs as one on its own
-# thread, awaited at most CALL_WAIT seconds: one done in time answers as an ordinary call; one that
-# does not, with its handle and output so far ("status": "running"), and goes on. Three faces:
+# A job is a run owned by the server, not its request. Every tools/call runs as one, awaited at
+# most CALL_WAIT seconds: one done in time answers as an ordinary call; one that does not, with
+# its handle and output so far ("status": "running"), and goes on. Its code runs on the thread
+# that handles its request where another thread may answer (stdio, HTTP+SSE: dispatch()), else
+# on a thread of its own (a POST's thread holds its response). Three faces:
 #   - the handle, which any model can poll in any host: code_exec_job's {"job": "j-..."} (or,
 #     as before, code_exec_python's) waits up to CALL_WAIT again and returns only the output
 #     that is new since the last answer;
@@ -6157,6 +6205,8 @@ class Job:
         self.code_wrote_stderr = False
         self.reason = "Cancelled on request."      # why it was cancelled, if it is
         self.lock = threading.Lock()
+        self.answering = threading.Lock()       # held by whoever answers its call's request
+        self.handed_off = False                 # its call was answered with its handle
 
     def run(self, call, session):
         try:
@@ -6247,12 +6297,18 @@ class Jobs:
         self.jobs = {}
         self.threads = Workers()         # each job's run_code() runs on one of these
 
-    def start(self, call, session, notify=None):
+    def add(self, call, session, notify=None):
+        """A Job for the call, kept here; its run is the caller's to start (job.run())."""
         KERNELS.line_up(call)            # in arrival order: the job's thread may start late
         job = Job(session.owner, notify)
         with self.lock:
             self._forget_old()
             self.jobs[job.handle] = job
+        return job
+
+    def start(self, call, session, notify=None):
+        """A Job for the call, running on a thread of its own."""
+        job = self.add(call, session, notify)
         self.threads.start(lambda: job.run(call, session))
         return job
 
@@ -6290,6 +6346,13 @@ class Jobs:
         for job in jobs:
             job.done.wait(KILL_GRACE + 1)
 
+    def end_followed(self, session):
+        """The "input_ended" hook (stdin closed): the session's jobs that were answered with their
+        handle and run on, on their call's worker thread, end: no request can follow them now."""
+        for job in self.of(session.owner):
+            if job.handed_off:
+                job.stop("Cancelled: the client closed the server's input.")
+
     def end_session(self, session):
         """The "session_ended" hook: an MCP session's jobs and tasks end with it, their
         processes and slots too (a poll from elsewhere hears so)."""
@@ -6308,16 +6371,20 @@ def wait_for_job(job, request, cancel, seconds):
                              wake=job.done):
             if job.done.is_set():
                 break
-            progress.send()
+            with job.answering:         # never after the answer, which another thread may send
+                if not job.done.is_set():
+                    progress.send()
     finally:
         job.listener = None
-        request.session.end_call(request.id)
+        request.session.end_call(request.id, cancel)      # (the id may be in use again)
     return None if cancel.is_set() and not job.done.is_set() else job.done.is_set()
 
 
 def job_call_mode(request, call):
     """The "call" step with jobs: a poll, a task, or a call that is a job once it outlives
-    CALL_WAIT."""
+    CALL_WAIT. Where another thread may answer (request.answer_later: stdio, HTTP+SSE), this
+    thread runs the code and one beside it waits (wait_beside); else (a POST, whose thread
+    holds the response) the code runs on a thread of its own and this one waits."""
     if call.job:                        # {"job": handle} (and "cancel"): wait up to CALL_WAIT
         job = JOBS.get(call.job)
         if job is None:
@@ -6337,9 +6404,47 @@ def job_call_mode(request, call):
         publish_job(job, request, task=True)
         return {"task": job.task(False)}                        # at once (tasks.mdx)
     as_task = declares_extension(request, TASKS_EXTENSION)
+    seconds = TASK_WAIT if as_task else CALL_WAIT or None
     cancel = request.session.start_call(request.id)             # before the code can start
-    job = JOBS.start(call, request.session)
-    ended = wait_for_job(job, request, cancel, TASK_WAIT if as_task else CALL_WAIT or None)
+    if request.answer_later is None:
+        job = JOBS.start(call, request.session)
+        return job_answer(job, request, wait_for_job(job, request, cancel, seconds), as_task)
+    job = JOBS.add(call, request.session)
+    JOBS.threads.start(lambda: wait_beside(job, request, cancel, seconds, as_task), False)
+    job.run(call, request.session)
+    request.session.end_call(request.id, cancel)    # answered, its id may be used again
+    with job.answering:
+        if job.handed_off:                          # answered already, with the job's handle
+            return CANCELLED                        # (CANCELLED: nothing more is sent)
+        return job_answer(job, request, True, as_task)
+
+
+def wait_beside(job, request, cancel, seconds, as_task):
+    """The wait of a call whose request's thread runs the code: progress, the request's cancel
+    (which stops the run: that thread answers nothing), and, if the run outlives `seconds`, the
+    answer with its handle, sent through request.answer_later() while the code runs on."""
+    ended = wait_for_job(job, request, cancel, seconds)
+    if ended is None:
+        job.stop()
+        return
+    with job.answering:
+        if job.done.is_set():           # ended in time: the thread that ran it answers
+            return
+        job.handed_off = True
+        try:
+            answer = job_answer(job, request, False, as_task)
+        except ProtocolError as exc:
+            answer = exc
+        except Exception:
+            log("internal error answering job %s:\n%s" % (job.handle, traceback.format_exc()))
+            answer = ProtocolError(INTERNAL_ERROR, "Internal error (details are in the server's "
+                                   "log)")
+        request.answer_later(answer)
+
+
+def job_answer(job, request, ended, as_task):
+    """A call's answer once its wait is over (`ended`: wait_for_job's word) -> the result,
+    CANCELLED (nothing is sent), or a ProtocolError raised."""
     if ended is None:                      # cancellation.mdx: stop it, and answer nothing
         job.stop()
         job.done.wait()
@@ -6498,6 +6603,7 @@ register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=T
 register_method("tasks/list", handle_tasks_list, eras=("handshake",))
 register_lifecycle(shutdown=lambda: JOBS.close())
 register_hook("session_ended", lambda session: JOBS.end_session(session))
+register_hook("input_ended", lambda session: JOBS.end_followed(session))
 register_hook("busy_owners", lambda: JOBS.owners())
 
 

@@ -907,6 +907,30 @@ def test_a_traced_stdio_call_takes_the_reading_guides_hops_in_order(tmp_path):
     assert follows_in_order(hops[3:], calls[start:]) is None, follows_in_order(hops[3:], calls)
 
 
+THREAD_TRACER = TRACER.replace("seen.append(frame.f_code.co_qualname if hasattr(frame.f_code, \"co_qualname\")\n"
+                               "                    else frame.f_code.co_name)",
+                               "seen.append('%s %d' % (frame.f_code.co_name, threading.get_ident()))")
+
+
+def test_a_stdio_call_runs_its_code_on_the_thread_that_handles_it(tmp_path):
+    # One hand-off less: the worker that handles the tools/call runs the code; the wait (progress,
+    # cancel, the answer at CALL_WAIT) is what goes to another thread, beside it.
+    assert THREAD_TRACER != TRACER
+    trace = tmp_path / "trace"
+    frames = [json.dumps(init_message(LATEST)), json.dumps(call_message("print(6*7)", 2))]
+    proc = subprocess.run([sys.executable, "-c", THREAD_TRACER, str(trace)], cwd=REPO, text=True,
+                          input="\n".join(frames) + "\n", capture_output=True, timeout=60,
+                          env=make_env(tmp_path))
+    assert '"42\\n"' in proc.stdout, proc.stderr
+    threads = {}
+    for line in trace.read_text().split("\n"):
+        name, _, ident = line.partition(" ")
+        threads.setdefault(name, set()).add(ident)
+    assert len(threads["handle_tools_call"]) == 1, threads["handle_tools_call"]
+    assert threads["run_code"] == threads["supervise"] == threads["handle_tools_call"]
+    assert threads.get("wait_for_job") and not threads["wait_for_job"] & threads["run_code"]
+
+
 HTTP_TRACER = TRACER.replace("mcp_exec.main([])", "mcp_exec.main(['--http'])")
 
 
@@ -1900,7 +1924,7 @@ def test_each_call_gets_a_fresh_empty_working_dir_removed_afterwards(server):
     second = json.loads(server.run(code)[1]["stdout"])
     for cwd, listing in (first, second):
         assert listing == []
-        assert not os.path.exists(cwd)
+        assert wait_until(lambda: not os.path.exists(cwd)), cwd     # removed beside the answer
         run_dir = os.path.realpath(str(server.tmp_path / "state" / "run"))
         assert os.path.realpath(cwd).startswith(run_dir)
     assert first[0] != second[0]
@@ -3334,7 +3358,7 @@ def test_a_tree_deeper_than_path_max_is_removed_even_after_a_crash(start_initial
     out = s.run(DEEP_TREE)[1]
     length, cwd = out["stdout"].split()
     assert out["returncode"] == 0 and int(length) > 4096, out
-    assert not os.path.exists(cwd) and call_dirs(tmp_path) == []
+    assert wait_until(lambda: not os.path.exists(cwd) and call_dirs(tmp_path) == [])   # beside the answer
     # the same tree in a call still running when its server is killed: the next one removes it
     made = out_dir(tmp_path) / "deep-made"
     _, pid, cwd = start_victim(s, tmp_path, DEEP_TREE + "open(%r, 'w').close()\nimport time\ntime.sleep(60)\n"
@@ -3401,7 +3425,7 @@ print(flags() & 0x30)
 def test_code_cannot_make_a_file_immutable(own_server, tmp_path):
     out = own_server.run(IMMUTABLE_ATTACK, timeout=60, guard=60)[1]
     assert out["stdout"].split() == ["denied"] * 3 + ["0"], out
-    assert call_dirs(tmp_path) == []
+    assert wait_until(lambda: call_dirs(tmp_path) == []), call_dirs(tmp_path)
     assert own_server.close() == 0
     assert wait_until(lambda: leftovers(tmp_path) == ([], [])), leftovers(tmp_path)
 
@@ -4759,6 +4783,19 @@ def test_a_long_run_answers_running_then_each_line_once_then_the_result(start_in
     assert out["value"] == "42"
     assert [f["path"] for f in out["files"]] == ["report.txt"]
     assert any(b.get("type") in ("resource", "resource_link") for b in last["content"][1:]), last["content"]
+
+
+def test_eof_ends_a_job_that_no_request_can_follow_any_more(start_initialized, tmp_path):
+    # A call answered with its handle runs on, on the worker thread that answered it. Once
+    # stdin closes, no request can follow it: it ends with the server, and gets none of the
+    # EOF_GRACE that a call still to be answered gets.
+    s = start_initialized(CALL_WAIT=0.3)
+    marker = out_dir(tmp_path) / "finished"
+    handle = running(Tool(s).call(code="import time\ntime.sleep(3)\nopen(%r, 'w').close()\n"
+                                       % str(marker)))
+    assert handle.startswith("j-")
+    assert s.close() == 0
+    assert not marker.exists()             # the server ended before the run could finish
 
 
 def test_cancel_kills_the_whole_process_tree(start_initialized):
