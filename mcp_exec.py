@@ -3482,14 +3482,7 @@ def serve_template(config, fresh_modules):
     the exit reported."""
     sock = socket.socket(fileno=config["socket_fd"])
     _prepare_template(config.get("sandbox"), config.get("own_uids"))
-    if config.get("template_sandbox"):      # before anything of its environment's packages
-        apply_sandbox(config["template_sandbox"])
-    if config.get("run_site"):      # the server's own packages: none came with a call
-        started = set(sys.modules)
-        finish_startup()
-        del sys.path[0]                     # '' is each child's, in its own directory
-        SITE_DONE.append(True)
-        fresh_modules.update(set(sys.modules) - started)    # as a `python -c` start has them
+    _template_site(config, fresh_modules)
     poller = select.poll()
     roots = {}                                                 # roots: pidfd -> call's child
     limits = _rlimits()
@@ -3536,6 +3529,19 @@ def serve_template(config, fresh_modules):
             roots[pidfd] = pid
             poller.register(pidfd, select.POLLIN)
             sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def _template_site(config, fresh_modules):
+    """Its own sandbox first, if it has one; then site, where it may run here (Template): what
+    site imports joins fresh_modules, as a `python -c` start would have it."""
+    if config.get("template_sandbox"):      # before anything of its environment's packages
+        apply_sandbox(config["template_sandbox"])
+    if config.get("run_site"):
+        started = set(sys.modules)
+        finish_startup()
+        del sys.path[0]                     # '' is each child's, in its own directory
+        SITE_DONE.append(True)
+        fresh_modules.update(set(sys.modules) - started)
 
 
 def _prepare_template(sandbox, own_uids=False):
@@ -4386,9 +4392,10 @@ def _program(arch, network_off, remote=False, own_uid=False):
     p += ["ioctl", arg(1), (JEQ, "deny", 0, 0x5412), (JEQ, "deny", 0, 0x541c)]   # TIOCSTI/LINUX
     p += [(JEQ, "allow", 0, 0) if own_uid else (JEQ, "deny", 0, 0x40086602),  # FS_IOC_SETFLAGS
           (JEQ, "deny", "allow", 0x401c5820)]                              # FS_IOC_FSSETXATTR
-    p += ["prctl", arg(0), (JEQ, 0, "dumpable", 36), arg(1),      # PR_SET_CHILD_SUBREAPER: set
-          (JEQ, "deny", "allow", 0), "dumpable", arg(0),      # (a template's child), never cleared;
-          (JEQ, "deny", "allow", PR_SET_DUMPABLE)]    # and not dumpable, as setuid() left it
+    # PR_SET_CHILD_SUBREAPER may be set (a template's child does), never cleared; and no call
+    # makes itself dumpable again, as setuid() left it.
+    p += ["prctl", arg(0), (JEQ, 0, "dumpable", 36), arg(1), (JEQ, "deny", "allow", 0),
+          "dumpable", arg(0), (JEQ, "deny", "allow", PR_SET_DUMPABLE)]
     # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's, outside the call.
     p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
     # socket: an allow-list of families. No AF_UNIX, over stdio or HTTP: its connect() would
