@@ -53,23 +53,31 @@ these appear in this order):
     supervise()              code in, output and results out, the "watch" step; all killed at
                              the end
     finish()                 the Result; the "read_record" hooks (section 9) read the results pipe
+    job_answer()             the job ended within CALL_WAIT: it is forgotten, and answered as a
+                             plain call
     tool_result()            the Result as content blocks and structuredContent
     StdioServer.send()       one JSON line on stdout
 
-One tools/call over Streamable HTTP (JSON, 2025-11-25, in a session), in the full server:
+One tools/call over Streamable HTTP (2025-11-25, in a session, a client that accepts an event
+stream, as the SDKs do), in the full server:
 
     add_routes()             create_app()'s routes; /mcp's POST hands its parts on
     HttpServer.mcp_post()    parse_frame(), the envelope, the "http_post" hooks (2026-07-28)
     HttpServer.session_post()   the session's message: parse_request() -> a Request
     HttpServer.answer()      on the waitress thread, holding a ThreadBudget token
+    HttpServer.watch()       the reply is an event stream: the request runs on a worker
+                             (Workers.start()), the waitress thread sends its messages and
+                             keep-alives as they come
+    HttpServer.answered()    on the worker: answer_request(), or why the session ended meanwhile
     answer_request()         the method handler; from here the hops are stdio's, but for one:
-    handle_tools_call()      ... job_call_mode(): the waitress thread holds the response, so it
-                             waits (wait_for_job()) while the job runs on a thread of its own
+    handle_tools_call()      ... job_call_mode(): this thread holds the response, so it waits
+                             (wait_for_job()) while the job runs on a thread of its own
                              (Jobs.start()): Job.run(), run_code(), supervise(), finish() ...
-    tool_result()            the result; create_app() made the route's reply a Flask Response
+    job_answer()             the job ended within CALL_WAIT: answered as a plain call
+    tool_result()            the result; the stream's one message, then its end
 
-An event stream (Accept: text/event-stream) runs answer_request() through HttpServer.watch()
-on a worker thread instead, with progress and keep-alives. Over HTTP+SSE,
+A client that accepts only JSON takes the same hops; the waitress thread then sends one JSON
+body (blanks first, past JSON_KEEPALIVE), as a Flask Response. Over HTTP+SSE,
 HttpServer.sse_post() hands the message to dispatch() as stdio does, and the answer goes out
 on the GET /sse stream (SseSession.deliver()).
 

@@ -853,12 +853,25 @@ def test_the_cut_core_keeps_code_off_the_web_with_stdio_mode_only(tmp_path):
 
 
 TRACER = """
-import sys, threading
-seen = []
+import json, sys, threading
+seen = []                   # [thread, the stack of mcp_exec functions, innermost first] a call
+def stack(frame):
+    names = []
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "mcp_exec":
+            names.append(getattr(frame.f_code, "co_qualname", frame.f_code.co_name))
+        frame = frame.f_back
+    return names
 def note(frame, event, arg):
     if event == "call" and frame.f_globals.get("__name__") == "mcp_exec":
-        seen.append(frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname")
-                    else frame.f_code.co_name)
+        thread = threading.current_thread()
+        seen.append([thread.name, stack(frame) + getattr(thread, "started_by", [])])
+started = threading.Thread.start
+def start(thread):          # a thread's hops go on from where it was started
+    thread.started_by = stack(sys._getframe(1)) + getattr(threading.current_thread(),
+                                                          "started_by", [])
+    started(thread)
+threading.Thread.start = start
 threading.setprofile(note)
 sys.setprofile(note)
 import mcp_exec
@@ -866,15 +879,23 @@ try:
     mcp_exec.main([])
 finally:
     sys.setprofile(None)
-    open(sys.argv[1], "w").write("\\n".join(seen))
+    open(sys.argv[1], "w").write("\\n".join(json.dumps(call) for call in seen))
 """
+
+
+def traced_calls(trace):
+    """The tracer's record -> [(thread, the function's chain of callers, innermost first)]."""
+    return [tuple(json.loads(line)) for line in trace.read_text().split("\n")]
+
+
+def guide_block(transport="stdio"):
+    guide = mcp_exec.__doc__.split("One tools/call over " + transport)[1]
+    return guide.split("One tools/call over")[0].split("An event stream")[0]
 
 
 def guide_hops(transport="stdio"):
     """The names of the reading guide's hops over a transport, in order."""
-    guide = mcp_exec.__doc__.split("One tools/call over " + transport)[1]
-    guide = guide.split("One tools/call over")[0].split("An event stream")[0]
-    return re.findall(r"^    ([A-Za-z_.]+)\(\)", guide, re.M)
+    return re.findall(r"^    ([A-Za-z_.]+)\(\)", guide_block(transport), re.M)
 
 
 def follows_in_order(hops, calls):
@@ -889,6 +910,24 @@ def follows_in_order(hops, calls):
     return None
 
 
+def unnamed_hops(transport, traced, begin):
+    """The functions a call really passed through that the guide's block never names: every
+    caller, on every thread back to the guide's first hop, of the last call of each listed hop
+    from `begin` on. A closure or comprehension counts as its function; private helpers and
+    lambdas are left out, and so is what starts the server, outside the first hop."""
+    block, hops = guide_block(transport), guide_hops(transport)
+    missing = []
+    for hop in hops:
+        chains = [chain for _, chain in traced[begin:] if chain[0] == hop]
+        names = [name.split(".<locals>.")[0] for name in (chains[-1] if chains else ())]
+        for name in names[:names.index(hops[0]) + 1] if hops[0] in names else names:
+            named = re.search(r"(?<![\w.])%s(?!\w)" % re.escape(name), block)
+            private = name.rpartition(".")[2].startswith(("_", "<"))
+            if not named and not private and name not in missing:
+                missing.append(name)
+    return missing
+
+
 def test_a_traced_stdio_call_takes_the_reading_guides_hops_in_order(tmp_path):
     hops = guide_hops()
     assert len(hops) >= 10, hops
@@ -900,11 +939,13 @@ def test_a_traced_stdio_call_takes_the_reading_guides_hops_in_order(tmp_path):
                           input="\n".join(frames) + "\n", capture_output=True, timeout=60,
                           env=make_env(tmp_path))
     assert '"42\\n"' in proc.stdout, proc.stderr
-    calls = trace.read_text().split("\n")
+    traced = traced_calls(trace)
+    calls = [chain[0] for _, chain in traced]
     start = calls.index("handle_tools_call")
     reader = [hop for hop in hops[:3]]      # the reader's loop runs on: before the call's own
     assert all(hop in calls[:start] for hop in reader), reader
     assert follows_in_order(hops[3:], calls[start:]) is None, follows_in_order(hops[3:], calls)
+    assert unnamed_hops("stdio", traced, start) == [], unnamed_hops("stdio", traced, start)
 
 
 THREAD_TRACER = TRACER.replace("seen.append(frame.f_code.co_qualname if hasattr(frame.f_code, \"co_qualname\")\n"
@@ -945,10 +986,13 @@ def test_a_traced_http_call_takes_the_reading_guides_hops_in_order(tmp_path):
         assert json.loads(body)["result"]["structuredContent"]["stdout"] == "42\n"
     finally:
         server.stop()                       # SIGTERM: the tracer writes what it saw
-    calls = trace.read_text().split("\n")
+    traced = traced_calls(trace)
+    calls = [chain[0] for _, chain in traced]
     start = calls.index("handle_tools_call")
     begin = max(i for i in range(start) if calls[i] == "add_routes.<locals>.mcp_post")
     assert follows_in_order(hops, calls[begin:]) is None, follows_in_order(hops, calls[begin:])
+    missing = unnamed_hops("Streamable HTTP", traced, begin)
+    assert missing == [], missing
 
 
 def test_every_name_in_the_reading_guide_exists():
