@@ -865,7 +865,8 @@ def stack(frame):
 def note(frame, event, arg):
     if event == "call" and frame.f_globals.get("__name__") == "mcp_exec":
         thread = threading.current_thread()
-        seen.append([thread.name, stack(frame) + getattr(thread, "started_by", [])])
+        seen.append(["%s %d" % (thread.name, thread.ident),
+                     stack(frame) + getattr(thread, "started_by", [])])
 started = threading.Thread.start
 def start(thread):          # a thread's hops go on from where it was started
     thread.started_by = stack(sys._getframe(1)) + getattr(threading.current_thread(),
@@ -948,25 +949,18 @@ def test_a_traced_stdio_call_takes_the_reading_guides_hops_in_order(tmp_path):
     assert unnamed_hops("stdio", traced, start) == [], unnamed_hops("stdio", traced, start)
 
 
-THREAD_TRACER = TRACER.replace("seen.append(frame.f_code.co_qualname if hasattr(frame.f_code, \"co_qualname\")\n"
-                               "                    else frame.f_code.co_name)",
-                               "seen.append('%s %d' % (frame.f_code.co_name, threading.get_ident()))")
-
-
 def test_a_stdio_call_runs_its_code_on_the_thread_that_handles_it(tmp_path):
     # One hand-off less: the worker that handles the tools/call runs the code; the wait (progress,
     # cancel, the answer at CALL_WAIT) is what goes to another thread, beside it.
-    assert THREAD_TRACER != TRACER
     trace = tmp_path / "trace"
     frames = [json.dumps(init_message(LATEST)), json.dumps(call_message("print(6*7)", 2))]
-    proc = subprocess.run([sys.executable, "-c", THREAD_TRACER, str(trace)], cwd=REPO, text=True,
+    proc = subprocess.run([sys.executable, "-c", TRACER, str(trace)], cwd=REPO, text=True,
                           input="\n".join(frames) + "\n", capture_output=True, timeout=60,
                           env=make_env(tmp_path))
     assert '"42\\n"' in proc.stdout, proc.stderr
-    threads = {}
-    for line in trace.read_text().split("\n"):
-        name, _, ident = line.partition(" ")
-        threads.setdefault(name, set()).add(ident)
+    threads = {}                                   # function -> the threads it ran on
+    for thread, chain in traced_calls(trace):
+        threads.setdefault(chain[0].split(".<locals>.")[0], set()).add(thread)
     assert len(threads["handle_tools_call"]) == 1, threads["handle_tools_call"]
     assert threads["run_code"] == threads["supervise"] == threads["handle_tools_call"]
     assert threads.get("wait_for_job") and not threads["wait_for_job"] & threads["run_code"]
