@@ -7256,8 +7256,10 @@ def test_without_redis_at_start_an_instance_says_so_and_exits_2(tmp_path):
 @needs_redis
 def test_when_redis_goes_under_load_plain_calls_go_on_others_fail_clearly_and_it_heals(tmp_path):
     redis_server = RedisServer(tmp_path)
-    first = start_instance(tmp_path, redis_server.url, "web.1")
-    second = start_instance(tmp_path, redis_server.url, "web.2")
+    # CALL_WAIT 5 s, not 1: a plain call that a loaded machine kept past CALL_WAIT would become
+    # a job, whose record does need Redis.
+    first = start_instance(tmp_path, redis_server.url, "web.1", CALL_WAIT="5")
+    second = start_instance(tmp_path, redis_server.url, "web.2", CALL_WAIT="5")
     stop, outcomes = threading.Event(), []
 
     def load(server):            # plain calls, stateless, all along: none needs Redis
