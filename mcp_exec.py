@@ -3872,7 +3872,7 @@ class Templates:
         """What this environment's template should preload: EXEC_PRELOAD's names, then those its
         calls import, less EXEC_PRELOAD's -NAMEs, those refused before and NEVER_PRELOAD. Their
         imports run outside the sandbox, as installed packages' .pth files do (README)."""
-        if not (ENVIRONMENTS.untouched(python) or template_sandbox(self.remote)):
+        if not (ENVIRONMENTS.untouched(python) or templates_sandboxed()):
             if python not in self.untouched_not:
                 self.untouched_not.add(python)
                 log("no preloading for %s: packages came with a call into it, and its "
@@ -4180,6 +4180,12 @@ def sandbox_config(call_root, local):
             "remote": not local, "own_uid": SANDBOX.own_uids and not local and call_root}
 
 
+def templates_sandboxed():
+    """Do templates sandbox themselves? Not where each call gets a uid of its own (they keep
+    their capabilities to give it), nor where there is no sandbox."""
+    return SANDBOX.active and not SANDBOX.own_uids
+
+
 def template_sandbox(remote):
     """The sandbox a template applies to itself before its environment's packages run in it
     (site's .pth files, preloading): a call's, widened to every call's directory (the run
@@ -4187,7 +4193,7 @@ def template_sandbox(remote):
     keep their capabilities to give each call its uid (Sandbox.own_uids), or there is none.
     Each call's child narrows it to its own directory: Landlock domains and seccomp filters
     only ever add up."""
-    if not SANDBOX.active or SANDBOX.own_uids:
+    if not templates_sandboxed():
         return None
     fonts = os.path.join(STATE_DIR, "matplotlib")         # template_environment's MPLCONFIGDIR
     with contextlib.suppress(OSError):

@@ -7437,12 +7437,18 @@ def inbox_of(instance):
     return "mcp-exec:inbox:" + json.loads(instance.request("GET", "/health")[2])["instance"]
 
 
+def a_kernel_and_its_instance(router):
+    """A session through the router, a kernel of it holding x = 41 -> (session id, the kernel's
+    handle, the instance that holds it)."""
+    sid = routed_initialize(router)
+    kernel = tool_output(routed_call(router, sid, "x = 41", session="new"))["session"]
+    return sid, kernel, instance_of(router, kernel)
+
+
 @needs_redis
 def test_a_forged_end_message_in_an_inbox_is_dropped_and_the_session_lives_on(service):
     router, redis_server, _ = service
-    sid = routed_initialize(router)
-    kernel = tool_output(routed_call(router, sid, "x = 41", session="new"))["session"]
-    owner = instance_of(router, kernel)
+    sid, kernel, owner = a_kernel_and_its_instance(router)
     forged = {"kind": "end", "hid": store_hid(sid), "reply": None, "wait": 0,
               "sender": "web.1", "sent": time.time(), "nonce": "n1"}
     redis_server.client().rpush(inbox_of(owner), json.dumps(forged))
@@ -7453,9 +7459,7 @@ def test_a_forged_end_message_in_an_inbox_is_dropped_and_the_session_lives_on(se
 @needs_redis
 def test_a_non_json_item_in_an_inbox_does_not_end_its_reader(service):
     router, redis_server, _ = service
-    sid = routed_initialize(router)
-    kernel = tool_output(routed_call(router, sid, "x = 41", session="new"))["session"]
-    owner = instance_of(router, kernel)
+    sid, kernel, owner = a_kernel_and_its_instance(router)
     redis_server.client().rpush(inbox_of(owner), b"\xff not json")
     assert wait_until(lambda: "dropped an item" in log_text(owner), seconds=HANG)
     for request_id in (3, 4, 5):                 # carried there from the other instances
