@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""mcp_exec.py: let any MCP client run Python code. One file; a tool, and one to follow long runs.
+"""mcp_exec.py: let any MCP client run Python code. One file; a tool, and one
+to follow long runs.
 
     python mcp_exec.py               stdio server: what Claude Desktop, Cursor and agents launch
     python mcp_exec.py --http        HTTP server: Streamable HTTP at /mcp, HTTP+SSE at /sse
@@ -7,10 +8,11 @@
 
 READING GUIDE
 
-The file has two parts. The first, down to the line "# The core ends here", is the core: the
-whole server of the design card, and it runs as that server when cut off there, with nothing
-added (`python core.py` serves stdio; `waitress-serve core:app` serves HTTP). It is, in the
-order one request travels:
+The file has two parts. The first, down to the line "# The core ends here", is
+the core: the whole server of the design card, and it runs as that server when
+cut off there, with nothing added (`python core.py` serves stdio;
+`waitress-serve core:app` serves HTTP). It is, in the order one request
+travels:
 
      1. Settings          one table: every environment variable, its default and meaning
      2. The wire format   framing, sessions, initialize, ping, tools/list, tools/call, the tool
@@ -19,8 +21,9 @@ order one request travels:
      5. HTTP              a Flask app on waitress: Streamable HTTP (/mcp) and HTTP+SSE (/sse)
         --- the core ends here ---
 
-The second part makes that server faster, safer or richer, and only by registering with it
-(section 2's register_*()): it replaces a step, adds to a hook, a method, an era, a part.
+The second part makes that server faster, safer or richer, and only by
+registering with it (section 2's register_*()): it replaces a step, adds to a
+hook, a method, an era, a part.
 
      6. Fork server       a template interpreter per environment forks each call (a faster child)
      7. Containment       Landlock, capabilities, seccomp, per-call totals, crash recovery
@@ -35,8 +38,8 @@ The second part makes that server faster, safer or richer, and only by registeri
 
 HOPS OF ONE CALL
 
-One tools/call over stdio, in the full server, hop by hop (a test traces a real call and checks
-these appear in this order):
+One tools/call over stdio, in the full server, hop by hop (a test traces a real
+call and checks these appear in this order):
 
     StdioServer.serve()      the reader thread: a line; parse_frame(): bytes -> JSON, or -32700
     dispatch()               a request that may run code goes to a worker thread (Workers.start)
@@ -58,8 +61,8 @@ these appear in this order):
     tool_result()            the Result as content blocks and structuredContent
     StdioServer.send()       one JSON line on stdout
 
-One tools/call over Streamable HTTP (2025-11-25, in a session, a client that accepts an event
-stream, as the SDKs do), in the full server:
+One tools/call over Streamable HTTP (2025-11-25, in a session, a client that
+accepts an event stream, as the SDKs do), in the full server:
 
     add_routes()             create_app()'s routes; /mcp's POST hands its parts on
     HttpServer.mcp_post()    parse_frame(), the envelope, the "http_post" hooks (2026-07-28)
@@ -76,14 +79,15 @@ stream, as the SDKs do), in the full server:
     job_answer()             the job ended within CALL_WAIT: answered as a plain call
     tool_result()            the result; the stream's one message, then its end
 
-A client that accepts only JSON takes the same hops; the waitress thread then sends one JSON
-body (blanks first, past JSON_KEEPALIVE), as a Flask Response. Over HTTP+SSE,
-HttpServer.sse_post() hands the message to dispatch() as stdio does, and the answer goes out
-on the GET /sse stream (SseSession.deliver()).
+A client that accepts only JSON takes the same hops; the waitress thread then
+sends one JSON body (blanks first, past JSON_KEEPALIVE), as a Flask Response.
+Over HTTP+SSE, HttpServer.sse_post() hands the message to dispatch() as stdio
+does, and the answer goes out on the GET /sse stream (SseSession.deliver()).
 
 References such as "lifecycle.mdx" point into the MCP specification,
-docs/specification/<version>/ in github.com/modelcontextprotocol/modelcontextprotocol.
-The stdio path imports only the standard library; Flask and waitress load only for HTTP."""
+docs/specification/<version>/ in
+github.com/modelcontextprotocol/modelcontextprotocol. The stdio path imports
+only the standard library; Flask and waitress load only for HTTP."""
 
 import ast
 import atexit
@@ -123,12 +127,14 @@ LINUX = sys.platform.startswith("linux")
 # =============================================================================
 # 1. Settings
 # =============================================================================
-# Settings are environment variables, read once at import; constants and --help come from here.
+# Settings are environment variables, read once at import; constants and --help
+# come from here.
 
 
 class Setting:
-    """One environment variable: its kind, default, and one line of meaning. `default` may be a
-    function of the values read before it (derived defaults); `shown` is how --help prints it."""
+    """One environment variable: its kind, default, and one line of meaning.
+    `default` may be a function of the values read before it (derived
+    defaults); `shown` is how --help prints it."""
 
     def __init__(self, group, name, kind, default, meaning, shown=None, minimum=None):
         self.group, self.name, self.kind, self.default = group, name, kind, default
@@ -152,7 +158,8 @@ class Setting:
             problem = "mcp-exec: %s must be a number, got %r" % (self.name, text)
             if self.group != HTTP:
                 sys.exit(problem)
-            HTTP_PROBLEMS.append(problem)     # only HTTP needs it: --http refuses to start
+            # only HTTP needs it: --http refuses to start
+            HTTP_PROBLEMS.append(problem)
             return default
         return value if self.minimum is None else max(self.minimum, value)
 
@@ -265,7 +272,8 @@ SETTINGS = [
 
 
 def read_settings(group, env=os.environ):
-    """{name: value} for every setting of a group, read from `env` in table order."""
+    """{name: value} for every setting of a group, read from `env` in table
+    order."""
     values = {}
     for setting in SETTINGS:
         if setting.group == group:
@@ -275,7 +283,8 @@ def read_settings(group, env=os.environ):
 
 _EXEC = read_settings(EXECUTION)
 EXEC_TIMEOUT_MAX = _EXEC["EXEC_TIMEOUT_MAX"]
-EXEC_TIMEOUT = min(_EXEC["EXEC_TIMEOUT"], EXEC_TIMEOUT_MAX)   # the cap holds for the default too
+# the cap holds for the default too
+EXEC_TIMEOUT = min(_EXEC["EXEC_TIMEOUT"], EXEC_TIMEOUT_MAX)
 INSTALL_TIMEOUT = _EXEC["INSTALL_TIMEOUT"]
 CALL_WAIT = _EXEC["CALL_WAIT"]
 JOB_TTL = _EXEC["JOB_TTL"]
@@ -312,7 +321,8 @@ MAX_MESSAGE_BYTES = _EXEC["MAX_MESSAGE_BYTES"]
 TRACE = _EXEC["MCP_TRACE"]
 RESULT_SHAPE = _EXEC["RESULT_SHAPE"].lower()
 
-HTTP_PROBLEMS = []        # HTTP settings that are not numbers: stdio and the client run on
+# HTTP settings that are not numbers: stdio and the client run on
+HTTP_PROBLEMS = []
 _HTTP = read_settings(HTTP)
 API_KEY = _HTTP["API_KEY"]
 HOST = _HTTP["HOST"]
@@ -333,12 +343,15 @@ REDIS_URL = _HTTP["REDIS_URL"]
 EOF_GRACE = 5.0       # seconds running calls get to finish after stdin closes
 KILL_GRACE = 1.0      # seconds to wait for pipes to close after a kill
 MAX_PACKAGES = 50
-MAX_BATCH = 100       # messages in one JSON-RPC batch: its answers are built whole, in memory
-PROGRESS_MIN_GAP = min(1.0, PROGRESS_INTERVAL)   # new output is reported at most this often
+# messages in one JSON-RPC batch: its answers are built whole, in memory
+MAX_BATCH = 100
+# new output is reported at most this often
+PROGRESS_MIN_GAP = min(1.0, PROGRESS_INTERVAL)
 
 
 def log(message):
-    """Diagnostics go to stderr: on stdio, stdout carries only MCP messages (transports.mdx)."""
+    """Diagnostics go to stderr: on stdio, stdout carries only MCP messages
+    (transports.mdx)."""
     sys.stderr.write("mcp-exec: %s\n" % message)
     sys.stderr.flush()
 
@@ -346,14 +359,17 @@ def log(message):
 # =============================================================================
 # 2. The wire format (handshake era)
 # =============================================================================
-# handle_message(message, session) -> response or None is the whole protocol. Every transport
-# parses frames with parse_frame(), hands each message to it, and delivers what it returns. It
-# decides from the message and the session's state alone; only tools/call reaches into run_code().
+# handle_message(message, session) -> response or None is the whole protocol.
+# Every transport parses frames with parse_frame(), hands each message to it,
+# and delivers what it returns. It decides from the message and the session's
+# state alone; only tools/call reaches into run_code().
 
-# Protocol versions, newest first (see changelog.mdx). Two eras (2026-07-28 basic/versioning.mdx):
-# "handshake" ones open with initialize; "modern" requests carry the version in _meta (section 11).
+# Protocol versions, newest first (see changelog.mdx). Two eras (2026-07-28
+# basic/versioning.mdx): "handshake" ones open with initialize; "modern"
+# requests carry the version in _meta (section 11).
 MODERN_VERSIONS = ("2026-07-28",)
-META_VERSION = "io.modelcontextprotocol/protocolVersion"      # where a modern request says so
+# where a modern request says so
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 SUPPORTED_VERSIONS = MODERN_VERSIONS + HANDSHAKE_VERSIONS
 LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[0]
@@ -364,8 +380,10 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-UNSUPPORTED_VERSION = -32022   # MCP's own (2026-07-28 basic/index.mdx); HTTP's version header too
-CANCELLED = object()   # a handler's answer for a request that must get no response
+# MCP's own (2026-07-28 basic/index.mdx); HTTP's version header too
+UNSUPPORTED_VERSION = -32022
+# a handler's answer for a request that must get no response
+CANCELLED = object()
 
 
 class ProtocolError(Exception):
@@ -393,47 +411,60 @@ def _reject_constant(name):
 
 
 def parse_frame(data):
-    """bytes/str -> (payload, None) or (None, a -32700 error response with id null)."""
+    """bytes/str -> (payload, None) or (None, a -32700 error response with id
+    null)."""
     try:
-        if isinstance(data, bytes):   # MCP is UTF-8; json.loads would guess UTF-16/32 from bytes
+        # MCP is UTF-8; json.loads would guess UTF-16/32 from bytes
+        if isinstance(data, bytes):
             data = data.decode("utf-8")
         return json.loads(data, parse_constant=_reject_constant), None
-    except (ValueError, RecursionError) as exc:   # UnicodeDecodeError is a ValueError
+    # UnicodeDecodeError is a ValueError
+    except (ValueError, RecursionError) as exc:
         return None, error_response(None, PARSE_ERROR, "Parse error: %s" % str(exc)[:200])
 
 
 def encode_message(message):
-    """Compact JSON on one line (stdio framing forbids embedded newlines, transports.mdx).
-    Non-ASCII stays readable; a lone surrogate (a client sent it) becomes its \\uXXXX
-    escape: valid JSON."""
+    """Compact JSON on one line (stdio framing forbids embedded newlines,
+    transports.mdx). Non-ASCII stays readable; a lone surrogate (a client sent
+    it) becomes its \\uXXXX escape: valid JSON."""
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode(
         "utf-8", "backslashreplace")
 
 
 def valid_id(value):
-    # JSON-RPC ids are strings or integers, never null (basic/index.mdx); bool is not an int here.
+    # JSON-RPC ids are strings or integers, never null (basic/index.mdx); bool
+    # is not an int here.
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 class Protocol:
-    """What one protocol version has: every section that answers differently by version asks
-    this object, the one place that knows which version brought what (each version's
-    changelog.mdx). Versions are dates, so they compare as strings; None (no initialize yet)
-    has nothing. One per version: PROTOCOLS below, and protocol(version) to find it."""
+    """What one protocol version has: every section that answers differently by
+    version asks this object, the one place that knows which version brought
+    what (each version's changelog.mdx). Versions are dates, so they compare as
+    strings; None (no initialize yet) has nothing. One per version: PROTOCOLS
+    below, and protocol(version) to find it."""
 
     def __init__(self, version):
         self.version = version
 
         def since(first):
             return version is not None and version >= first
-        self.modern = version in MODERN_VERSIONS     # the 2026-07-28 era: no handshake
-        self.annotations = since("2025-03-26")       # ToolAnnotations
-        self.progress_messages = since("2025-03-26")  # notifications/progress "message"
-        self.batches = version in ("2024-11-05", "2025-03-26")   # 2025-06-18 removed them
-        self.titles = since("2025-06-18")            # Implementation.title, Tool.title
-        self.structured_output = since("2025-06-18")  # outputSchema, structuredContent
-        self.resource_links = since("2025-06-18")    # ResourceLink content
-        self.tasks = version == "2025-11-25"         # Tasks by capability (2026: an extension)
+        # the 2026-07-28 era: no handshake
+        self.modern = version in MODERN_VERSIONS
+        # ToolAnnotations
+        self.annotations = since("2025-03-26")
+        # notifications/progress "message"
+        self.progress_messages = since("2025-03-26")
+        # 2025-06-18 removed them
+        self.batches = version in ("2024-11-05", "2025-03-26")
+        # Implementation.title, Tool.title
+        self.titles = since("2025-06-18")
+        # outputSchema, structuredContent
+        self.structured_output = since("2025-06-18")
+        # ResourceLink content
+        self.resource_links = since("2025-06-18")
+        # Tasks by capability (2026: an extension)
+        self.tasks = version == "2025-11-25"
 
 
 PROTOCOLS = {version: Protocol(version) for version in SUPPORTED_VERSIONS + (None,)}
@@ -444,10 +475,12 @@ def protocol(version):
     return PROTOCOLS.get(version) or Protocol(version)
 
 
-# --- Registration: how later sections add to the core ------------------------------
-# These alone fill the core's tables; each is called where its section ends (grep register_).
-# The core registers its own defaults the same way, so every table below starts full enough to
-# serve: a later section replaces a step, or adds to a hook, and never edits a table itself.
+# --- Registration: how later sections add to the core
+# ------------------------------ These alone fill the core's tables; each is
+# called where its section ends (grep register_). The core registers its own
+# defaults the same way, so every table below starts full enough to serve: a
+# later section replaces a step, or adds to a hook, and never edits a table
+# itself.
 #
 #   step (one function; the last registered does it)   hook (each registered function runs)
 #   call(request, call)          how tools/call runs   inputs(work, call) -> problem or None
@@ -475,32 +508,48 @@ def protocol(version):
 #                                                      job_ended(job), job_answered(job)
 #                                                      decorate(request, result): a last touch
 
-METHODS = {}              # method name -> its Method(handler, eras, slow)
-ERAS = []                 # parse(id, method, params, session, notify) -> Request or None
-ARGUMENT_CHECKS = []      # check(arguments, call) -> None, or what is wrong
-CODE_OPTIONAL_WITH = []   # arguments that stand in for "code" (a job's handle)
-UNDECLARED = set()        # arguments accepted but no longer declared (older clients send them)
-TOOLS = {}                # tool name -> (define(version, local) -> Tool, arguments(args) -> args)
-TOOL_NOTES = []           # note(local) -> a sentence for the model
+# method name -> its Method(handler, eras, slow)
+METHODS = {}
+# parse(id, method, params, session, notify) -> Request or None
+ERAS = []
+# check(arguments, call) -> None, or what is wrong
+ARGUMENT_CHECKS = []
+# arguments that stand in for "code" (a job's handle)
+CODE_OPTIONAL_WITH = []
+# arguments accepted but no longer declared (older clients send them)
+UNDECLARED = set()
+# tool name -> (define(version, local) -> Tool, arguments(args) -> args)
+TOOLS = {}
+# note(local) -> a sentence for the model
+TOOL_NOTES = []
 CAPABILITIES = {"tools": {"listChanged": False}}
-LIFECYCLE = {"setup": [], "shutdown": []}    # run by serve_stdio(), create_app(), close
+# run by serve_stdio(), create_app(), close
+LIFECYCLE = {"setup": [], "shutdown": []}
 STEPS = {}                # step name -> the function that does it now
-HOOKS = collections.defaultdict(list)       # hook name -> the functions that run there
-CHILD_MODES = {}          # the child's config["mode"] -> ChildMode(serve, before_setup)
-PART_BUILDERS = []        # build(part): a section's long-lived objects, as its module names
-PARTS = {}                # part name -> its factory(), as build_parts() last built it
-COMMANDS = {}             # first command-line word -> main(rest of the words) -> exit status
+# hook name -> the functions that run there
+HOOKS = collections.defaultdict(list)
+# the child's config["mode"] -> ChildMode(serve, before_setup)
+CHILD_MODES = {}
+# build(part): a section's long-lived objects, as its module names
+PART_BUILDERS = []
+# part name -> its factory(), as build_parts() last built it
+PARTS = {}
+# first command-line word -> main(rest of the words) -> exit status
+COMMANDS = {}
 ChildMode = collections.namedtuple("ChildMode", "serve before_setup")
-Method = collections.namedtuple("Method", "handler eras slow")    # handler(request) -> result
+# handler(request) -> result
+Method = collections.namedtuple("Method", "handler eras slow")
 
 
 def register_method(name, handler, eras=("handshake", "modern"), slow=False):
-    """A request handler. A slow one (it may wait for code) runs on a worker thread."""
+    """A request handler. A slow one (it may wait for code) runs on a worker
+    thread."""
     METHODS[name] = Method(handler, eras, slow)
 
 
 def registered_method(name):
-    """The Method registered as `name`; for a name nobody registered, one in no era."""
+    """The Method registered as `name`; for a name nobody registered, one in no
+    era."""
     return METHODS.get(name) or Method(None, (), False)
 
 
@@ -510,10 +559,10 @@ def register_era(parse):
 
 def register_tool_feature(check=None, note=None, capability=None, arguments=None,
                           results=None, code_optional_with=None, undeclared=()):
-    """An argument check, a sentence for the model, a capability {name: value}, the arguments
-    and result fields {name: JSON Schema} the feature adds to the tool's schemas (or
-    replaces), an argument that makes "code" optional (a job's handle), and arguments it
-    accepts without declaring them."""
+    """An argument check, a sentence for the model, a capability {name: value},
+    the arguments and result fields {name: JSON Schema} the feature adds to the
+    tool's schemas (or replaces), an argument that makes "code" optional (a
+    job's handle), and arguments it accepts without declaring them."""
     UNDECLARED.update(undeclared)
     for table, item in ((ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
         if item:
@@ -526,8 +575,9 @@ def register_tool_feature(check=None, note=None, capability=None, arguments=None
 
 
 def register_tool(name, define, arguments=lambda arguments: arguments):
-    """A tool: define(version, local) is its Tool object; arguments(its arguments) -> the
-    code tool's arguments that do the same, or what is wrong with them (a string)."""
+    """A tool: define(version, local) is its Tool object; arguments(its
+    arguments) -> the code tool's arguments that do the same, or what is wrong
+    with them (a string)."""
     TOOLS[name] = (define, arguments)
 
 
@@ -538,14 +588,16 @@ def register_lifecycle(setup=None, shutdown=None):
 
 
 def run_lifecycle(stage):
-    """Set up in registration order, shut down in reverse (like atexit): foundations stop last."""
+    """Set up in registration order, shut down in reverse (like atexit):
+    foundations stop last."""
     steps = LIFECYCLE[stage]
     for step in steps if stage == "setup" else reversed(steps):
         step()
 
 
 def register_step(name, function):
-    """`function` does the step `name` from now on (the table above says what each one is)."""
+    """`function` does the step `name` from now on (the table above says what
+    each one is)."""
     STEPS[name] = function
 
 
@@ -555,20 +607,23 @@ def register_hook(name, function):
 
 
 def register_child_mode(mode, serve, before_setup=False):
-    """A child started with config["mode"] == mode runs serve(config, fresh_modules), before its
-    limits and sandbox (a template: it returns the config of each child it forks) or after."""
+    """A child started with config["mode"] == mode runs serve(config,
+    fresh_modules), before its limits and sandbox (a template: it returns the
+    config of each child it forks) or after."""
     CHILD_MODES[mode] = ChildMode(serve, before_setup)
 
 
 def register_parts(build):
-    """A section's long-lived objects: build(part) assigns each to the module name the section
-    declares beside it (`SANDBOX = part("SANDBOX", factory)`), when build_parts() runs."""
+    """A section's long-lived objects: build(part) assigns each to the module
+    name the section declares beside it (`SANDBOX = part("SANDBOX", factory)`),
+    when build_parts() runs."""
     PART_BUILDERS.append(build)
 
 
 def build_parts(**fakes):
-    """Make every section's parts, in registration order: the one time the server's long-lived
-    objects are built. A test passes fakes by name, which stand in for their factories."""
+    """Make every section's parts, in registration order: the one time the
+    server's long-lived objects are built. A test passes fakes by name, which
+    stand in for their factories."""
     def part(name, factory):
         PARTS[name] = factory
         return fakes[name] if name in fakes else factory()
@@ -577,34 +632,47 @@ def build_parts(**fakes):
 
 
 def register_command(words, main):
-    """`python mcp_exec.py WORD ...` runs main([...the words after it]) -> its exit status."""
+    """`python mcp_exec.py WORD ...` runs main([...the words after it]) -> its
+    exit status."""
     for word in words:
         COMMANDS[word] = main
 
 
-# --- Sessions and requests ---------------------------------------------------------
+# --- Sessions and requests
+# ---------------------------------------------------------
 
 class Session:
-    """One conversation (a stdio process, an HTTP+SSE stream, a Streamable HTTP session): its
-    protocol version (None until initialize) and running calls; `owner` says whose files and
-    tasks are its own."""
+    """One conversation (a stdio process, an HTTP+SSE stream, a Streamable HTTP
+    session): its protocol version (None until initialize) and running calls;
+    `owner` says whose files and tasks are its own."""
 
     def __init__(self, allow_exec=True, local=True, modern=True):
-        self.allow_exec = allow_exec   # False: STDIO_MODE_ONLY over HTTP
-        self.local = local             # true over stdio: the client is the machine's own user
-        self.modern = modern           # may it serve 2026-07-28 requests? (not HTTP+SSE)
-        self.identified = True         # lasts beyond one request (false: a stateless POST)
-        self.lasting_channel = True    # can notify() reach it after a response? (not over POSTs)
-        self.owner = os.urandom(8).hex()      # unguessable, as secrets.token_hex(8)
+        # False: STDIO_MODE_ONLY over HTTP
+        self.allow_exec = allow_exec
+        # true over stdio: the client is the machine's own user
+        self.local = local
+        # may it serve 2026-07-28 requests? (not HTTP+SSE)
+        self.modern = modern
+        # lasts beyond one request (false: a stateless POST)
+        self.identified = True
+        # can notify() reach it after a response? (not over POSTs)
+        self.lasting_channel = True
+        # unguessable, as secrets.token_hex(8)
+        self.owner = os.urandom(8).hex()
         self.protocol_version, self.closed = None, False
-        self.client_capabilities = {}  # what initialize said the client can do
-        self.client_name = ""          # ... and its clientInfo.name (section 9 shapes results)
-        self.calls = {}                # request id -> threading.Event that cancels it
-        self.early_cancels = {}        # request id -> when a cancel came before its call
+        # what initialize said the client can do
+        self.client_capabilities = {}
+        # ... and its clientInfo.name (section 9 shapes results)
+        self.client_name = ""
+        # request id -> threading.Event that cancels it
+        self.calls = {}
+        # request id -> when a cancel came before its call
+        self.early_cancels = {}
         self.lock = threading.Lock()
 
     def start_call(self, request_id):
-        """Register a running call -> its cancel Event (already set if its cancel came first)."""
+        """Register a running call -> its cancel Event (already set if its
+        cancel came first)."""
         with self.lock:
             if self.closed:
                 raise ProtocolError(INVALID_REQUEST, "Session is closed")
@@ -617,14 +685,16 @@ class Session:
         return event
 
     def end_call(self, request_id, event=None):
-        """The call is over (given its start_call() Event: if that is still the id's)."""
+        """The call is over (given its start_call() Event: if that is still the
+        id's)."""
         with self.lock:
             if event is None or self.calls.get(request_id) is event:
                 self.calls.pop(request_id, None)
 
     def cancel(self, request_id):
-        """Stop a running call. A cancel may overtake its call on the way to a worker thread;
-        it is kept for a few seconds, for that call only (cancellation.mdx)."""
+        """Stop a running call. A cancel may overtake its call on the way to a
+        worker thread; it is kept for a few seconds, for that call only
+        (cancellation.mdx)."""
         with self.lock:
             if request_id in self.calls:
                 self.calls[request_id].set()
@@ -642,8 +712,9 @@ class Session:
                 event.set()
 
     def end(self):
-        """The session is over for good (deleted, expired, its stream gone): close it, and the
-        "session_ended" hooks end what outlives its requests (jobs, tasks, kernels)."""
+        """The session is over for good (deleted, expired, its stream gone):
+        close it, and the "session_ended" hooks end what outlives its requests
+        (jobs, tasks, kernels)."""
         self.close()
         for ended in HOOKS["session_ended"]:
             ended(self)
@@ -654,8 +725,8 @@ class Session:
 
     @staticmethod
     def busy_owners():
-        """The owners of sessions with work no request waits for (a job, a kernel): the
-        "busy_owners" hooks, each asked once."""
+        """The owners of sessions with work no request waits for (a job, a
+        kernel): the "busy_owners" hooks, each asked once."""
         owners = set()
         for busy in HOOKS["busy_owners"]:
             owners |= busy()
@@ -663,10 +734,13 @@ class Session:
 
 
 class Request:
-    """One request on its way to its method handler. Section 11's era subclasses it."""
+    """One request on its way to its method handler. Section 11's era
+    subclasses it."""
     modern = False
-    answer_later = None     # answer_later(result or ProtocolError), where another thread may
-                            # answer (dispatch() sets it); a handler that uses it returns CANCELLED
+    # answer_later(result or ProtocolError), where another thread may
+    answer_later = None
+                            # answer (dispatch() sets it); a handler that uses
+                            # it returns CANCELLED
 
     def __init__(self, request_id, method, params, session, version, notify):
         self.id, self.method, self.params = request_id, method, params
@@ -679,8 +753,9 @@ class Request:
 
 
 def handle_message(message, session, notify=None):
-    """One JSON-RPC message -> one response object, or None (notifications, responses).
-    notify(message) sends a notification to this client (progress); it may be None."""
+    """One JSON-RPC message -> one response object, or None (notifications,
+    responses). notify(message) sends a notification to this client (progress);
+    it may be None."""
     request = parse_request(message, session, notify)
     if not isinstance(request, Request):
         return request                  # an error response, or None
@@ -688,7 +763,8 @@ def handle_message(message, session, notify=None):
 
 
 def envelope_error(message):
-    """The -32600 error response for a message that is not JSON-RPC 2.0, or None."""
+    """The -32600 error response for a message that is not JSON-RPC 2.0, or
+    None."""
     if not isinstance(message, dict):
         return error_response(None, INVALID_REQUEST,
                               "Invalid Request: a message must be a JSON object")
@@ -711,18 +787,22 @@ def parse_request(message, session, notify=None):
     response, or None."""
     error = envelope_error(message)
     if error or "method" not in message:
-        return error   # a response returns None: this server sends no requests to match it with
+        # a response returns None: this server sends no requests to match it
+        # with
+        return error
     request_id = message.get("id")
     method = message["method"]
     params = message.get("params", {})
     if "id" not in message:
-        # Never answered, not even with an error (basic/index.mdx). Only a cancel acts: it sets its
-        # call's Event, which stops the code (cancellation.mdx); others (initialized) are ignored.
+        # Never answered, not even with an error (basic/index.mdx). Only a
+        # cancel acts: it sets its call's Event, which stops the code
+        # (cancellation.mdx); others (initialized) are ignored.
         if method == "notifications/cancelled" and isinstance(params, dict):
             cancelled = params.get("requestId")
             if valid_id(cancelled):
                 session.cancel(cancelled)
-                for tell in HOOKS["cancelled"]:      # the call may run on another instance
+                # the call may run on another instance
+                for tell in HOOKS["cancelled"]:
                     tell(session, cancelled)
         return None
     if not isinstance(params, dict):
@@ -730,7 +810,8 @@ def parse_request(message, session, notify=None):
         return error_response(request_id, code, 'Invalid params: "params" must be an object'
                               if method in METHODS else "Method not found: %s" % method)
     try:
-        for parse in ERAS:       # a later era claims the requests that are its own
+        # a later era claims the requests that are its own
+        for parse in ERAS:
             request = parse(request_id, method, params, session, notify)
             if request is not None:
                 return request
@@ -740,18 +821,21 @@ def parse_request(message, session, notify=None):
 
 
 def handshake_request(request_id, method, params, session, notify):
-    """Handshake era: the version is the one initialize negotiated for this session."""
+    """Handshake era: the version is the one initialize negotiated for this
+    session."""
     if "handshake" not in registered_method(method).eras:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
-    if session.protocol_version is None and method not in ("initialize", "ping"):   # lifecycle.mdx
+    # lifecycle.mdx
+    if session.protocol_version is None and method not in ("initialize", "ping"):
         raise ProtocolError(INVALID_REQUEST, "Not initialized: send an initialize request first "
                             "(only ping may come before it)")
     return Request(request_id, method, params, session, session.protocol_version, notify)
 
 
 def answer_request(request):
-    """Run a Request's method handler -> its response object, or None (cancelled). A "route"
-    hook may answer instead: with REDIS_URL, what another instance holds is asked there."""
+    """Run a Request's method handler -> its response object, or None
+    (cancelled). A "route" hook may answer instead: with REDIS_URL, what
+    another instance holds is asked there."""
     try:
         for route in HOOKS["route"]:
             response = route(request)
@@ -770,7 +854,8 @@ def answer_request(request):
     return result_response(request.id, result)
 
 
-# --- The methods ------------------------------------------------------------------
+# --- The methods
+# ------------------------------------------------------------------
 
 def server_info(version):
     info = {"name": SERVER_NAME, "version": SERVER_VERSION}
@@ -787,7 +872,8 @@ def handle_initialize(request):
     if not isinstance(requested, str):
         raise ProtocolError(INVALID_PARAMS,
                             'Invalid params: "protocolVersion" (a string) is required')
-    # Echo a handshake version we speak, else our latest (lifecycle.mdx); never 2026-07-28.
+    # Echo a handshake version we speak, else our latest (lifecycle.mdx); never
+    # 2026-07-28.
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
     capabilities = params.get("capabilities")
@@ -799,14 +885,16 @@ def handle_initialize(request):
 
 
 def server_capabilities(version):
-    """What this server offers under `version`, less callable capabilities that return None."""
+    """What this server offers under `version`, less callable capabilities that
+    return None."""
     offered = {name: value(version) if callable(value) else value
                for name, value in CAPABILITIES.items()}
     return {name: value for name, value in offered.items() if value is not None}
 
 
 def refuse_cursor(request):
-    """A list method's check: we never hand out cursors, so any is unknown (pagination.mdx)."""
+    """A list method's check: we never hand out cursors, so any is unknown
+    (pagination.mdx)."""
     if request.params.get("cursor") is not None:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor")
 
@@ -832,12 +920,14 @@ def handle_tools_call(request):
     arguments = {} if params.get("arguments") is None else params["arguments"]
     if not isinstance(arguments, dict):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
-    # A strict schema converter (OpenAI's) makes the model fill every property: its "zero"
-    # values mean "not given". But "code": "" is a program (one that ends a session).
+    # A strict schema converter (OpenAI's) makes the model fill every property:
+    # its "zero" values mean "not given". But "code": "" is a program (one that
+    # ends a session).
     arguments = TOOLS[name][1]({key: value for key, value in arguments.items()
                                 if key == "code" or value not in ("", False, [], 0, None)})
-    # Bad arguments are a tool error the model can read and fix, not a protocol error
-    # (2025-11-25 server/tools.mdx, Error Handling); we apply that rule to every version.
+    # Bad arguments are a tool error the model can read and fix, not a protocol
+    # error (2025-11-25 server/tools.mdx, Error Handling); we apply that rule
+    # to every version.
     call, problem = (None, arguments) if isinstance(arguments, str) else validate_arguments(
         arguments)
     if problem:
@@ -847,7 +937,8 @@ def handle_tools_call(request):
 
 
 def run_call(request, call):
-    """The "call" step of the core: run the code while the request waits -> its result."""
+    """The "call" step of the core: run the code while the request waits -> its
+    result."""
     session = request.session
     cancel = session.start_call(request.id)
     try:
@@ -855,12 +946,14 @@ def run_call(request, call):
     finally:
         session.end_call(request.id)
     if result.cancelled or cancel.is_set():
-        return CANCELLED        # cancellation.mdx: the receiver SHOULD NOT respond
+        # cancellation.mdx: the receiver SHOULD NOT respond
+        return CANCELLED
     return tool_result(result, request.version)
 
 
 register_method("initialize", handle_initialize, eras=("handshake",))
-# ping.mdx: answer promptly with an empty result. 2026-07-28 removed ping; we still answer it.
+# ping.mdx: answer promptly with an empty result. 2026-07-28 removed ping; we
+# still answer it.
 register_method("ping", lambda request: {})
 register_method("tools/list", handle_tools_list)
 register_method("tools/call", handle_tools_call, slow=True)
@@ -868,14 +961,16 @@ register_step("call", run_call)
 register_tool(TOOL_NAME, lambda version, local: tool_definition(version, local))
 
 
-# --- The tool: its contract -------------------------------------------------------------
-# The core's arguments and result fields, written once; a section that adds one declares it
-# with register_tool_feature(arguments=..., results=...), and checks it there too. The core
-# checks the four basic ones.
+# --- The tool: its contract
+# ------------------------------------------------------------- The core's
+# arguments and result fields, written once; a section that adds one declares
+# it with register_tool_feature(arguments=..., results=...), and checks it
+# there too. The core checks the four basic ones.
 
-# No property has a union of types ("type": ["integer", "null"]): single-type dialects
-# (Gemini's) and Inspector's --strict refuse them. "code" is required: a job's handle has a
-# tool of its own (section 12), so that no model makes up code to follow one.
+# No property has a union of types ("type": ["integer", "null"]): single-type
+# dialects (Gemini's) and Inspector's --strict refuse them. "code" is required:
+# a job's handle has a tool of its own (section 12), so that no model makes up
+# code to follow one.
 INPUT_SCHEMA = {"type": "object", "required": ["code"], "additionalProperties": False,
                 "properties": {
     "code": {"type": "string", "description": "Python source, run as the __main__ module."},
@@ -901,7 +996,8 @@ ANNOTATIONS = {"title": "Run Python code", "readOnlyHint": False, "destructiveHi
 
 
 def tool_definition(version, local=True):
-    """The code tool, with only the fields the negotiated version knows (tools.mdx)."""
+    """The code tool, with only the fields the negotiated version knows
+    (tools.mdx)."""
     description = ("Run Python code; get its exit status, stdout and stderr as JSON. Print "
                    'what you want to see. "packages" installs pip requirements first into a '
                    'workspace environment shared by later calls; with "use_temp_dir": true the '
@@ -914,7 +1010,8 @@ def tool_definition(version, local=True):
         tool["title"] = ANNOTATIONS["title"]
     if has.structured_output:
         tool["outputSchema"] = OUTPUT_SCHEMA
-    for add in HOOKS["tool_fields"]:           # execution.taskSupport (section 12)
+    # execution.taskSupport (section 12)
+    for add in HOOKS["tool_fields"]:
         tool.update(add(version))
     return tool
 
@@ -925,7 +1022,8 @@ def instructions(session):
 
 
 def tool_notes(local):
-    """What the tool description and the instructions both say: the limits, then TOOL_NOTES."""
+    """What the tool description and the instructions both say: the limits,
+    then TOOL_NOTES."""
     notes = " ".join(note(local) for note in TOOL_NOTES)
     return ("Each call runs in a fresh Python %d.%d interpreter in a new, empty working directory "
             "that is deleted afterwards. Limits: %g s per call by default (argument \"timeout\", "
@@ -936,31 +1034,44 @@ def tool_notes(local):
 
 
 class Call:
-    """One tools/call's arguments, checked, and the state that travels with them: made by
-    validate_arguments(), read by every step after it. Every field is declared here (__slots__):
-    a later section sets only these (its registered check, or its step: a kernel's place in
-    line, the snapshot of a directory), and adds none."""
+    """One tools/call's arguments, checked, and the state that travels with
+    them: made by validate_arguments(), read by every step after it. Every
+    field is declared here (__slots__): a later section sets only these (its
+    registered check, or its step: a kernel's place in line, the snapshot of a
+    directory), and adds none."""
 
     __slots__ = ("code", "packages", "use_temp_dir", "timeout", "files", "session",
                  "end_session", "job", "cancel_job", "turn", "before")
 
     def __init__(self, code, packages=(), use_temp_dir=False, timeout=EXEC_TIMEOUT):
-        self.code = code                  # Python source (None only when polling a job)
-        self.packages = list(packages)    # requirements, normalized by check_packages()
-        self.use_temp_dir = use_temp_dir  # an isolated environment of just these packages
-        self.timeout = timeout            # seconds, clamped to EXEC_TIMEOUT_MAX
-        self.files = []                   # [(relative path, bytes)] to write first (section 9)
-        self.session = None               # "new", a kernel's handle, or None (section 10)
-        self.end_session = False          # end that kernel after this call
-        self.job = None                   # the handle of a job to poll (section 12)
-        self.cancel_job = False           # with `job`: stop it
-        self.turn = None                  # the place in its kernel's line (section 10)
-        self.before = None                # the working directory before the code (section 9)
+        # Python source (None only when polling a job)
+        self.code = code
+        # requirements, normalized by check_packages()
+        self.packages = list(packages)
+        # an isolated environment of just these packages
+        self.use_temp_dir = use_temp_dir
+        # seconds, clamped to EXEC_TIMEOUT_MAX
+        self.timeout = timeout
+        # [(relative path, bytes)] to write first (section 9)
+        self.files = []
+        # "new", a kernel's handle, or None (section 10)
+        self.session = None
+        # end that kernel after this call
+        self.end_session = False
+        # the handle of a job to poll (section 12)
+        self.job = None
+        # with `job`: stop it
+        self.cancel_job = False
+        # the place in its kernel's line (section 10)
+        self.turn = None
+        # the working directory before the code (section 9)
+        self.before = None
 
 
 def validate_arguments(arguments):
-    """Check arguments against INPUT_SCHEMA -> (a Call, None), or (None, what the model must fix).
-    The core checks the four basic arguments; ARGUMENT_CHECKS check the rest."""
+    """Check arguments against INPUT_SCHEMA -> (a Call, None), or (None, what
+    the model must fix). The core checks the four basic arguments;
+    ARGUMENT_CHECKS check the rest."""
     unknown = sorted(set(arguments) - set(INPUT_SCHEMA["properties"]) - UNDECLARED)
     if unknown:
         names = list(INPUT_SCHEMA["properties"])
@@ -992,12 +1103,14 @@ def validate_arguments(arguments):
     return call, None
 
 
-# --- The tool's result ------------------------------------------------------------------
+# --- The tool's result
+# ------------------------------------------------------------------
 
 class Result:
-    """What one call produced. as_dict() is the tool's JSON result; `failed` decides isError;
-    `cancelled` (internal) means no response at all (cancellation.mdx); `blocks` are extra
-    content blocks (images, resources), each with the Protocol feature it needs (or None)."""
+    """What one call produced. as_dict() is the tool's JSON result; `failed`
+    decides isError; `cancelled` (internal) means no response at all
+    (cancellation.mdx); `blocks` are extra content blocks (images, resources),
+    each with the Protocol feature it needs (or None)."""
 
     def __init__(self, returncode=0, stdout="", stderr="", timed_out=False, truncated=False,
                  cancelled=False):
@@ -1017,8 +1130,8 @@ class Result:
 
     @property
     def failed(self):
-        """isError: the code failed, or was stopped. None (no exit status yet: the code runs
-        on) is no failure."""
+        """isError: the code failed, or was stopped. None (no exit status yet:
+        the code runs on) is no failure."""
         return self.returncode not in (0, None) or self.timed_out or self.cancelled
 
     def note(self, text):
@@ -1028,16 +1141,17 @@ class Result:
                         + "[mcp-exec] " + text)
 
     def as_dict(self):
-        """OUTPUT_SCHEMA's fields, in its order; an optional one only when set (a returncode
-        of 0 is set: only a run that goes on has none)."""
+        """OUTPUT_SCHEMA's fields, in its order; an optional one only when set
+        (a returncode of 0 is set: only a run that goes on has none)."""
         return {name: getattr(self, name) for name in OUTPUT_SCHEMA["properties"]
                 if name in OUTPUT_SCHEMA["required"] or getattr(self, name)
                 or (name == "returncode" and self.returncode is not None)}
 
 
 def tool_result(result, version):
-    """CallToolResult: the Result's JSON object as text (for every client), its blocks that the
-    version knows, and from 2025-06-18 the object as structuredContent (server/tools.mdx)."""
+    """CallToolResult: the Result's JSON object as text (for every client), its
+    blocks that the version knows, and from 2025-06-18 the object as
+    structuredContent (server/tools.mdx)."""
     has = protocol(version)
     obj = result.as_dict()
     content = [{"type": "text", "text": json.dumps(obj, ensure_ascii=False)}]
@@ -1048,10 +1162,12 @@ def tool_result(result, version):
     return reply
 
 
-# --- Batches -------------------------------------------------------------------------------
-# JSON-RPC batches exist in MCP only in 2025-03-26, whose receivers MUST accept them (2025-03-26
-# basic/index.mdx, Batching); we also accept them under 2024-11-05, plain JSON-RPC 2.0. 2025-06-18
-# removed them (its changelog.mdx) and 2026-07-28 has none: there a batch is one Invalid Request.
+# --- Batches
+# -------------------------------------------------------------------------------
+# JSON-RPC batches exist in MCP only in 2025-03-26, whose receivers MUST accept
+# them (2025-03-26 basic/index.mdx, Batching); we also accept them under
+# 2024-11-05, plain JSON-RPC 2.0. 2025-06-18 removed them (its changelog.mdx)
+# and 2026-07-28 has none: there a batch is one Invalid Request.
 
 
 def no_batches(version):
@@ -1074,13 +1190,15 @@ def handle_payload(payload, session, notify=None):
     metas = [m["params"].get("_meta") for m in payload
              if isinstance(m, dict) and isinstance(m.get("params"), dict)]
     modern = any(isinstance(meta, dict) and META_VERSION in meta for meta in metas)
-    negotiated = session.protocol_version     # None before initialize: batches are let in
+    # None before initialize: batches are let in
+    negotiated = session.protocol_version
     if modern or (negotiated is not None and not protocol(negotiated).batches):
         return no_batches(MODERN_VERSIONS[0] if modern else negotiated)
     replies = []
     for message in payload:
         if isinstance(message, dict) and message.get("method") == "initialize" and "id" in message:
-            # initialize MUST NOT be part of a batch (2025-03-26 lifecycle.mdx).
+            # initialize MUST NOT be part of a batch (2025-03-26
+            # lifecycle.mdx).
             reply = error_response(message["id"] if valid_id(message["id"]) else None,
                                    INVALID_REQUEST, "initialize must not be part of a batch")
         else:
@@ -1091,46 +1209,55 @@ def handle_payload(payload, session, notify=None):
 
 
 def needs_worker(payload):
-    """True if handling the payload may take long (it holds a request that runs code)."""
+    """True if handling the payload may take long (it holds a request that runs
+    code)."""
     messages = payload if isinstance(payload, list) else [payload]
     return any(isinstance(m, dict) and "id" in m and isinstance(m.get("method"), str)
                and registered_method(m["method"]).slow for m in messages)
 # =============================================================================
 # 3. The executor: one call's life, on the server and in the child
 # =============================================================================
-# run_code() is the whole tool. It runs the "run" step: run_stateless() waits for a slot and an
-# environment; run_once() makes a fresh directory, start_child() a fresh interpreter (spawned
-# here; section 6 forks it from a template instead); supervise() writes the code to a pipe, reads
-# output and results from three more, and kills all it started when it ends, fails or times out;
-# finish() makes a Result; run_once() leaves no trace. The child's half is at this section's end.
+# run_code() is the whole tool. It runs the "run" step: run_stateless() waits
+# for a slot and an environment; run_once() makes a fresh directory,
+# start_child() a fresh interpreter (spawned here; section 6 forks it from a
+# template instead); supervise() writes the code to a pipe, reads output and
+# results from three more, and kills all it started when it ends, fails or
+# times out; finish() makes a Result; run_once() leaves no trace. The child's
+# half is at this section's end.
 
 
-EXIT_GRACE = 0.5      # seconds a background child may hold the pipes after the code exits
-KERNEL_INTERRUPT_GRACE = 2.0  # seconds interrupted code has to stop, or its kernel dies (10)
-LOCAL = Session()     # who asks when run_code() is called outside any transport: this machine
+# seconds a background child may hold the pipes after the code exits
+EXIT_GRACE = 0.5
+# seconds interrupted code has to stop, or its kernel dies (10)
+KERNEL_INTERRUPT_GRACE = 2.0
+# who asks when run_code() is called outside any transport: this machine
+LOCAL = Session()
 RESULTS_LIMIT = 2 * OUTPUT_LIMIT + IMAGE_LIMIT * (IMAGE_MAX_BYTES * 4 // 3 + 1024) + 65536
 
 
 def run_code(call, session=LOCAL, cancel=None, on_output=None):
-    """Run one tools/call -> Result, through the "run" step (run_stateless() here; section 10
-    adds kernels). `call`: validate_arguments()'s Call; `session`: the MCP session that asked
-    (its `local` decides what the code may read, section 7); `cancel`: an Event that stops it.
-    on_output(stream, chunk) hears code and installer live (for progress and jobs)."""
+    """Run one tools/call -> Result, through the "run" step (run_stateless()
+    here; section 10 adds kernels). `call`: validate_arguments()'s Call;
+    `session`: the MCP session that asked (its `local` decides what the code
+    may read, section 7); `cancel`: an Event that stops it. on_output(stream,
+    chunk) hears code and installer live (for progress and jobs)."""
     return STEPS["run"](call, session, cancel or threading.Event(), on_output)
 
 
 def share_of(session):
-    """The owner whose fair share of the slots (and of the kernels, section 10) a call uses:
-    its MCP session; every sessionless request together (one client may send any number);
-    None for a local session (stdio's one client), which has no share to keep."""
+    """The owner whose fair share of the slots (and of the kernels, section 10)
+    a call uses: its MCP session; every sessionless request together (one
+    client may send any number); None for a local session (stdio's one client),
+    which has no share to keep."""
     if session.local:
         return None
     return session.owner if session.identified else "sessionless"
 
 
 def run_stateless(call, session, cancel, on_output):
-    """A call that keeps nothing: an EXEC_CONCURRENCY slot, its environment, then run_once().
-    The timeout starts with the code, not with the wait for the slot or the install."""
+    """A call that keeps nothing: an EXEC_CONCURRENCY slot, its environment,
+    then run_once(). The timeout starts with the code, not with the wait for
+    the slot or the install."""
     slot = EXEC_SLOTS.acquire(cancel, share_of(session))
     if slot != "ok":
         return EXEC_SLOTS.refusal(slot)
@@ -1142,8 +1269,9 @@ def run_stateless(call, session, cancel, on_output):
 
 
 def run_once(env, call, session, cancel, on_output):
-    """One child in a fresh directory, removed after; the "inputs" hooks write into it first
-    (files given, section 9) and the "outputs" hooks take what the code left (files made)."""
+    """One child in a fresh directory, removed after; the "inputs" hooks write
+    into it first (files given, section 9) and the "outputs" hooks take what
+    the code left (files made)."""
     directory = RUN_DIR.new_call()
     try:
         for write_inputs in HOOKS["inputs"]:
@@ -1157,12 +1285,14 @@ def run_once(env, call, session, cancel, on_output):
             take_outputs(result, directory.work, call, session)
         return result
     finally:
-        RUN_DIR.discard(directory)          # its files were taken: it goes beside the answer
+        # its files were taken: it goes beside the answer
+        RUN_DIR.discard(directory)
 
 
 def wait_or_cancel(ready, cancel, deadline=None, wake=None):
-    """Wait until ready() -> True, or until the call is cancelled or past its deadline -> False.
-    Sleeps on `wake` (set when ready() may have changed), else on the cancel; polls every 0.1 s."""
+    """Wait until ready() -> True, or until the call is cancelled or past its
+    deadline -> False. Sleeps on `wake` (set when ready() may have changed),
+    else on the cancel; polls every 0.1 s."""
     while not ready():
         if cancel.is_set() or (deadline is not None and time.monotonic() > deadline):
             return False
@@ -1171,21 +1301,25 @@ def wait_or_cancel(ready, cancel, deadline=None, wake=None):
 
 
 class CallSlots:
-    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are refused: no client
-    can pile up unbounded work (tools.mdx: rate limit invocations). Shares are fair: an owner
-    (share_of()) holds at most all slots but one, so another owner's call never waits behind
-    it alone, and a freed slot goes to the waiter whose owner holds fewest (the oldest first).
+    """At most EXEC_CONCURRENCY calls run at once and EXEC_QUEUE wait; more are
+    refused: no client can pile up unbounded work (tools.mdx: rate limit
+    invocations). Shares are fair: an owner (share_of()) holds at most all
+    slots but one, so another owner's call never waits behind it alone, and a
+    freed slot goes to the waiter whose owner holds fewest (the oldest first).
     Owner None (stdio's one client, a kernel's turns) has no cap."""
 
     def __init__(self, running, waiting):
         self.max_running, self.max_waiting = running, waiting
         self.running = 0
-        self.held = collections.Counter()        # owner -> slots it holds
-        self.waiters = collections.deque()       # (Event set when the slot is theirs, owner)
+        # owner -> slots it holds
+        self.held = collections.Counter()
+        # (Event set when the slot is theirs, owner)
+        self.waiters = collections.deque()
         self.lock = threading.Lock()
 
     def acquire(self, cancel, owner=None):
-        """-> "ok" (a slot is ours), "busy" (refused) or "cancelled" (while waiting)."""
+        """-> "ok" (a slot is ours), "busy" (refused) or "cancelled" (while
+        waiting)."""
         turn = self.enqueue(owner)
         return "busy" if turn is None else self.wait(turn, cancel, owner)
 
@@ -1193,8 +1327,9 @@ class CallSlots:
         return owner is None or self.held[owner] < max(1, self.max_running - 1)
 
     def enqueue(self, owner=None):
-        """Take a place in line now -> an Event, set once the slot is ours; None when busy.
-        (While a slot is free, every waiter's owner is at its cap: a newcomer may take it.)"""
+        """Take a place in line now -> an Event, set once the slot is ours;
+        None when busy. (While a slot is free, every waiter's owner is at its
+        cap: a newcomer may take it.)"""
         turn = threading.Event()
         with self.lock:
             if self.running < self.max_running and self.may_take(owner):
@@ -1208,14 +1343,16 @@ class CallSlots:
         return turn
 
     def wait(self, turn, cancel, owner=None):
-        """Wait for an enqueued turn -> "ok", or "cancelled" (the place is given up)."""
+        """Wait for an enqueued turn -> "ok", or "cancelled" (the place is
+        given up)."""
         if wait_or_cancel(turn.is_set, cancel, wake=turn) and not cancel.is_set():
             return "ok"
         with self.lock:
             if not turn.is_set():
                 self.waiters.remove((turn, owner))
                 return "cancelled"
-        self.release(owner)                      # the slot came with the cancel: pass it on
+        # the slot came with the cancel: pass it on
+        self.release(owner)
         return "cancelled"
 
     def release(self, owner=None):
@@ -1225,10 +1362,12 @@ class CallSlots:
             if not takers:
                 self.running -= 1
                 return
-            turn, taker = min(takers, key=lambda waiter: self.held[waiter[1]])  # ties: oldest
+            # ties: oldest
+            turn, taker = min(takers, key=lambda waiter: self.held[waiter[1]])
             self.waiters.remove((turn, taker))
             self.held[taker] += 1
-            turn.set()                           # the slot changes hands: running stays
+            # the slot changes hands: running stays
+            turn.set()
 
     def refusal(self, slot):
         """The Result of a call that got no slot ("busy" or "cancelled")."""
@@ -1239,13 +1378,16 @@ class CallSlots:
 
 
 def child_config(mode, env, directory, local):
-    """What a child is told (its mode, limits, directory, environment) and the environment of the
-    code: the allow-list, its venv first on PATH, its own TMPDIR. The "child_config" hooks add to
-    both (containment its sandbox, section 7; section 9 the size of values and images)."""
-    cpu = int(EXEC_TIMEOUT_MAX) + 5      # a backstop; the wall clock is the real limit
+    """What a child is told (its mode, limits, directory, environment) and the
+    environment of the code: the allow-list, its venv first on PATH, its own
+    TMPDIR. The "child_config" hooks add to both (containment its sandbox,
+    section 7; section 9 the size of values and images)."""
+    # a backstop; the wall clock is the real limit
+    cpu = int(EXEC_TIMEOUT_MAX) + 5
     limits = {"RLIMIT_AS": EXEC_MEMORY_MB << 20, "RLIMIT_FSIZE": EXEC_FILE_MB << 20,
               "RLIMIT_NOFILE": EXEC_MAX_FILES,
-              "RLIMIT_CPU": cpu if mode != "kernel" else 0}  # a kernel's CPU adds up over calls
+              # a kernel's CPU adds up over calls
+              "RLIMIT_CPU": cpu if mode != "kernel" else 0}
     limits = dict({name: value for name, value in limits.items() if value > 0}, RLIMIT_CORE=0)
     config = {"mode": mode, "limits": limits, "cwd": directory.work}
     extra = {"TMPDIR": directory.tmp, "TEMP": directory.tmp, "TMP": directory.tmp}
@@ -1254,7 +1396,8 @@ def child_config(mode, env, directory, local):
         extra["VIRTUAL_ENV"] = os.path.dirname(bin_dir)
         extra["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     if "MPLBACKEND" not in os.environ:
-        extra["MPLBACKEND"] = "Agg"     # plots render off-screen, and reach the model (section 9)
+        # plots render off-screen, and reach the model (section 9)
+        extra["MPLBACKEND"] = "Agg"
     for add in HOOKS["child_config"]:
         add(config, extra, directory, local)
     config["env"] = child_environment(extra)
@@ -1262,8 +1405,10 @@ def child_config(mode, env, directory, local):
 
 
 def child_environment(extra=None, installer=False):
-    """The allow-listed environment of executed code (and, wider, of the installer)."""
-    if not _CHILD_ENV:                   # the server's environment is read once
+    """The allow-listed environment of executed code (and, wider, of the
+    installer)."""
+    # the server's environment is read once
+    if not _CHILD_ENV:
         _CHILD_ENV.update({name: value for name, value in os.environ.items()
                            if name in CHILD_ENV_ALLOW or name.startswith("LC_")
                            or name in EXEC_ENV_PASSTHROUGH}, PYTHONIOENCODING="utf-8")
@@ -1275,7 +1420,8 @@ def child_environment(extra=None, installer=False):
 
 
 _CHILD_ENV = {}      # the code's environment, filled on first use
-# The child sees only these server variables, LC_* and EXEC_ENV_PASSTHROUGH: no secret (API_KEY).
+# The child sees only these server variables, LC_* and EXEC_ENV_PASSTHROUGH: no
+# secret (API_KEY).
 CHILD_ENV_ALLOW = """PATH HOME USER LOGNAME SHELL LANG LANGUAGE TZ TERM TMPDIR TEMP TMP SYSTEMROOT
     SYSTEMDRIVE WINDIR COMSPEC PATHEXT USERPROFILE APPDATA LOCALAPPDATA PROGRAMDATA""".split()
 # The installer also sees pip/uv settings, proxies and CA bundles, so mirrors
@@ -1286,8 +1432,9 @@ INSTALLER_ENV_ALLOW = """HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy 
 
 
 class Pipes:
-    """A child's four pipes: code in (its stdin; empty for an installer), stdout, stderr, and
-    results (JSON). `child` holds the child's ends, in that order; the server keeps the others."""
+    """A child's four pipes: code in (its stdin; empty for an installer),
+    stdout, stderr, and results (JSON). `child` holds the child's ends, in that
+    order; the server keeps the others."""
 
     def __init__(self):
         (code_in, self.code), (self.stdout, out) = os.pipe(), os.pipe()
@@ -1305,13 +1452,14 @@ class Pipes:
             os.close(fd)
 
 
-# --- The child, as the server sees it ----------------------------------------------------
+# --- The child, as the server sees it
+# ----------------------------------------------------
 
 class Child:
-    """What supervise() needs of a running child: `pid`, `pipes`, `directory` (its CallDir), and
-    exit_code() (None while running), wait(seconds), kill() of it and all it started. SpawnedChild,
-    ForkedChild (section 6) and Kernel (section 10) have it; the defaults fit a
-    one-call process."""
+    """What supervise() needs of a running child: `pid`, `pipes`, `directory`
+    (its CallDir), and exit_code() (None while running), wait(seconds), kill()
+    of it and all it started. SpawnedChild, ForkedChild (section 6) and Kernel
+    (section 10) have it; the defaults fit a one-call process."""
     pid = pipes = directory = None
 
     def call_over(self, reading):
@@ -1327,14 +1475,15 @@ class Child:
         return self.exit_code()
 
     def needs_kill(self, record):
-        """After a call that ended by itself: kill what it may have left running?"""
+        """After a call that ended by itself: kill what it may have left
+        running?"""
         return True
 
 
 def start_child(env, directory, mode="run", local=True, extra_fds=()):
-    """Start a child interpreter for a call in `directory` -> a Child, through the "start_child"
-    step: spawn_child() here, a fork from a template in section 6. extra_fds are passed on (a
-    kernel's control socket)."""
+    """Start a child interpreter for a call in `directory` -> a Child, through
+    the "start_child" step: spawn_child() here, a fork from a template in
+    section 6. extra_fds are passed on (a kernel's control socket)."""
     config = child_config(mode, env, directory, local)
     pipes = Pipes()
     try:
@@ -1348,7 +1497,8 @@ def start_child(env, directory, mode="run", local=True, extra_fds=()):
 
 
 def spawn_child(env, config, pipes, extra_fds=()):
-    """The core's "start_child" step: a new interpreter, child_argv() with the call's config."""
+    """The core's "start_child" step: a new interpreter, child_argv() with the
+    call's config."""
     config = dict(config, results_fd=pipes.child[3], extra_fds=list(extra_fds))
     environment, cwd = config.pop("env"), config.pop("cwd")
     argv = child_argv(env.python, config)
@@ -1356,14 +1506,17 @@ def spawn_child(env, config, pipes, extra_fds=()):
 
 
 def child_argv(python, config):
-    """How every child interpreter starts: `python -I -S -u -c CHILD_COMMAND config`.
+    """How every child interpreter starts: `python -I -S -u -c CHILD_COMMAND
+    config`.
 
-    Nothing the call brings may run before child_setup() has put the sandbox in place, and the
-    call's files are already in its working directory. So the interpreter starts isolated: -I
-    puts neither the working directory nor the user's site-packages on sys.path and ignores
-    every PYTHON* variable, and -S runs no site: no .pth file, no sitecustomize. A given ast.py,
-    sitecustomize.py or a package's .pth would otherwise run first, unconfined. After the
-    sandbox, finish_startup() does what they skipped, so the code finds `python -c` as usual."""
+    Nothing the call brings may run before child_setup() has put the sandbox in
+    place, and the call's files are already in its working directory. So the
+    interpreter starts isolated: -I puts neither the working directory nor the
+    user's site-packages on sys.path and ignores every PYTHON* variable, and -S
+    runs no site: no .pth file, no sitecustomize. A given ast.py,
+    sitecustomize.py or a package's .pth would otherwise run first, unconfined.
+    After the sandbox, finish_startup() does what they skipped, so the code
+    finds `python -c` as usual."""
     return [python, "-I", "-S", "-u", "-c", CHILD_COMMAND, json.dumps(config)]
 
 
@@ -1385,11 +1538,13 @@ class SpawnedChild(Child):
     def kill(self):
         kill_tree(self.proc.pid)
         self.proc.wait()
-        reap_orphans()     # what left the tree became the server's: kill it and reap it
+        # what left the tree became the server's: kill it and reap it
+        reap_orphans()
 
 
 def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
-    """Run a helper program (venv creation, the installer) to completion -> Result."""
+    """Run a helper program (venv creation, the installer) to completion ->
+    Result."""
     pipes = Pipes()
     try:
         child = SpawnedChild(argv, env, cwd, pipes)
@@ -1401,17 +1556,20 @@ def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
 
 
 def supervise(child, code, timeout, cancel, on_output):
-    """Feed a started child its code, collect its output and results, leave no process behind ->
-    Result. One thread, one poll(); the timeout starts now. The call is over when child.call_over()
-    says so and its pipes are closed; a background process still holding them gets EXIT_GRACE."""
+    """Feed a started child its code, collect its output and results, leave no
+    process behind -> Result. One thread, one poll(); the timeout starts now.
+    The call is over when child.call_over() says so and its pipes are closed; a
+    background process still holding them gets EXIT_GRACE."""
     out, err = OutputBuffer(OUTPUT_LIMIT), OutputBuffer(OUTPUT_LIMIT)
     results = bytearray()
     pipes, poller = child.pipes, select.poll()
     names = {pipes.code: "code", pipes.stdout: "stdout", pipes.stderr: "stderr",
              pipes.results: "results"}
-    for fd, name in names.items():             # reads block, but only follow poll()'s word
+    # reads block, but only follow poll()'s word
+    for fd, name in names.items():
         poller.register(fd, select.POLLOUT if name == "code" else select.POLLIN)
-    os.set_blocking(pipes.code, False)         # a write takes what the pipe has room for
+    # a write takes what the pipe has room for
+    os.set_blocking(pipes.code, False)
     code = memoryview(code)
     # section 7
     watch = STEPS["watch"](child.pid, child.directory.root) if child.directory else None
@@ -1421,32 +1579,20 @@ def supervise(child, code, timeout, cancel, on_output):
         while True:
             step = min(0.05, max(0.0, deadline - time.monotonic()))
             if not names:
-                child.wait(step)           # every pipe is closed: wait for the exit itself
-            for fd, _ in poller.poll(step * 1000) if names else ():
-                if names[fd] == "code":
-                    code = code[_write_fd(fd, code):]
-                    if not code:
-                        _close(poller, names, fd)      # EOF is the end of the code
-                    continue
-                chunk = _read_fd(fd)
-                if not chunk:
-                    _close(poller, names, fd)
-                elif names[fd] == "results":
-                    if len(results) < RESULTS_LIMIT:
-                        results += chunk
-                else:
-                    (out if names[fd] == "stdout" else err).add(chunk)
-                    if on_output:
-                        on_output(names[fd], chunk)
+                # every pipe is closed: wait for the exit itself
+                child.wait(step)
+            code = pump(poller, names, step, code, (out, err, results), on_output)
             reading = [name for name in names.values() if name != "code"]
             if child.call_over(reading):
                 finished_at = finished_at or time.monotonic()
                 if not reading or time.monotonic() - finished_at > EXIT_GRACE:
                     break
-            stop = watch.reason if watch else None      # a per-call total (section 7)
+            # a per-call total (section 7)
+            stop = watch.reason if watch else None
             if not stop and not interrupted and cancel.is_set():
                 stop = "cancelled"
-            elif not stop and time.monotonic() >= deadline:    # once interrupted, the grace's end
+            # once interrupted, the grace's end
+            elif not stop and time.monotonic() >= deadline:
                 stop = "unresponsive" if interrupted else "timeout"
             if stop in ("cancelled", "timeout") and not interrupted and child.interrupt():
                 interrupted, stop = stop, None
@@ -1455,20 +1601,49 @@ def supervise(child, code, timeout, cancel, on_output):
                 break
     finally:
         if watch:
-            stop = stop or watch.close()        # the kernel may have ended it (section 7)
+            # the kernel may have ended it (section 7)
+            stop = stop or watch.close()
         for fd in list(names):
             _close(poller, names, fd)
     return finish(child, stop, interrupted, out, err, results, timeout)
 
 
+def pump(poller, names, step, code, sinks, on_output):
+    """One poll() of a call's pipes, up to `step` seconds: write what the code
+    pipe has room for, read what the others hold -> the code not yet written.
+    `sinks` are the stdout and stderr OutputBuffers and the results bytearray."""
+    out, err, results = sinks
+    for fd, _ in poller.poll(step * 1000) if names else ():
+        if names[fd] == "code":
+            code = code[_write_fd(fd, code):]
+            if not code:
+                # EOF is the end of the code
+                _close(poller, names, fd)
+            continue
+        chunk = _read_fd(fd)
+        if not chunk:
+            _close(poller, names, fd)
+        elif names[fd] == "results":
+            if len(results) < RESULTS_LIMIT:
+                results += chunk
+        else:
+            (out if names[fd] == "stdout" else err).add(chunk)
+            if on_output:
+                on_output(names[fd], chunk)
+    return code
+
+
 def finish(child, stop, interrupted, out, err, results, timeout):
-    """The Result of a supervised child, after killing whatever of it may still run."""
+    """The Result of a supervised child, after killing whatever of it may still
+    run."""
     record = {}
-    with contextlib.suppress(ValueError, RecursionError):   # none, cut, not JSON, too deep
+    # none, cut, not JSON, too deep
+    with contextlib.suppress(ValueError, RecursionError):
         record = json.loads(bytes(results))
     record = record if isinstance(record, dict) else {}
     if stop or child.needs_kill(record):
-        child.kill()       # nothing is left of a child that exited: this kills what escaped
+        # nothing is left of a child that exited: this kills what escaped
+        child.kill()
     status = child.status(record)
     ended_by = interrupted or stop
     result = Result(status if isinstance(status, int) else -9, out.text(), err.text(),
@@ -1482,8 +1657,10 @@ def finish(child, stop, interrupted, out, err, results, timeout):
                        EXEC_TIMEOUT_MAX))
     if stop not in (None, "cancelled", "timeout", "unresponsive"):
         result.returncode = result.returncode or -9
-        result.note(stop)                      # a per-call total of section 7 ended it
-    for read in HOOKS["read_record"]:          # section 9: the value, images
+        # a per-call total of section 7 ended it
+        result.note(stop)
+    # section 9: the value, images
+    for read in HOOKS["read_record"]:
         read(result, record)
     return result
 
@@ -1496,7 +1673,8 @@ def _read_fd(fd):
 
 
 def _write_fd(fd, data):
-    """Write what the pipe takes -> bytes sent; all if the child is gone (its stderr says why)."""
+    """Write what the pipe takes -> bytes sent; all if the child is gone (its
+    stderr says why)."""
     try:
         return os.write(fd, data)
     except BlockingIOError:
@@ -1512,9 +1690,9 @@ def _close(poller, names, fd):
 
 
 class OutputBuffer:
-    """Keep the first and last `limit // 2` bytes of a stream, count the rest: the middle is
-    dropped as it arrives (memory stays flat however much the code prints), a
-    marker says how much."""
+    """Keep the first and last `limit // 2` bytes of a stream, count the rest:
+    the middle is dropped as it arrives (memory stays flat however much the
+    code prints), a marker says how much."""
 
     def __init__(self, limit):
         self.head_limit, self.tail_limit = limit // 2, limit - limit // 2
@@ -1529,7 +1707,8 @@ class OutputBuffer:
             self.head += chunk[:room]
             chunk = chunk[room:]
         self.tail += chunk
-        if len(self.tail) > 2 * self.tail_limit:   # trim in batches, not per chunk
+        # trim in batches, not per chunk
+        if len(self.tail) > 2 * self.tail_limit:
             del self.tail[:-self.tail_limit]
 
     @property
@@ -1546,16 +1725,18 @@ class OutputBuffer:
         return self.head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
 
 
-# --- Starting, finding and killing processes ---------------------------------------------
-# spawn() records what the server starts; its other children are calls'
-# orphans, for reap_orphans().
+# --- Starting, finding and killing processes
+# --------------------------------------------- spawn() records what the server
+# starts; its other children are calls' orphans, for reap_orphans().
 
-_SPAWNED = weakref.WeakSet()        # Popen objects of the server's own children
+# Popen objects of the server's own children
+_SPAWNED = weakref.WeakSet()
 _SPAWN_LOCK = threading.Lock()
 
 
 def spawn(argv, env, cwd, stdio=(subprocess.PIPE,) * 3, pass_fds=()):
-    """Start a child in a session of its own (so its whole process group can be killed)."""
+    """Start a child in a session of its own (so its whole process group can be
+    killed)."""
     popen_args = {"start_new_session": True} if POSIX else {
         "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
     with _SPAWN_LOCK:
@@ -1567,7 +1748,8 @@ def spawn(argv, env, cwd, stdio=(subprocess.PIPE,) * 3, pass_fds=()):
 
 
 def children_of(pid):
-    """The children of pid (of all its threads; zombies too), through /proc (Linux)."""
+    """The children of pid (of all its threads; zombies too), through /proc
+    (Linux)."""
     kids = []
     with contextlib.suppress(OSError):          # gone: no children
         for task in os.listdir("/proc/%d/task" % pid):
@@ -1601,7 +1783,8 @@ def stop_all(find, rounds=100):
 
 
 def kill_tree(pid):
-    """SIGKILL a process, its group and every descendant wherever it went, all stopped first."""
+    """SIGKILL a process, its group and every descendant wherever it went, all
+    stopped first."""
     if not POSIX:
         subprocess.run(["taskkill", "/F", "/T", "/PID", str(pid)], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
@@ -1619,22 +1802,27 @@ def _signal(pid, signum):
 
 
 def reap_orphans():
-    """Kill and reap the server's children that it did not start itself (Linux)."""
-    def ours():                     # asked after the children are listed: a spawn() under
-        with _SPAWN_LOCK:           # way then is waited for, and its child is ours
+    """Kill and reap the server's children that it did not start itself
+    (Linux)."""
+    # asked after the children are listed: a spawn() under
+    def ours():
+        # way then is waited for, and its child is ours
+        with _SPAWN_LOCK:
             return {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
     if LINUX:
         kill_orphans(ours)
 
 
 def kill_orphans(ours):
-    """Kill and reap every child of this process that ours() does not claim, with all it started.
-    As a subreaper we get the children of orphans that exit: all are stopped first (stop_all), then
-    killed, again while any is left. Not yet reaped, their pids cannot be reused meanwhile.
+    """Kill and reap every child of this process that ours() does not claim,
+    with all it started. As a subreaper we get the children of orphans that
+    exit: all are stopped first (stop_all), then killed, again while any is
+    left. Not yet reaped, their pids cannot be reused meanwhile.
 
-    It never waits long for one: a process stuck in the kernel (D state, an I/O that will not end)
-    dies only when that I/O does, and the caller (a template, serving every other call) must not
-    stop with it. Such a process is kept in _DYING and reaped by a later call, without waiting."""
+    It never waits long for one: a process stuck in the kernel (D state, an I/O
+    that will not end) dies only when that I/O does, and the caller (a
+    template, serving every other call) must not stop with it. Such a process
+    is kept in _DYING and reaped by a later call, without waiting."""
     for _ in range(100):
         _DYING.difference_update(reap_within(set(_DYING), 0))
         stopped = stop_all(lambda: set(children_of(os.getpid())) - ours() - _DYING, 1000)
@@ -1649,8 +1837,8 @@ _DYING = set()        # children killed but not yet reaped: stuck in the kernel
 
 
 def reap_within(pids, seconds):
-    """Reap those of `pids` (this process's children, killed) that end within `seconds` -> the
-    pids reaped (or not ours to reap)."""
+    """Reap those of `pids` (this process's children, killed) that end within
+    `seconds` -> the pids reaped (or not ours to reap)."""
     deadline = time.monotonic() + seconds
     reaped = set()
     while True:
@@ -1663,31 +1851,38 @@ def reap_within(pids, seconds):
             return reaped
         time.sleep(0.001)
 
-# --- Directories: the server's, each call's, and removing them --------------------------
-# Every call gets a fresh directory under the server's own, STATE_DIR/run/<pid>-<random>/, and
-# leaves nothing there. What a crash leaves, the next server removes (section 7, recovery).
+# --- Directories: the server's, each call's, and removing them
+# -------------------------- Every call gets a fresh directory under the
+# server's own, STATE_DIR/run/<pid>-<random>/, and leaves nothing there. What a
+# crash leaves, the next server removes (section 7, recovery).
 
 
-FS_IOC_GETFLAGS = 0x80086601                                 # _IOR/_IOW('f', 1|2, long)
+# _IOR/_IOW('f', 1|2, long)
+FS_IOC_GETFLAGS = 0x80086601
 FS_IOC_SETFLAGS = 0x40086602
-UNDELETABLE_FLAGS = 0x10 | 0x20                              # FS_IMMUTABLE_FL, FS_APPEND_FL
+# FS_IMMUTABLE_FL, FS_APPEND_FL
+UNDELETABLE_FLAGS = 0x10 | 0x20
 
 
 def remove_tree(path):
-    """Remove a tree whatever code did to it: any depth (each directory is first moved to the top:
-    no long paths, no recursion), no write or search permission, immutable or append-only flags
-    (cleared where we may), links never followed. Never raises: what cannot go stays, logged."""
+    """Remove a tree whatever code did to it: any depth (each directory is
+    first moved to the top: no long paths, no recursion), no write or search
+    permission, immutable or append-only flags (cleared where we may), links
+    never followed. Never raises: what cannot go stays, logged."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     try:
         top = os.open(path, flags)
     except FileNotFoundError:
         return
     except OSError:
-        _remove_at(os.unlink, None, path)     # a file or a link where a directory was
+        # a file or a link where a directory was
+        _remove_at(os.unlink, None, path)
         return
-    with contextlib.suppress(OSError):        # read-only (a cached venv): its entries must go
+    # read-only (a cached venv): its entries must go
+    with contextlib.suppress(OSError):
         os.fchmod(top, stat.S_IRWXU)
-    pending = [None]                          # None: the top itself; else a name under it
+    # None: the top itself; else a name under it
+    pending = [None]
     moved = 0
     left = 0
     try:
@@ -1706,7 +1901,8 @@ def remove_tree(path):
                 moved += 1
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        # to move, list and empty it: its owner's rights back, no undeletable flag
+                        # to move, list and empty it: its owner's rights back,
+                        # no undeletable flag
                         with contextlib.suppress(OSError):
                             os.chmod(entry.name, stat.S_IRWXU, dir_fd=fd)
                         _clear_flags(entry.name, fd)
@@ -1726,7 +1922,8 @@ def remove_tree(path):
 
 
 def _clear_flags(name, parent):
-    """Clear immutable and append-only (needs CAP_LINUX_IMMUTABLE: a root server has it)."""
+    """Clear immutable and append-only (needs CAP_LINUX_IMMUTABLE: a root
+    server has it)."""
     import fcntl     # POSIX only
     with contextlib.suppress(OSError):
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=parent)
@@ -1739,7 +1936,8 @@ def _clear_flags(name, parent):
 
 
 def _remove_at(remove, parent, name):
-    """remove(name) in `parent`, clearing once the flags that forbid it -> True if it is gone."""
+    """remove(name) in `parent`, clearing once the flags that forbid it -> True
+    if it is gone."""
     for attempt in (1, 2):
         try:
             remove(name, dir_fd=parent)
@@ -1753,7 +1951,8 @@ def _remove_at(remove, parent, name):
 
 
 class CallDir:
-    """A call's directory: root/work (the working directory) and root/tmp (TMPDIR)."""
+    """A call's directory: root/work (the working directory) and root/tmp
+    (TMPDIR)."""
 
     def __init__(self, root):
         self.root = root
@@ -1763,7 +1962,8 @@ class CallDir:
             os.mkdir(path)
 
     def remove(self):
-        try:                               # the common case, three syscalls: nothing was left
+        # the common case, three syscalls: nothing was left
+        try:
             for path in (self.work, self.tmp, self.root):
                 os.rmdir(path)
         except OSError:
@@ -1771,15 +1971,18 @@ class CallDir:
 
 
 class RunDir:
-    """This server's directory, STATE_DIR/run/<pid>-<random>/, with the calls' directories. `lock`
-    is flocked while the server lives; `pids` lists all it started (pid, start time)."""
+    """This server's directory, STATE_DIR/run/<pid>-<random>/, with the calls'
+    directories. `lock` is flocked while the server lives; `pids` lists all it
+    started (pid, start time)."""
 
     def __init__(self, state_dir):
         self.base = os.path.join(state_dir, "run")
         self.root = self.lock = self.pids = None
         self.guard = threading.Lock()
-        self.to_remove = queue.SimpleQueue()      # CallDirs that discard() was given
-        self.remover = None                       # the thread that removes them
+        # CallDirs that discard() was given
+        self.to_remove = queue.SimpleQueue()
+        # the thread that removes them
+        self.remover = None
 
     def path(self):
         with self.guard:
@@ -1787,9 +1990,10 @@ class RunDir:
                 os.makedirs(self.base, exist_ok=True)
                 root = os.path.join(self.base, "%d-%s" % (os.getpid(), os.urandom(4).hex()))
                 os.mkdir(root)
-                # The lock file appears only locked and signed (who holds it: a lock a call's
-                # process took too says nothing of the server): a recovery that starts
-                # meanwhile finds no lock file, or this server's.
+                # The lock file appears only locked and signed (who holds it: a
+                # lock a call's process took too says nothing of the server): a
+                # recovery that starts meanwhile finds no lock file, or this
+                # server's.
                 self.lock = open(os.path.join(root, "lock.new"), "w")
                 _flock(self.lock, shared=False)
                 self.lock.write("%d %s\n" % (os.getpid(), _start_time(os.getpid())))
@@ -1803,8 +2007,9 @@ class RunDir:
         return CallDir(os.path.join(self.path(), "call-" + os.urandom(6).hex()))
 
     def discard(self, directory):
-        """Remove a call's directory on a thread of this RunDir's, beside the call's answer: a
-        rmdir waits on the file system's journal (0.1-0.3 ms each on ext4), which it need not."""
+        """Remove a call's directory on a thread of this RunDir's, beside the
+        call's answer: a rmdir waits on the file system's journal (0.1-0.3 ms
+        each on ext4), which it need not."""
         self.to_remove.put(directory)
         with self.guard:
             if self.remover is None:
@@ -1816,7 +2021,8 @@ class RunDir:
             self.to_remove.get().remove()
 
     def record(self, pid):
-        """Note a process this server started, for the next server if this one crashes."""
+        """Note a process this server started, for the next server if this one
+        crashes."""
         self.path()
         with self.guard:
             self.pids.write("%d %s\n" % (pid, _start_time(pid)))
@@ -1832,14 +2038,17 @@ class RunDir:
 
 
 def _start_time(pid):
-    """A process's start time (clock ticks since boot): with the pid, it names one process."""
-    fields = (_read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()   # after (comm)
+    """A process's start time (clock ticks since boot): with the pid, it names
+    one process."""
+    # after (comm)
+    fields = (_read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()
     return fields[19] if len(fields) > 19 else ""
 
 
-# --- Packages: the shared workspace and fresh isolated environments ---------------------
-# A package is a plain requirement: name, optional [extras], optional version specifiers.
-# Nothing else reaches pip: no options, URLs, paths, "@ url", markers or shell characters.
+# --- Packages: the shared workspace and fresh isolated environments
+# --------------------- A package is a plain requirement: name, optional
+# [extras], optional version specifiers. Nothing else reaches pip: no options,
+# URLs, paths, "@ url", markers or shell characters.
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
 REQUIREMENT_RE = re.compile(
@@ -1849,7 +2058,8 @@ REQUIREMENT_RE = re.compile(
 
 
 def normalize_requirement(text):
-    """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain requirement."""
+    """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain
+    requirement."""
     m = REQUIREMENT_RE.match(text) if isinstance(text, str) and len(text) <= 200 else None
     if not m:
         return None
@@ -1861,13 +2071,15 @@ def normalize_requirement(text):
     return name + ("[%s]" % ",".join(extras) if extras else "") + specs
 
 
-# pip reads a requirement ending in an archive's extension ("foo==1.zip") as a file in its
-# working directory (pip's is_archive_file): no such entry reaches it.
+# pip reads a requirement ending in an archive's extension ("foo==1.zip") as a
+# file in its working directory (pip's is_archive_file): no such entry reaches
+# it.
 ARCHIVE_END = re.compile(r"\.(zip|whl|tgz|tbz|txz|tlz|tar(\.(gz|bz2|xz|lz|lzma))?)\s*$", re.I)
 
 
 def check_packages(arguments, call):
-    """The "packages" argument -> call.packages, normalized and sorted, or the problem."""
+    """The "packages" argument -> call.packages, normalized and sorted, or the
+    problem."""
     for item in call.packages:
         if normalize_requirement(item) is None:
             return ('"packages" entry %s is not a plain requirement: use a package name with '
@@ -1889,8 +2101,9 @@ def _venv_python(venv):
 
 
 def _installer():
-    """-> (uv's path, or None for pip: no uv on PATH, or MCP_EXEC_INSTALLER=pip; the env: the
-    child's plus pip/uv settings, proxies, CA bundles, and PIP_* index settings as UV_* for uv)."""
+    """-> (uv's path, or None for pip: no uv on PATH, or
+    MCP_EXEC_INSTALLER=pip; the env: the child's plus pip/uv settings, proxies,
+    CA bundles, and PIP_* index settings as UV_* for uv)."""
     uv = None if INSTALLER == "pip" else shutil.which("uv")
     env = child_environment(installer=True)
     if uv:
@@ -1901,8 +2114,9 @@ def _installer():
 
 
 def _create_venv(path, layered, deadline, cancel):
-    """Create a venv without pip -> Result. A `layered` one (the workspace) gets a .pth that adds
-    the server's site-packages *after* its own: code sees them, but installs into the workspace."""
+    """Create a venv without pip -> Result. A `layered` one (the workspace)
+    gets a .pth that adds the server's site-packages *after* its own: code sees
+    them, but installs into the workspace."""
     uv, env = _installer()
     argv = ([uv, "venv", "--quiet", "--python", sys.executable, path] if uv
             else [sys.executable, "-m", "venv", "--without-pip", path])
@@ -1911,7 +2125,8 @@ def _create_venv(path, layered, deadline, cancel):
     if result.failed or not layered:
         return result
     # Ask the venv's own interpreter where its packages go: distributions patch
-    # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages here).
+    # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages
+    # here).
     site_dir = run_process([_venv_python(path), "-c",
                             "import sysconfig; print(sysconfig.get_path('purelib'))"],
                            env=child_environment(), cwd=STATE_DIR, timeout=60).stdout.strip()
@@ -1925,7 +2140,8 @@ def _create_venv(path, layered, deadline, cancel):
 
 
 def _satisfied_here(requirement):
-    """True if the server's packages (which the workspace sees) meet a bare name or exact ==pin."""
+    """True if the server's packages (which the workspace sees) meet a bare
+    name or exact ==pin."""
     m = re.match(r"^([a-z0-9-]+)(?:==([A-Za-z0-9.+!_-]+))?$", requirement)
     if not m:
         return False
@@ -1938,27 +2154,32 @@ def _satisfied_here(requirement):
 
 
 def _install(python, requirements, deadline, cancel, report):
-    """Install requirements into `python`'s environment -> Result, output as "install" progress.
-    "--" ends the options: no requirement slipping past validation can become one. Bytecode is
-    compiled: code cannot write it there, so each call would recompile its imports."""
+    """Install requirements into `python`'s environment -> Result, output as
+    "install" progress. "--" ends the options: no requirement slipping past
+    validation can become one. Bytecode is compiled: code cannot write it
+    there, so each call would recompile its imports."""
     uv, env = _installer()
     if uv:
         no_index = any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on")
                        for n in ("PIP_NO_INDEX", "UV_NO_INDEX"))
-        argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]   # uv 0.1.32+
-        argv += ["--no-index"] if no_index else []   # uv has no variable for pip's PIP_NO_INDEX
+        # uv 0.1.32+
+        argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]
+        # uv has no variable for pip's PIP_NO_INDEX
+        argv += ["--no-index"] if no_index else []
     else:
-        # The server's pip, run by `python` (our environments have no pip of their own). pip's
-        # --python (22.3+) starts pip here to run it there through its __pip-runner__.py; running
-        # that directly saves the first start (pip's own run for a small wheel: 1.0 s, not 1.6).
+        # The server's pip, run by `python` (our environments have no pip of
+        # their own). pip's --python (22.3+) starts pip here to run it there
+        # through its __pip-runner__.py; running that directly saves the first
+        # start (pip's own run for a small wheel: 1.0 s, not 1.6).
         import importlib.util
         argv = [sys.executable, "-m", "pip", "--python", python]
         spec = importlib.util.find_spec("pip")
         if spec and spec.origin:
             runner = os.path.join(os.path.dirname(spec.origin), "__pip-runner__.py")
             if os.path.isfile(runner):
-                # What --python sets for the pip it starts: that pip then obeys no PIP_PYTHON (or
-                # pip.conf "python =") of its own, which would install into another interpreter.
+                # What --python sets for the pip it starts: that pip then obeys
+                # no PIP_PYTHON (or pip.conf "python =") of its own, which
+                # would install into another interpreter.
                 env["_PIP_RUNNING_IN_SUBPROCESS"] = "1"
                 argv = [python, runner]
         argv += ["install", "--no-input", "--disable-pip-version-check"]
@@ -1979,47 +2200,54 @@ def _install_failed(result, what):
 
 
 def _waited(cancel, what):
-    """The failure of a call that stopped waiting for a lock: it was cancelled, or out of time."""
+    """The failure of a call that stopped waiting for a lock: it was cancelled,
+    or out of time."""
     return _install_failed(Result.refusal("", timed_out=not cancel.is_set(),
                                           cancelled=cancel.is_set()), what)
 
 
 def _digest(text, length):
-    """A hex SHA-256 prefix that names a folder. hashlib is imported here, not at the top:
-    it loads OpenSSL (5 MB), which only a server that installs needs, never a template."""
+    """A hex SHA-256 prefix that names a folder. hashlib is imported here, not
+    at the top: it loads OpenSSL (5 MB), which only a server that installs
+    needs, never a template."""
     import hashlib
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 class Environments:
-    """Where code runs, under STATE_DIR (servers may share it), one set per interpreter (path and
-    version), untouched by servers on other Pythons. The shared workspace, workspace-<tag>/:
-    installs accumulate, <tag>.installed lists them, <tag>.lock is flocked for changes. Or, for
-    use_temp_dir, an isolated venv built for the call alone and removed after it (section 8
+    """Where code runs, under STATE_DIR (servers may share it), one set per
+    interpreter (path and version), untouched by servers on other Pythons. The
+    shared workspace, workspace-<tag>/: installs accumulate, <tag>.installed
+    lists them, <tag>.lock is flocked for changes. Or, for use_temp_dir, an
+    isolated venv built for the call alone and removed after it (section 8
     caches them instead)."""
 
     def __init__(self, root):
         self.root = root
         self.workspace_lock = threading.Lock()
-        self.generation = 0               # bumped whenever this process changes the workspace
+        # bumped whenever this process changes the workspace
+        self.generation = 0
         self.stamp = "mcp-exec workspace v1 %s %s" % (sys.executable, sys.version.split()[0])
 
     @functools.cached_property
     def workspace_venv(self):
-        """The workspace of this interpreter, named by a digest of its path and version (on
-        first use: _digest loads OpenSSL, which processes that never install should not)."""
+        """The workspace of this interpreter, named by a digest of its path and
+        version (on first use: _digest loads OpenSSL, which processes that
+        never install should not)."""
         return os.path.join(self.root, "workspace-" + _digest("%s %s" % (sys.executable,
                                                                          sys.version), 12))
 
     def untouched(self, python):
-        """Did no package in `python`'s environment come with a call? True for the server's own
-        interpreter (the operator installed its packages), and for the workspace while nothing
-        was installed into it; an isolated environment holds just what a call asked for."""
+        """Did no package in `python`'s environment come with a call? True for
+        the server's own interpreter (the operator installed its packages), and
+        for the workspace while nothing was installed into it; an isolated
+        environment holds just what a call asked for."""
         return python == sys.executable or (python == _venv_python(self.workspace_venv) and
                                              not _read_text(self.workspace_venv + ".installed"))
 
     def workspace(self, requirements, deadline, cancel, report=None):
-        """-> (python, None), or (None, failure Result), installing what is missing."""
+        """-> (python, None), or (None, failure Result), installing what is
+        missing."""
         venv = self.workspace_venv
         record = venv + ".installed"
         stamp = self.stamp
@@ -2027,12 +2255,14 @@ class Environments:
         def missing():
             installed = set((_read_text(record) or "").split())
             return [r for r in requirements if r not in installed and not _satisfied_here(r)]
-        # The common case takes no lock: a call without packages never waits behind an install.
+        # The common case takes no lock: a call without packages never waits
+        # behind an install.
         if (_read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp
                 and not (requirements and missing())):
             return _venv_python(venv), None
         os.makedirs(self.root, exist_ok=True)
-        thread_lock = self.workspace_lock     # our threads, then other server processes (flock)
+        # our threads, then other server processes (flock)
+        thread_lock = self.workspace_lock
         with open(venv + ".lock", "a") as lock_file, \
                 _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline,
                          thread_lock.release) as got, \
@@ -2055,7 +2285,8 @@ class Environments:
                     f.write(stamp)
                 self.generation += 1
             todo = missing()
-            if todo:   # pip is not even started when everything asked for is there
+            # pip is not even started when everything asked for is there
+            if todo:
                 result = _install(_venv_python(venv), todo, deadline, cancel, report)
                 if result.failed:
                     return None, _install_failed(result, "pip install " + " ".join(todo))
@@ -2065,8 +2296,9 @@ class Environments:
         return _venv_python(venv), None
 
     def isolated(self, requirements, deadline, cancel, report=None):
-        """A fresh venv of just `requirements` -> (python, lease, None), or (None, None, failure
-        Result). lease.close() after the run removes it: nothing of it stays."""
+        """A fresh venv of just `requirements` -> (python, lease, None), or
+        (None, None, failure Result). lease.close() after the run removes it:
+        nothing of it stays."""
         os.makedirs(self.root, exist_ok=True)
         venv = os.path.join(self.root, "fresh-" + os.urandom(6).hex())
         failure = build_isolated(venv, requirements, deadline, cancel, report)
@@ -2076,8 +2308,8 @@ class Environments:
 
 
 def build_isolated(venv, requirements, deadline, cancel, report=None):
-    """Create a venv holding just `requirements` at `venv` -> None, or the failure Result
-    (and nothing of it is left)."""
+    """Create a venv holding just `requirements` at `venv` -> None, or the
+    failure Result (and nothing of it is left)."""
     result = _create_venv(venv, False, deadline, cancel)
     if not result.failed and requirements:
         result = _install(_venv_python(venv), requirements, deadline, cancel, report)
@@ -2089,7 +2321,8 @@ def build_isolated(venv, requirements, deadline, cancel, report=None):
 
 
 class _Removal:
-    """close() removes a directory: the lease of a fresh, uncached environment."""
+    """close() removes a directory: the lease of a fresh, uncached
+    environment."""
 
     def __init__(self, path):
         self.path = path
@@ -2099,8 +2332,9 @@ class _Removal:
 
 
 class Environment:
-    """`with Environment(packages, isolated, cancel, report) as env:` the interpreter a call runs
-    with (env.python), ready, leased for the block, or env.failure (a Result saying why not)."""
+    """`with Environment(packages, isolated, cancel, report) as env:` the
+    interpreter a call runs with (env.python), ready, leased for the block, or
+    env.failure (a Result saying why not)."""
 
     def __init__(self, packages, isolated, cancel, report=None):
         self.packages = list(packages)
@@ -2108,11 +2342,13 @@ class Environment:
         self.cancel = cancel
         self.report = report
         self.python = self.lease = self.failure = None
-        self.generation = 0   # changes with it: no template of an older one is used (section 6)
+        # changes with it: no template of an older one is used (section 6)
+        self.generation = 0
 
     def __enter__(self):
         deadline = time.monotonic() + INSTALL_TIMEOUT
-        if self.isolated:       # a cached environment never changes (it is read-only)
+        # a cached environment never changes (it is read-only)
+        if self.isolated:
             self.python, self.lease, self.failure = ENVIRONMENTS.isolated(
                 self.packages, deadline, self.cancel, self.report)
         else:
@@ -2128,14 +2364,16 @@ class Environment:
 
 def _read_text(path):
     try:
-        with open(path, errors="replace") as f:      # /proc/PID/stat holds a name the code chose
+        # /proc/PID/stat holds a name the code chose
+        with open(path, errors="replace") as f:
             return f.read().strip()
     except OSError:
         return None
 
 
 def _flock(file, shared, wait=True):
-    """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if locked."""
+    """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if
+    locked."""
     try:
         import fcntl   # POSIX only
     except ImportError:
@@ -2150,8 +2388,9 @@ def _flock(file, shared, wait=True):
 
 @contextlib.contextmanager
 def _waiting(try_lock, cancel, deadline, release=None):
-    """`with _waiting(try_lock, cancel, deadline, release) as got:` tries try_lock() until it locks
-    or the call is cancelled or past its deadline; got: if it locked. release() unlocks after."""
+    """`with _waiting(try_lock, cancel, deadline, release) as got:` tries
+    try_lock() until it locks or the call is cancelled or past its deadline;
+    got: if it locked. release() unlocks after."""
     got = wait_or_cancel(try_lock, cancel, deadline)
     try:
         yield bool(got)
@@ -2159,17 +2398,19 @@ def _waiting(try_lock, cancel, deadline, release=None):
         if got and release:
             release()
 
-# --- The child's side: one call's life in the child process ----------------------------
-# Every child starts isolated (child_argv) with CHILD_COMMAND: it imports `site` without running
-# it, then this file by path (appended to sys.path, so no file beside it hides a standard
-# module), and calls child_main(). The server's settings mean nothing there: all the child needs
-# is its config. The code finds the interpreter as `python -c` leaves it: this file's imports
-# are forgotten first, and finish_startup() runs site and puts '' first on sys.path, once the
-# sandbox is in place.
+# --- The child's side: one call's life in the child process
+# ---------------------------- Every child starts isolated (child_argv) with
+# CHILD_COMMAND: it imports `site` without running it, then this file by path
+# (appended to sys.path, so no file beside it hides a standard module), and
+# calls child_main(). The server's settings mean nothing there: all the child
+# needs is its config. The code finds the interpreter as `python -c` leaves it:
+# this file's imports are forgotten first, and finish_startup() runs site and
+# puts '' first on sys.path, once the sandbox is in place.
 
 
 try:
-    import ctypes     # prctl, capabilities, Landlock, seccomp: imported before the forgetting
+    # prctl, capabilities, Landlock, seccomp: imported before the forgetting
+    import ctypes
 except ImportError:
     ctypes = None
 
@@ -2181,8 +2422,9 @@ CODE_FILENAME = "<code>"
 
 
 def child_main(fresh_modules):
-    """Run in the child: set up, run the code once, exit. A registered mode serves instead: a
-    template (section 6) before the setup, returning in each child it forks; a kernel (section
+    """Run in the child: set up, run the code once, exit. A registered mode
+    serves instead: a template (section 6) before the setup, returning in each
+    child it forks; a kernel (section
     10) after it, never returning."""
     config = json.loads(sys.argv[1])
     del sys.argv[1:]
@@ -2190,7 +2432,8 @@ def child_main(fresh_modules):
     if mode and mode.before_setup:
         config = mode.serve(config, fresh_modules)
     else:
-        forget_modules(fresh_modules)                     # re-imported if the code wants them
+        # re-imported if the code wants them
+        forget_modules(fresh_modules)
     child_setup(config)
     finish_startup()
     mode = CHILD_MODES.get(config["mode"])
@@ -2199,44 +2442,54 @@ def child_main(fresh_modules):
     run_in_child(config)
 
 
-SITE_DONE = []      # [True] in a template that ran site itself: its children inherit it
+# [True] in a template that ran site itself: its children inherit it
+SITE_DONE = []
 
 
 def finish_startup():
-    """In the child, sandboxed: what `python -c` does at start and child_argv() held back. site
-    adds site-packages, runs .pth files, sitecustomize and usercustomize (where the user's site
-    would be on: -I turned it off); '' first on sys.path imports the call's own files; stdout
-    and stderr are UTF-8, as PYTHONIOENCODING (which -I ignores) asks of every child."""
+    """In the child, sandboxed: what `python -c` does at start and child_argv()
+    held back. site adds site-packages, runs .pth files, sitecustomize and
+    usercustomize (where the user's site would be on: -I turned it off); ''
+    first on sys.path imports the call's own files; stdout and stderr are
+    UTF-8, as PYTHONIOENCODING (which -I ignores) asks of every child."""
     if not SITE_DONE:
         site = sys.modules["site"]
         site.ENABLE_USER_SITE = os.getuid() == os.geteuid() and os.getgid() == os.getegid()
         site.main()
     sys.path.insert(0, "")
     for stream in (sys.stdout, sys.stderr):
-        if stream.encoding.replace("-", "").lower() != "utf8":    # a non-UTF-8 locale's
+        # a non-UTF-8 locale's
+        if stream.encoding.replace("-", "").lower() != "utf8":
             with contextlib.suppress(AttributeError, ValueError, OSError):
                 stream.reconfigure(encoding="utf-8")
 
 
 def run_in_child(config):
-    """The code of one call, as __main__; what it produced goes on the results pipe."""
+    """The code of one call, as __main__; what it produced goes on the results
+    pipe."""
     namespace = fresh_main()
-    gc.freeze()        # all that is here is ours: the collection at exit visits only the code's
+    # all that is here is ours: the collection at exit visits only the code's
+    gc.freeze()
     status, value = run_cell(sys.stdin.buffer.read(), namespace)
     child_report(config["results_fd"], config, status, value)
     child_exit(status, namespace)
 
 
 def child_exit(status, namespace):
-    """Exit as the interpreter would (threads joined, atexit handlers run, files flushed),
-    without its final teardown of every module: that costs a forked child ~20 ms."""
+    """Exit as the interpreter would (threads joined, atexit handlers run,
+    files flushed), without its final teardown of every module: that costs a
+    forked child ~20 ms."""
     threading_module = sys.modules.get("threading")
-    if hasattr(threading_module, "_shutdown"):     # None if the code never imported it
-        threading_module._shutdown()         # what Py_Finalize does first: wait for threads
+    # None if the code never imported it
+    if hasattr(threading_module, "_shutdown"):
+        # what Py_Finalize does first: wait for threads
+        threading_module._shutdown()
     atexit._run_exitfuncs()
-    namespace.clear()                        # the code's objects go: open files are flushed
-    # A full collection also empties the free lists, copying pages the template shares; until the
-    # code's objects reach the oldest generation (child_main left it empty), it holds no garbage.
+    # the code's objects go: open files are flushed
+    namespace.clear()
+    # A full collection also empties the free lists, copying pages the template
+    # shares; until the code's objects reach the oldest generation (child_main
+    # left it empty), it holds no garbage.
     gc.collect(2 if gc.get_objects(2) else 1)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -2245,7 +2498,8 @@ def child_exit(status, namespace):
 
 
 def fresh_main():
-    """__main__'s namespace, emptied as `python -c` leaves it: the code's globals."""
+    """__main__'s namespace, emptied as `python -c` leaves it: the code's
+    globals."""
     namespace = sys.modules["__main__"].__dict__
     namespace.clear()
     namespace.update(__name__="__main__", __doc__=None, __package__=None, __loader__=None,
@@ -2254,16 +2508,17 @@ def fresh_main():
 
 
 def forget_modules(fresh_modules):
-    """Forget the pure-Python modules imported since the interpreter started (extension modules
-    stay: they cannot load twice). What this file uses of them lives on, out of
-    the code's sight."""
+    """Forget the pure-Python modules imported since the interpreter started
+    (extension modules stay: they cannot load twice). What this file uses of
+    them lives on, out of the code's sight."""
     for name, module in list(sys.modules.items()):
         if name not in fresh_modules and str(getattr(module, "__file__", "")).endswith(".py"):
             del sys.modules[name]
 
 
 def child_setup(config):
-    """Limits, then containment (section 7), before any code of the user's runs."""
+    """Limits, then containment (section 7), before any code of the user's
+    runs."""
     become_subreaper()                  # orphans of the code stay ours to kill
     if not POSIX:
         return                          # no limits here, nor a sandbox
@@ -2274,13 +2529,15 @@ def child_setup(config):
             hard = resource.getrlimit(kind)[1]
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(kind, (value, value))
-    for setup in HOOKS["child_setup"]:                   # containment (section 7)
+    # containment (section 7)
+    for setup in HOOKS["child_setup"]:
         setup(config)
 
 
 def run_cell(source, namespace):
-    """Run source in namespace like a notebook cell -> (exit status, the value of a last expression
-    statement, evaluated on its own, or None). Tracebacks show only the user's lines."""
+    """Run source in namespace like a notebook cell -> (exit status, the value
+    of a last expression statement, evaluated on its own, or None). Tracebacks
+    show only the user's lines."""
     text = source.decode("utf-8", "replace")
     linecache.cache[CODE_FILENAME] = (len(text), None, text.splitlines(True), CODE_FILENAME)
     try:
@@ -2290,7 +2547,8 @@ def run_cell(source, namespace):
         if last is None:
             return 0, None
         return 0, eval(compile(ast.Expression(last.value), CODE_FILENAME, "eval"), namespace)
-    except SystemExit as exc:          # what the interpreter would do with it, minus exiting
+    # what the interpreter would do with it, minus exiting
+    except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0, None
         sys.stderr.write("%s\n" % (exc.code,))
@@ -2298,21 +2556,26 @@ def run_cell(source, namespace):
     except BaseException as exc:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != CODE_FILENAME:
-            tb = tb.tb_next           # drop our own frames: the user sees only their code
+            # drop our own frames: the user sees only their code
+            tb = tb.tb_next
         if sys.excepthook is sys.__excepthook__:
-            traceback.print_exception(type(exc), exc, tb)   # reads linecache: source lines show
+            # reads linecache: source lines show
+            traceback.print_exception(type(exc), exc, tb)
         else:
             sys.excepthook(type(exc), exc, tb)
         return 1, None
 
 
 def child_report(fd, config, status, value):
-    """Send the server what the code produced besides its output, on the results pipe."""
+    """Send the server what the code produced besides its output, on the
+    results pipe."""
     record = {"status": status}
     try:
-        for describe in HOOKS["child_report"]:             # section 9: the value, images
+        # section 9: the value, images
+        for describe in HOOKS["child_report"]:
             record.update(describe(value, config))
-    except BaseException as exc:                           # a __repr__ that raised, say
+    # a __repr__ that raised, say
+    except BaseException as exc:
         record["value"] = "<the value could not be shown: %s: %s>" % (type(exc).__name__, exc)
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
@@ -2331,7 +2594,8 @@ def _libc():
         lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
         if lib is not None:
             lib.syscall.restype = ctypes.c_long
-            # prctl's arguments are unsigned longs: declared, ints pass whole (not half-undefined)
+            # prctl's arguments are unsigned longs: declared, ints pass whole
+            # (not half-undefined)
             lib.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
     except (OSError, AttributeError):
         lib = None
@@ -2339,21 +2603,24 @@ def _libc():
 
 
 def become_subreaper():
-    """Become the reaper of the orphans of what this process starts (a process whose parent
-    exits is handed to its nearest subreaper, Linux 3.4+): the server, once, before its first
-    child; each child and template, for what the code starts."""
+    """Become the reaper of the orphans of what this process starts (a process
+    whose parent exits is handed to its nearest subreaper, Linux 3.4+): the
+    server, once, before its first child; each child and template, for what the
+    code starts."""
     libc = _libc()
     if libc is not None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def executor_shutdown():
-    """At exit: kill and reap what is left of the calls, and remove the run directory."""
+    """At exit: kill and reap what is left of the calls, and remove the run
+    directory."""
     reap_orphans()
     RUN_DIR.close()
 
 
-EXEC_SLOTS = RUN_DIR = ENVIRONMENTS = None      # the core's parts, made by build_parts()
+# the core's parts, made by build_parts()
+EXEC_SLOTS = RUN_DIR = ENVIRONMENTS = None
 
 
 def build_core_parts(part):
@@ -2364,11 +2631,14 @@ def build_core_parts(part):
 
 
 register_parts(build_core_parts)
-register_step("environments", Environments)            # section 8 caches isolated venvs
+# section 8 caches isolated venvs
+register_step("environments", Environments)
 register_step("run", run_stateless)
 register_step("start_child", spawn_child)
-register_step("installer", lambda argv, env, python: argv)    # section 7 confines it
-register_step("watch", lambda pid, directory: None)     # section 7 watches each call's totals
+# section 7 confines it
+register_step("installer", lambda argv, env, python: argv)
+# section 7 watches each call's totals
+register_step("watch", lambda pid, directory: None)
 register_tool_feature(check=check_packages)
 register_lifecycle(setup=become_subreaper, shutdown=executor_shutdown)
 
@@ -2378,7 +2648,8 @@ register_lifecycle(setup=become_subreaper, shutdown=executor_shutdown)
 # =============================================================================
 
 class StdioServer:
-    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio); serialized writes."""
+    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio);
+    serialized writes."""
 
     def __init__(self, infile, outfile):
         self.infile, self.outfile = infile, outfile
@@ -2391,7 +2662,8 @@ class StdioServer:
         with self.write_lock:
             if TRACE:
                 log("<-- " + line.decode("utf-8", "replace"))
-            with contextlib.suppress(OSError, ValueError):   # the client left: EOF follows
+            # the client left: EOF follows
+            with contextlib.suppress(OSError, ValueError):
                 self.outfile.write(line + b"\n")
                 self.outfile.flush()
 
@@ -2425,19 +2697,23 @@ class StdioServer:
                     dispatch(payload, self.session, self.send, self.workers)
                 except Exception:   # no input line can kill the server
                     log("error handling a line:\n" + traceback.format_exc())
-            for ended in HOOKS["input_ended"]:  # what no request can follow now ends (12: jobs)
+            # what no request can follow now ends (12: jobs)
+            for ended in HOOKS["input_ended"]:
                 ended(self.session)
-            self.workers.wait(EOF_GRACE)        # stdin closed: let running calls finish briefly
+            # stdin closed: let running calls finish briefly
+            self.workers.wait(EOF_GRACE)
         finally:
-            self.session.close()                # then kill what is still running
+            # then kill what is still running
+            self.session.close()
             self.workers.wait(KILL_GRACE + 1)
 
 
 def dispatch(payload, session, send, workers):
-    """Handle a parsed frame and send() its reply: inline if quick, on a worker thread if it holds
-    a tools/call, so that reading goes on while calls run (ping, cancel, more calls). A request
-    not in a batch may be answered from another thread too (Request.answer_later): a tools/call
-    runs its code on this worker, and the thread that waits beside it answers at CALL_WAIT."""
+    """Handle a parsed frame and send() its reply: inline if quick, on a worker
+    thread if it holds a tools/call, so that reading goes on while calls run
+    (ping, cancel, more calls). A request not in a batch may be answered from
+    another thread too (Request.answer_later): a tools/call runs its code on
+    this worker, and the thread that waits beside it answers at CALL_WAIT."""
     def work():
         if isinstance(payload, list):
             reply = handle_payload(payload, session, send)
@@ -2455,28 +2731,34 @@ def dispatch(payload, session, send, workers):
 
 
 class Workers:
-    """Threads for work that may take long (a tools/call, a job), counted so that shutdown can
-    wait for them. A thread whose work is done waits `linger` seconds for more: handing work to a
-    waiting thread costs a quarter of starting one, and both hold the GIL (0.04 vs 0.15 ms)."""
+    """Threads for work that may take long (a tools/call, a job), counted so
+    that shutdown can wait for them. A thread whose work is done waits `linger`
+    seconds for more: handing work to a waiting thread costs a quarter of
+    starting one, and both hold the GIL (0.04 vs 0.15 ms)."""
 
     def __init__(self, linger=10.0):
         self.linger = linger
-        self.running = 0            # work given and not yet done
-        self.waiting = 0            # threads waiting for work
-        self.queued = []            # (work, Event set once a thread took it), oldest first
+        # work given and not yet done
+        self.running = 0
+        # threads waiting for work
+        self.waiting = 0
+        # (work, Event set once a thread took it), oldest first
+        self.queued = []
         lock = threading.Lock()
         self.changed = threading.Condition(lock)      # running changed
         self.has_work = threading.Condition(lock)     # queued grew
 
     def start(self, target, in_order=True):
-        """Run target() on a thread. Like Thread.start(), return once a thread has taken it:
-        work given in order is taken in order (a kernel's calls line up as they came). in_order
-        False: return at once (work that may start after what is given later)."""
+        """Run target() on a thread. Like Thread.start(), return once a thread
+        has taken it: work given in order is taken in order (a kernel's calls
+        line up as they came). in_order False: return at once (work that may
+        start after what is given later)."""
         taken = threading.Event()
         with self.changed:
             self.running += 1
             self.queued.append((target, taken))
-            spare = self.waiting >= len(self.queued)     # a waiting thread will take it
+            # a waiting thread will take it
+            spare = self.waiting >= len(self.queued)
             if spare:
                 self.has_work.notify()
         if not spare:
@@ -2485,7 +2767,8 @@ class Workers:
             taken.wait()
 
     def _serve(self):
-        """Run the oldest work, then wait up to `linger` s for more; none came: the thread ends."""
+        """Run the oldest work, then wait up to `linger` s for more; none came:
+        the thread ends."""
         while True:
             with self.has_work:
                 self.waiting += 1
@@ -2500,7 +2783,8 @@ class Workers:
             except Exception:
                 log("error in a worker thread:\n" + traceback.format_exc())
             finally:
-                target = taken = None       # what it holds is not kept while the thread waits
+                # what it holds is not kept while the thread waits
+                target = taken = None
                 with self.changed:
                     self.running -= 1
                     self.changed.notify_all()
@@ -2512,8 +2796,8 @@ class Workers:
 
 
 def answer_later(request, send, answer):
-    """Send a request's answer (a result, or a ProtocolError) from a thread other than its
-    handler's, as answer_request() would have."""
+    """Send a request's answer (a result, or a ProtocolError) from a thread
+    other than its handler's, as answer_request() would have."""
     if isinstance(answer, ProtocolError):
         send(error_response(request.id, answer.code, answer.message, answer.data))
         return
@@ -2530,7 +2814,8 @@ def serve_stdio():
             "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
             "call 'print(1)'`; Ctrl-D ends it.")
     run_lifecycle("setup")
-    # Give back what compiling and setting up left free (glibc keeps it); not glibc: nothing to do.
+    # Give back what compiling and setting up left free (glibc keeps it); not
+    # glibc: nothing to do.
     with contextlib.suppress(AttributeError):
         _libc().malloc_trim(0)
     try:
@@ -2544,9 +2829,10 @@ def serve_stdio():
 # =============================================================================
 # 5. HTTP: Streamable HTTP and HTTP+SSE, on Flask and waitress
 # =============================================================================
-# HttpServer holds the state and answers every route with an HttpReply; create_app() wires Flask
-# routes to its methods. Flask and waitress are imported in create_app() and serve_http(), so the
-# stdio server never pays for them. Settings are section 1's constants, read where used.
+# HttpServer holds the state and answers every route with an HttpReply;
+# create_app() wires Flask routes to its methods. Flask and waitress are
+# imported in create_app() and serve_http(), so the stdio server never pays for
+# them. Settings are section 1's constants, read where used.
 #
 #   POST   /mcp  (and /mcp/)             Streamable HTTP (2025-03-26 and later)
 #   DELETE /mcp                          end a Streamable HTTP session
@@ -2554,9 +2840,10 @@ def serve_stdio():
 #   POST   /messages/?session_id=...     its client-to-server messages -> 202
 #   GET    /health                       liveness, without auth; reveals nothing
 #
-# Both transports share one protocol (section 2) and one set of workers: only the framing
-# differs. A request that may run code holds a waitress thread while it streams (Streamable
-# HTTP) or while its stream is open (HTTP+SSE): ThreadBudget keeps a reserve of threads free.
+# Both transports share one protocol (section 2) and one set of workers: only
+# the framing differs. A request that may run code holds a waitress thread
+# while it streams (Streamable HTTP) or while its stream is open (HTTP+SSE):
+# ThreadBudget keeps a reserve of threads free.
 
 NO_API_KEY = """mcp-exec: refusing to serve HTTP without API_KEY.
 Executed code can do anything this user can; every HTTP request must carry the key.
@@ -2569,20 +2856,24 @@ NO_FLASK = ("mcp-exec: --http needs flask and waitress: python3 -m pip install -
             "-r requirements.txt)")
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
-OAUTH_PATHS = ("/register", "/authorize", "/token")     # OAuth's defaults without metadata
+# OAuth's defaults without metadata
+OAUTH_PATHS = ("/register", "/authorize", "/token")
 SEND_KEY = ("send the server's API_KEY as Authorization: Bearer <API_KEY> or X-API-Key: "
             "<API_KEY>, no OAuth")
-# Bytes of messages that may wait for one HTTP+SSE stream whose client does not read: past it
-# the session ends. Above the largest message (a result with IMAGE_LIMIT images of
-# IMAGE_MAX_BYTES, embedded files, two outputs), so a client that reads never meets it.
+# Bytes of messages that may wait for one HTTP+SSE stream whose client does not
+# read: past it the session ends. Above the largest message (a result with
+# IMAGE_LIMIT images of IMAGE_MAX_BYTES, embedded files, two outputs), so a
+# client that reads never meets it.
 SSE_BACKLOG_BYTES = 16 << 20
-MIN_THREADS = 4       # one open /sse stream, one running call, and a thread for all the rest
+# one open /sse stream, one running call, and a thread for all the rest
+MIN_THREADS = 4
 
 
 class HttpReply(collections.namedtuple("HttpReply", "status body headers content_type on_close",
                                        defaults=(b"", None, "application/json", None))):
-    """What a route answers, independent of Flask: create_app() turns it into a Response.
-    `body` is bytes, or an iterator of str for an event stream; `on_close` runs when it is sent."""
+    """What a route answers, independent of Flask: create_app() turns it into a
+    Response. `body` is bytes, or an iterator of str for an event stream;
+    `on_close` runs when it is sent."""
 
 
 def json_reply(message, status=200, headers=None):
@@ -2594,13 +2885,14 @@ def error_reply(status, message, code=INVALID_REQUEST, headers=None):
     return json_reply(error_response(None, code, message), status, headers)
 
 
-def text_reply(status, body=b""):      # no JSON-RPC message: 202 Accepted, 204 No Content
+# no JSON-RPC message: 202 Accepted, 204 No Content
+def text_reply(status, body=b""):
     return HttpReply(status, body, content_type="text/plain")
 
 
 def sse_reply(first, messages=(), on_close=None):
-    """An event stream: `first`, then an event per message (a dict, or an event already
-    written: a str), a keep-alive comment per None."""
+    """An event stream: `first`, then an event per message (a dict, or an event
+    already written: a str), a keep-alive comment per None."""
     def stream():
         yield first
         for message in messages:
@@ -2617,9 +2909,10 @@ def sse_event(message):
 
 
 def json_blanks(messages):
-    """The body of a JSON answer that is late: a blank now, one per keep-alive, then the message
-    (whitespace before a JSON value is JSON). A router that cuts a silent response (Heroku
-    after 30 s) sees bytes. A cancelled request's body stays blank."""
+    """The body of a JSON answer that is late: a blank now, one per keep-alive,
+    then the message (whitespace before a JSON value is JSON). A router that
+    cuts a silent response (Heroku after 30 s) sees bytes. A cancelled
+    request's body stays blank."""
     yield " "
     for message in messages:
         if message is None or "id" in message:
@@ -2627,15 +2920,17 @@ def json_blanks(messages):
 
 
 def accepts_json(accept):
-    """Leniently, as clients differ: no Accept header, or */*, admits JSON too."""
+    """Leniently, as clients differ: no Accept header, or */*, admits JSON
+    too."""
     return not accept or "application/json" in accept or "*/*" in accept
 
 
 def drain(outbox, client_disconnected, done=None):
-    """Yield `outbox`'s messages until `done` (or None, where `done` is not given) comes or the
-    client leaves, and None per SSE_KEEPALIVE s of silence (a keep-alive comment). A client that
-    left is seen within 0.25 s by waitress's client_disconnected (channel_request_lookahead),
-    else at the keep-alive that fails."""
+    """Yield `outbox`'s messages until `done` (or None, where `done` is not
+    given) comes or the client leaves, and None per SSE_KEEPALIVE s of silence
+    (a keep-alive comment). A client that left is seen within 0.25 s by
+    waitress's client_disconnected (channel_request_lookahead), else at the
+    keep-alive that fails."""
     last_write = time.monotonic()
     while True:
         try:
@@ -2653,50 +2948,64 @@ def drain(outbox, client_disconnected, done=None):
 
 
 class HttpSession(Session):
-    """A Streamable HTTP session, identified by the Mcp-Session-Id header (None: stateless)."""
+    """A Streamable HTTP session, identified by the Mcp-Session-Id header
+    (None: stateless)."""
 
     def __init__(self, allow_exec, session_id=None):
         super().__init__(allow_exec, local=False)
-        self.lasting_channel = False   # notify() writes to one POST's response stream
+        # notify() writes to one POST's response stream
+        self.lasting_channel = False
         self.identified, self.session_id = session_id is not None, session_id
         self.last_used = time.monotonic()
-        self.shared_hid = None         # the name other instances know it by (section 14)
+        # the name other instances know it by (section 14)
+        self.shared_hid = None
 
 
 class SseSession(Session):
-    """An HTTP+SSE conversation (2024-11-05 transports.mdx, HTTP with SSE): the messages for the
-    client wait in `outbox`, as written events, for the GET /sse stream. At most
-    SSE_BACKLOG_BYTES wait: a client that stops reading loses its session, not our memory."""
+    """An HTTP+SSE conversation (2024-11-05 transports.mdx, HTTP with SSE): the
+    messages for the client wait in `outbox`, as written events, for the GET
+    /sse stream. At most SSE_BACKLOG_BYTES wait: a client that stops reading
+    loses its session, not our memory."""
 
     def __init__(self, allow_exec, hang_up=None):
-        # A handshake-era transport: a modern probe (server/discover) gets a legacy answer,
-        # and a dual-era client falls back to initialize (2026-07-28 basic/versioning.mdx).
+        # A handshake-era transport: a modern probe (server/discover) gets a
+        # legacy answer, and a dual-era client falls back to initialize
+        # (2026-07-28 basic/versioning.mdx).
         super().__init__(allow_exec, local=False, modern=False)
-        self.session_id = os.urandom(16).hex()   # unguessable (transports.mdx, Security)
+        # unguessable (transports.mdx, Security)
+        self.session_id = os.urandom(16).hex()
         self.outbox = queue.Queue()
-        self.backlog = 0                         # bytes in outbox
-        self.hang_up = hang_up                   # closes the client's connection, if it can
+        # bytes in outbox
+        self.backlog = 0
+        # closes the client's connection, if it can
+        self.hang_up = hang_up
 
     def deliver(self, message):
-        """Queue a message for the stream; past SSE_BACKLOG_BYTES, end the session."""
+        """Queue a message for the stream; past SSE_BACKLOG_BYTES, end the
+        session."""
         event = sse_event(message)
         with self.lock:
             if self.closed:
                 return
-            # One message may pass the bound (a big batch's answer) if none waits before it.
+            # One message may pass the bound (a big batch's answer) if none
+            # waits before it.
             if not self.backlog or self.backlog + len(event) <= SSE_BACKLOG_BYTES:
                 self.backlog += len(event)
                 self.outbox.put(event)
                 return
-            self.closed = True      # this thread alone ends it (close() below, once)
+            # this thread alone ends it (close() below, once)
+            self.closed = True
         log("an HTTP+SSE client stopped reading its stream: %d bytes wait, %d more came; its "
             "session ends" % (self.backlog, len(event)))
         self.close()
-        if self.hang_up:            # the stream's thread waits in waitress for it to read:
-            self.hang_up()          # closing the connection frees it, and ends the response
+        # the stream's thread waits in waitress for it to read:
+        if self.hang_up:
+            # closing the connection frees it, and ends the response
+            self.hang_up()
 
     def events(self, client_disconnected):
-        """The stream's messages, each counted off the backlog as it goes to waitress."""
+        """The stream's messages, each counted off the backlog as it goes to
+        waitress."""
         for event in drain(self.outbox, client_disconnected):
             if event is not None:
                 with self.lock:
@@ -2704,8 +3013,9 @@ class SseSession(Session):
             yield event
 
     def close(self):
-        """End the session and its stream (drain() stops at None): at shutdown waitress then
-        has no stream thread left to wait for, and the client reads the stream's end."""
+        """End the session and its stream (drain() stops at None): at shutdown
+        waitress then has no stream thread left to wait for, and the client
+        reads the stream's end."""
         super().close()
         self.outbox.put(None)
 
@@ -2719,22 +3029,26 @@ def _host_name(value):
 
 
 class ThreadBudget:
-    """How many waitress threads long requests (open /sse streams, streamed tools/call) may
-    hold: all but a reserve that keeps /health, initialize, ping, the POSTs that feed the
-    streams and DELETE answering under any load. Beyond it: refused at once, not queued."""
+    """How many waitress threads long requests (open /sse streams, streamed
+    tools/call) may hold: all but a reserve that keeps /health, initialize,
+    ping, the POSTs that feed the streams and DELETE answering under any load.
+    Beyond it: refused at once, not queued."""
 
     def __init__(self, threads):
         self.lock = threading.Lock()
-        self.held = {}               # token -> the holder's client_disconnected (or None)
+        # token -> the holder's client_disconnected (or None)
+        self.held = {}
         self.resize(threads)
 
     def resize(self, threads):
         self.threads, self.size = threads, max(1, threads - 2 - threads // 8)
 
     def take(self, client_disconnected=None):
-        """-> a token to give back with release(), or None when the budget is spent."""
+        """-> a token to give back with release(), or None when the budget is
+        spent."""
         with self.lock:
-            if len(self.held) >= self.size:      # first free what departed clients still hold
+            # first free what departed clients still hold
+            if len(self.held) >= self.size:
                 self.held = {t: gone for t, gone in self.held.items()
                              if gone is None or not gone()}
             if len(self.held) >= self.size:
@@ -2766,11 +3080,12 @@ def concurrency_warning(threads):
 
 
 class HttpServer:
-    """The state behind the routes (the sessions of both transports, the thread budget) and
-    their answers. `host` and `threads` are serve_http()'s flags; by default HOST and
-    WEB_CONCURRENCY. Each kind of POST has a handler of its own: initialize_post(),
-    session_post(), batch_post() on /mcp, sse_post() on /messages/, and the "http_post" hooks
-    (the 2026-07-28 era's, section 11) before them."""
+    """The state behind the routes (the sessions of both transports, the thread
+    budget) and their answers. `host` and `threads` are serve_http()'s flags;
+    by default HOST and WEB_CONCURRENCY. Each kind of POST has a handler of its
+    own: initialize_post(), session_post(), batch_post() on /mcp, sse_post() on
+    /messages/, and the "http_post" hooks (the 2026-07-28 era's, section 11)
+    before them."""
 
     def __init__(self, host=None, threads=None):
         self.loopback = (host or HOST) in LOCAL_NAMES
@@ -2783,13 +3098,15 @@ class HttpServer:
         self.workers = Workers()
 
     def check_waitress(self, environ):
-        """At the first request: size the budget from waitress's real thread count (which
-        waitress-serve --threads sets, whatever WEB_CONCURRENCY says), and say what is off."""
+        """At the first request: size the budget from waitress's real thread
+        count (which waitress-serve --threads sets, whatever WEB_CONCURRENCY
+        says), and say what is off."""
         self.waitress_checked = True
         channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
         adj = getattr(getattr(channel, "server", None), "adj", None)
         if adj is None:
-            return                                   # not waitress: WEB_CONCURRENCY it is
+            # not waitress: WEB_CONCURRENCY it is
+            return
         wanted = self.budget.threads
         self.budget.resize(adj.threads)
         if adj.threads != wanted:
@@ -2813,16 +3130,19 @@ class HttpServer:
         if path == "/health":
             return None
         if path.startswith("/.well-known/") or path in OAUTH_PATHS:
-            # No OAuth here: a 404 tells clients that probe after a 401 (metadata, then the
-            # default /register, /authorize, /token) to stop, not to wait for a browser login.
+            # No OAuth here: a 404 tells clients that probe after a 401
+            # (metadata, then the default /register, /authorize, /token) to
+            # stop, not to wait for a browser login.
             return error_reply(404, "Not found: this server uses a static API key, not OAuth: "
                                + SEND_KEY)
         return self.check_request(headers)
 
     def check_request(self, headers):
-        """-> None if the request may proceed, else the refusal (an HttpReply)."""
+        """-> None if the request may proceed, else the refusal (an
+        HttpReply)."""
         host = _host_name(headers.get("Host", ""))
-        # DNS rebinding: evil.example resolving to 127.0.0.1 still sends "Host: evil.example".
+        # DNS rebinding: evil.example resolving to 127.0.0.1 still sends "Host:
+        # evil.example".
         local = self.loopback and host in LOCAL_NAMES
         if not local and host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
             if ALLOWED_HOSTS:
@@ -2841,12 +3161,14 @@ class HttpServer:
                 origin_host = ""
             if not (self.loopback and origin_host in LOCAL_NAMES):
                 return error_reply(403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin)
-        # Every request needs the API key: missing or wrong is 401 (authorization.mdx).
+        # Every request needs the API key: missing or wrong is 401
+        # (authorization.mdx).
         supplied = headers.get("X-API-Key", "")
         scheme, _, token = headers.get("Authorization", "").partition(" ")
         if not supplied and scheme.lower() == "bearer":
             supplied = token.strip()
-        import hmac        # here: it loads OpenSSL, which the stdio server never needs
+        # here: it loads OpenSSL, which the stdio server never needs
+        import hmac
         if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
             problem = "the API key sent is wrong" if supplied else "no API key was sent"
             return error_reply(401, "Unauthorized: %s; %s" % (problem, SEND_KEY), headers={
@@ -2854,12 +3176,15 @@ class HttpServer:
                                     % (problem, SEND_KEY)})
         return None
 
-    # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE) ----------------------------
+    # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE)
+    # ----------------------------
     def sse_open(self, script_root, client_disconnected, hang_up=None):
-        """GET /sse: the endpoint event, then the session's messages, until the client leaves
-        or the session ends. The stream holds a waitress thread (from the budget) while open.
-        hang_up() closes the client's connection (one that stopped reading)."""
-        if self.budget.threads < 2:      # the stream would hold the thread its POSTs need
+        """GET /sse: the endpoint event, then the session's messages, until the
+        client leaves or the session ends. The stream holds a waitress thread
+        (from the budget) while open. hang_up() closes the client's connection
+        (one that stopped reading)."""
+        # the stream would hold the thread its POSTs need
+        if self.budget.threads < 2:
             return error_reply(503, concurrency_warning(1), headers={"Retry-After": "2"})
         token = self.budget.take(client_disconnected)
         if token is None:
@@ -2871,26 +3196,31 @@ class HttpServer:
         for opened in HOOKS["sse_opened"]:
             opened(self, session)
 
-        def on_close():   # when waitress closes the response, however it ended (idempotent)
+        # when waitress closes the response, however it ended (idempotent)
+        def on_close():
             with self.lock:
                 self.sse_sessions.pop(session.session_id, None)
-            session.end()            # its running executions, jobs and kernels are ended
+            # its running executions, jobs and kernels are ended
+            session.end()
             self.budget.release(token)
-        # The first event tells the client where to POST: a relative URI, which clients
-        # resolve against the stream's URL (and they refuse another origin).
+        # The first event tells the client where to POST: a relative URI, which
+        # clients resolve against the stream's URL (and they refuse another
+        # origin).
         endpoint = "%s/messages/?session_id=%s" % (script_root, session.session_id)
         return sse_reply("event: endpoint\ndata: %s\n\n" % endpoint,
                          session.events(client_disconnected), on_close)
 
     def sse_post(self, session_id, body):
-        """POST /messages/?session_id=...: 202 at once; the answers travel on the stream.
-        A frame that is not JSON is answered 400 here, with the error stdio would send."""
+        """POST /messages/?session_id=...: 202 at once; the answers travel on
+        the stream. A frame that is not JSON is answered 400 here, with the
+        error stdio would send."""
         if not session_id:
             return error_reply(400, "Missing session_id query parameter")
         with self.lock:
             session = self.sse_sessions.get(session_id)
         for elsewhere in HOOKS["sse_elsewhere"] if session is None else ():
-            reply = elsewhere(session_id, body)        # its stream is on another instance
+            # its stream is on another instance
+            reply = elsewhere(session_id, body)
             if reply is not None:
                 return reply
         if session is None or session.closed:
@@ -2901,19 +3231,23 @@ class HttpServer:
         dispatch(payload, session, session.deliver, self.workers)
         return text_reply(202, b"Accepted")
 
-    # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP) -------------------
+    # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP)
+    # -------------------
     def mcp_post(self, headers, body, client_disconnected):
-        """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) -> JSON, SSE or 202. The
-        "http_post" hooks may claim it first (a 2026-07-28 request, section 11)."""
+        """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) -> JSON, SSE
+        or 202. The "http_post" hooks may claim it first (a 2026-07-28 request,
+        section 11)."""
         payload, error = parse_frame(body)
         if not error and not isinstance(payload, list):
             error = envelope_error(payload)
-        if error:          # the error stdio would send, with 400 (it names no request to answer)
+        # the error stdio would send, with 400 (it names no request to answer)
+        if error:
             return json_reply(error, 400)
         first = payload if isinstance(payload, dict) else {}
         header_version = headers.get("MCP-Protocol-Version")
         if header_version is not None and header_version not in SUPPORTED_VERSIONS:
-            # transports.mdx, Protocol Version Header: an unsupported one MUST get 400.
+            # transports.mdx, Protocol Version Header: an unsupported one MUST
+            # get 400.
             first_id = first.get("id") if valid_id(first.get("id")) else None
             return json_reply(error_response(first_id, UNSUPPORTED_VERSION,
                                              "Unsupported protocol version",
@@ -2934,7 +3268,8 @@ class HttpServer:
                                  client_disconnected)
 
     def initialize_post(self, message):
-        """initialize opens a session, named in the Mcp-Session-Id header of the answer."""
+        """initialize opens a session, named in the Mcp-Session-Id header of
+        the answer."""
         session = HttpSession(self.allow_exec) if MCP_STATELESS else self.new_http_session()
         if session is None:
             return error_reply(503, "Too many busy sessions (running code, a job or a kernel: "
@@ -2942,7 +3277,8 @@ class HttpServer:
                                headers={"Retry-After": "5"})
         reply = handle_message(message, session)
         if "error" in reply or not session.session_id:
-            with self.lock:                  # a failed initialize leaves no session behind
+            # a failed initialize leaves no session behind
+            with self.lock:
                 self.http_sessions.pop(session.session_id, None)
             return json_reply(reply)
         for opened in HOOKS["session_opened"]:
@@ -2950,12 +3286,13 @@ class HttpServer:
         return json_reply(reply, 200, {"Mcp-Session-Id": session.session_id})
 
     def session_for(self, session_id, header_version):
-        """The session a POST belongs to -> HttpSession, or the refusal (an HttpReply). A POST
-        without Mcp-Session-Id stands alone: this server does not require sessions, and only
-        "Servers that require a session ID SHOULD respond to requests without an
-        Mcp-Session-Id header (other than initialization) with HTTP 400 Bad Request"
-        (transports.mdx, Session Management). Its version comes from the header, else
-        2025-03-26 (transports.mdx, Protocol Version Header)."""
+        """The session a POST belongs to -> HttpSession, or the refusal (an
+        HttpReply). A POST without Mcp-Session-Id stands alone: this server
+        does not require sessions, and only "Servers that require a session ID
+        SHOULD respond to requests without an Mcp-Session-Id header (other than
+        initialization) with HTTP 400 Bad Request" (transports.mdx, Session
+        Management). Its version comes from the header, else 2025-03-26
+        (transports.mdx, Protocol Version Header)."""
         if MCP_STATELESS or not session_id:
             session = HttpSession(self.allow_exec)
             session.protocol_version = header_version or "2025-03-26"
@@ -2965,22 +3302,24 @@ class HttpServer:
             if session is not None:
                 session.last_used = time.monotonic()
         for find in HOOKS["find_session"] if session is None else ():
-            session = find(self, session_id)         # opened on another instance
+            # opened on another instance
+            session = find(self, session_id)
             if isinstance(session, HttpReply):
                 return session
         return session or error_reply(404, "Unknown or ended session: initialize again")
 
     def session_post(self, message, session, accept, client_disconnected):
-        """One message of a session (or standing alone): a request is answered, the rest
-        accepted (202)."""
+        """One message of a session (or standing alone): a request is answered,
+        the rest accepted (202)."""
         request = parse_request(message, session)
         if isinstance(request, Request):
             return self.answer(request, accept, client_disconnected)
         return text_reply(202) if request is None else self.quick_reply(request, accept)
 
     def batch_post(self, batch, session, accept):
-        """A batch (2025-03-26) is answered whole, holding a budget thread to the end if it runs
-        code; a refused batch, or one with no request, gets 400."""
+        """A batch (2025-03-26) is answered whole, holding a budget thread to
+        the end if it runs code; a refused batch, or one with no request, gets
+        400."""
         token = self.budget.take() if needs_worker(batch) else None
         if needs_worker(batch) and token is None:
             return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
@@ -2991,16 +3330,19 @@ class HttpServer:
         if reply is None:
             return text_reply(202)   # notifications and responses: accepted
         asked = [m for m in batch if isinstance(m, dict) and "method" in m and "id" in m]
-        refused = isinstance(reply, dict)          # one error for the whole batch
+        # one error for the whole batch
+        refused = isinstance(reply, dict)
         return self.quick_reply(reply, accept, 400 if refused or not asked else 200)
 
     def answer(self, request, accept, client_disconnected):
-        """A request of either era, answered at once; or, if it may wait for code and the thread
-        budget allows (else a tool error says so, at once), run by watch(): with SSE (preferred)
-        progress and keep-alives flow. A handshake-era JSON reply is not cancelled by a
-        disconnect (2025-11-25 transports.mdx, Sending Messages to the Server): it holds its
-        token to the end, client or not. A JSON reply later than JSON_KEEPALIVE starts its body
-        with blanks (json_blanks), so that no router's first-byte timeout cuts it."""
+        """A request of either era, answered at once; or, if it may wait for
+        code and the thread budget allows (else a tool error says so, at once),
+        run by watch(): with SSE (preferred) progress and keep-alives flow. A
+        handshake-era JSON reply is not cancelled by a disconnect (2025-11-25
+        transports.mdx, Sending Messages to the Server): it holds its token to
+        the end, client or not. A JSON reply later than JSON_KEEPALIVE starts
+        its body with blanks (json_blanks), so that no router's first-byte
+        timeout cuts it."""
         if not METHODS[request.method].slow:
             return self.quick_reply(answer_request(request), accept)
         sse = "text/event-stream" in accept or not accepts_json(accept)
@@ -3016,28 +3358,33 @@ class HttpServer:
                 self.budget.release(token)
                 if request.modern:
                     request.session.close()
-            # A comment first, so headers reach the client at once (waitress sends them with
-            # the first chunk) and Heroku's router sees bytes within its 30 s window.
+            # A comment first, so headers reach the client at once (waitress
+            # sends them with the first chunk) and Heroku's router sees bytes
+            # within its 30 s window.
             return sse_reply(": stream open\n\n", self.watch(request, client_disconnected),
                              on_close)
         messages, started = self.watch(request, None if inline else client_disconnected), \
             time.monotonic()
         try:
-            for message in messages:   # the response is the message with an id (progress has none)
+            # the response is the message with an id (progress has none)
+            for message in messages:
                 if message is not None and "id" in message:
                     return json_reply(message)
                 if JSON_KEEPALIVE and time.monotonic() - started >= JSON_KEEPALIVE:
-                    token, late = None, token       # handed to the reply, which releases it
+                    # handed to the reply, which releases it
+                    token, late = None, token
                     return HttpReply(200, json_blanks(messages), on_close=functools.partial(
                         self.budget.release, late))
         finally:
             self.budget.release(token)
-        return text_reply(202)                            # cancelled: no response
+        # cancelled: no response
+        return text_reply(202)
 
     def watch(self, request, client_disconnected):
-        """Run the request on a worker -> its messages as they come, None per SSE_KEEPALIVE s of
-        silence (a keep-alive), until it ends or the client leaves (drain()). A departure
-        cancels a 2026-07-28 request (cancellation.mdx); a 2025-x one runs on, unanswered."""
+        """Run the request on a worker -> its messages as they come, None per
+        SSE_KEEPALIVE s of silence (a keep-alive), until it ends or the client
+        leaves (drain()). A departure cancels a 2026-07-28 request
+        (cancellation.mdx); a 2025-x one runs on, unanswered."""
         outbox, done = queue.Queue(), object()
         request.notify = outbox.put
 
@@ -3055,9 +3402,10 @@ class HttpServer:
             request.session.close()
 
     def answered(self, request):
-        """answer_request(); but a request cut short by the end of its session (DELETE /mcp,
-        expiry) is told so: that is no cancellation, which goes unanswered (as does what a
-        shutdown cuts short: the stream then ends)."""
+        """answer_request(); but a request cut short by the end of its session
+        (DELETE /mcp, expiry) is told so: that is no cancellation, which goes
+        unanswered (as does what a shutdown cuts short: the stream then
+        ends)."""
         reply = answer_request(request)
         ended = request.session.closed and request.session.identified and not self.closing
         if reply is None and ended:
@@ -3067,13 +3415,15 @@ class HttpServer:
         return reply
 
     def quick_reply(self, reply, accept, status=200):
-        """A request answered at once: JSON, or one SSE event for a client accepting only that."""
+        """A request answered at once: JSON, or one SSE event for a client
+        accepting only that."""
         if status != 200 or accepts_json(accept):
             return json_reply(reply, status)
         return sse_reply(sse_event(reply))
 
     def mcp_delete(self, session_id):
-        """DELETE /mcp: the client ends its session (transports.mdx, Session Management)."""
+        """DELETE /mcp: the client ends its session (transports.mdx, Session
+        Management)."""
         if MCP_STATELESS:
             return error_reply(405, "Stateless mode has no sessions to end",
                                headers={"Allow": "POST"})
@@ -3081,17 +3431,20 @@ class HttpServer:
             return error_reply(400, "Missing Mcp-Session-Id header")
         with self.lock:
             session = self.http_sessions.pop(session_id, None)
-        known = [deleted(session_id) for deleted in HOOKS["session_deleted"]]   # everywhere
+        # everywhere
+        known = [deleted(session_id) for deleted in HOOKS["session_deleted"]]
         if session is None and not any(known):
             return error_reply(404, "Unknown or ended session")
         if session is not None:
-            session.end()            # its running executions, jobs and kernels are ended
+            # its running executions, jobs and kernels are ended
+            session.end()
         return text_reply(204)
 
     def new_http_session(self):
-        """A new Streamable HTTP session, or None when every session is busy. Idle sessions
-        expire (SESSION_IDLE_TIMEOUT, their work with them); at MAX_SESSIONS the oldest one
-        without work (no request running, no job or kernel alive) makes room."""
+        """A new Streamable HTTP session, or None when every session is busy.
+        Idle sessions expire (SESSION_IDLE_TIMEOUT, their work with them); at
+        MAX_SESSIONS the oldest one without work (no request running, no job or
+        kernel alive) makes room."""
         now = time.monotonic()
         doomed = []
         busy = None                          # asked once, when first needed
@@ -3100,10 +3453,12 @@ class HttpServer:
                 full = len(self.http_sessions) >= MAX_SESSIONS
                 expired = now - old.last_used > SESSION_IDLE_TIMEOUT
                 if not full and not expired:
-                    break                    # this one and all younger ones stay
+                    # this one and all younger ones stay
+                    break
                 busy = Session.busy_owners() if busy is None and not expired else busy
                 if old.running() or (not expired and old.owner in busy):
-                    continue                 # room is never made by ending live work
+                    # room is never made by ending live work
+                    continue
                 del self.http_sessions[old.session_id]
                 doomed.append(old)
             session = None
@@ -3111,14 +3466,18 @@ class HttpServer:
                 session = HttpSession(self.allow_exec,
                                       base64.urlsafe_b64encode(os.urandom(24)).decode())
                 self.http_sessions[session.session_id] = session
-        for old in doomed:                   # outside the lock: ending kills processes
+        # outside the lock: ending kills processes
+        for old in doomed:
             old.end()
-        return session                       # None: every session is busy; nothing was killed
+        # None: every session is busy; nothing was killed
+        return session
 
     def close(self):
-        """End every session of both transports: their running executions are killed, and a
-        stream waiting in waitress for a client that stopped reading is hung up."""
-        self.closing = True          # what it cuts short goes unanswered, as a cancel does
+        """End every session of both transports: their running executions are
+        killed, and a stream waiting in waitress for a client that stopped
+        reading is hung up."""
+        # what it cuts short goes unanswered, as a cancel does
+        self.closing = True
         with self.lock:
             sessions = list(self.sse_sessions.values()) + list(self.http_sessions.values())
         for session in sessions:
@@ -3131,7 +3490,8 @@ class HttpServer:
 
 
 def create_app(host=None, threads=None):
-    """The Flask app: routes wired to an HttpServer(host, threads); SystemExit without API_KEY."""
+    """The Flask app: routes wired to an HttpServer(host, threads); SystemExit
+    without API_KEY."""
     from flask import Flask, Response, request
 
     if not API_KEY or HTTP_PROBLEMS:
@@ -3140,13 +3500,15 @@ def create_app(host=None, threads=None):
     server = HttpServer(host, threads)
     if concurrency_warning(server.budget.threads):
         log(concurrency_warning(server.budget.threads))
-    # Kill running code, sessions, templates at exit and on SIGTERM: waitress has no shutdown hook.
+    # Kill running code, sessions, templates at exit and on SIGTERM: waitress
+    # has no shutdown hook.
     atexit.register(server.close)
 
     def on_sigterm(signum, frame):
         server.close()
         raise SystemExit(0)
-    if threading.current_thread() is threading.main_thread():   # signal() works only there
+    # signal() works only there
+    if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_sigterm)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
@@ -3186,13 +3548,15 @@ def add_error_pages(app, respond):
 
 
 def add_routes(app, server, request, respond):
-    """The routes: each hands the request's parts to an HttpServer method (the table above).
-    /mcp/ and /sse/ are served as /mcp and /sse: clients of older SDKs use them."""
+    """The routes: each hands the request's parts to an HttpServer method (the
+    table above). /mcp/ and /sse/ are served as /mcp and /sse: clients of older
+    SDKs use them."""
     def disconnected():
         return request.environ.get("waitress.client_disconnected")
 
     def health():
-        status = {"status": "ok"}                 # nothing secret: no auth on this route
+        # nothing secret: no auth on this route
+        status = {"status": "ok"}
         for add in HOOKS["health"]:
             status.update(add())
         return respond(json_reply(status))
@@ -3204,8 +3568,9 @@ def add_routes(app, server, request, respond):
         return respond(server.mcp_delete(request.headers.get("Mcp-Session-Id")))
 
     def mcp_get():
-        # GET and HEAD: 405, as we offer no standalone stream (transports.mdx, Listening for
-        # Messages); a client that falls back to HTTP+SSE on 405 finds it at /sse.
+        # GET and HEAD: 405, as we offer no standalone stream (transports.mdx,
+        # Listening for Messages); a client that falls back to HTTP+SSE on 405
+        # finds it at /sse.
         return respond(error_reply(405, "This server sends no unsolicited messages on /mcp: GET "
                                    "is not offered (HTTP+SSE is at /sse)",
                                    headers={"Allow": "POST, DELETE"}))
@@ -3228,9 +3593,10 @@ def add_routes(app, server, request, respond):
 
 
 def _hang_up(environ):
-    """-> a function that closes this request's connection under waitress, or None elsewhere.
-    A thread that waitress holds in a write, for a client that stopped reading, is freed only
-    so: shutdown() makes its channel close, and the write raise ClientDisconnected."""
+    """-> a function that closes this request's connection under waitress, or
+    None elsewhere. A thread that waitress holds in a write, for a client that
+    stopped reading, is freed only so: shutdown() makes its channel close, and
+    the write raise ClientDisconnected."""
     channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
     sock = getattr(channel, "socket", None)
     if sock is None:
@@ -3243,7 +3609,8 @@ def _hang_up(environ):
 
 
 def __getattr__(name):
-    """`mcp_exec:app` for waitress-serve: the Flask app is built on first access only."""
+    """`mcp_exec:app` for waitress-serve: the Flask app is built on first
+    access only."""
     if name == "app":
         global app
         app = create_app()
@@ -3252,17 +3619,18 @@ def __getattr__(name):
 
 
 def serve_http(args):
-    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`: waitress; the flags win
-    over HOST, PORT, WEB_CONCURRENCY. -> 2 after one stderr line (nothing before) if it can't
-    serve."""
+    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`:
+    waitress; the flags win over HOST, PORT, WEB_CONCURRENCY. -> 2 after one
+    stderr line (nothing before) if it can't serve."""
     import argparse
     parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
     parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
     parser.add_argument("--port", type=int, default=PORT, help="port (PORT) [8000]")
     parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [32]")
     options = parser.parse_args(args)
-    # A WEB_CONCURRENCY below MIN_THREADS is a leftover: uvicorn's processes (heroku/mcp-code-
-    # exec-python's app.json set 1), which as threads could not serve /sse. --threads is obeyed.
+    # A WEB_CONCURRENCY below MIN_THREADS is a leftover: uvicorn's processes
+    # (heroku/mcp-code- exec-python's app.json set 1), which as threads could
+    # not serve /sse. --threads is obeyed.
     leftover = options.threads is None and WEB_CONCURRENCY < MIN_THREADS
     threads = max(1, 32 if leftover else options.threads or WEB_CONCURRENCY)
     problem = _cannot_serve(options.host, options.port)
@@ -3280,16 +3648,19 @@ def serve_http(args):
             ", stateless" if MCP_STATELESS else "",
             ", STDIO_MODE_ONLY: no code execution over HTTP" if STDIO_MODE_ONLY else ""))
     _raise_open_files_limit()
-    gc.freeze()     # the app's objects live forever: the collector need not walk them per call
-    # waitress answers 413 from Content-Length before it reads a byte of the body, key or no
-    # key: what it buffers for unseen requests is at most connection_limit x MAX_BODY_BYTES.
+    # the app's objects live forever: the collector need not walk them per call
+    gc.freeze()
+    # waitress answers 413 from Content-Length before it reads a byte of the
+    # body, key or no key: what it buffers for unseen requests is at most
+    # connection_limit x MAX_BODY_BYTES.
     waitress.serve(app, host=options.host, port=options.port, threads=threads,
                    max_request_body_size=MAX_BODY_BYTES, **WAITRESS_OPTIONS)
     return 0
 
 
 def _raise_open_files_limit():
-    """Every connection is a file descriptor: lift the soft limit towards the hard (POSIX)."""
+    """Every connection is a file descriptor: lift the soft limit towards the
+    hard (POSIX)."""
     with contextlib.suppress(ImportError, ValueError, OSError):
         import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -3301,8 +3672,9 @@ def _raise_open_files_limit():
 
 
 def _cannot_serve(host, port):
-    """Why `--http` cannot start (no flask or waitress, no API_KEY, the port taken) -> the
-    message, or None. It binds the address once, as waitress will, and lets it go."""
+    """Why `--http` cannot start (no flask or waitress, no API_KEY, the port
+    taken) -> the message, or None. It binds the address once, as waitress
+    will, and lets it go."""
     from importlib.util import find_spec
     if find_spec("flask") is None or find_spec("waitress") is None:
         return NO_FLASK
@@ -3314,7 +3686,8 @@ def _cannot_serve(host, port):
         for family, kind, proto, _, address in socket.getaddrinfo(
                 host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
             with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as waitress does
+                # as waitress does
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(address)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
@@ -3331,12 +3704,14 @@ WAITRESS_OPTIONS = {
     # waitress sees a client leave mid-stream (client_disconnected), not just
     # at a failed keep-alive
     "channel_request_lookahead": 1,
-    # 100 (the default) slow connections starve everyone, key or no key; 1,000 idle or
-    # trickling ones cost ~2.6 MB and kept /health under 40 ms
+    # 100 (the default) slow connections starve everyone, key or no key; 1,000
+    # idle or trickling ones cost ~2.6 MB and kept /health under 40 ms
     "connection_limit": 1000,
-    "asyncore_use_poll": True,        # select() fails past fd 1024, taking the server down
-    # drop connections silent for 95 s: above the 90 s idle time Heroku's router keeps (it
-    # must close first), below waitress's 120 s; checked every 10 s, not 30
+    # select() fails past fd 1024, taking the server down
+    "asyncore_use_poll": True,
+    # drop connections silent for 95 s: above the 90 s idle time Heroku's
+    # router keeps (it must close first), below waitress's 120 s; checked every
+    # 10 s, not 30
     "channel_timeout": 95,
     "cleanup_interval": 10,
     "ident": "mcp-exec",
@@ -3346,7 +3721,8 @@ WAITRESS_OPTIONS = {
 # =============================================================================
 # The core's command line
 # =============================================================================
-# `python mcp_exec.py` serves stdio, `--http` serves HTTP; section 15 registers the rest.
+# `python mcp_exec.py` serves stdio, `--http` serves HTTP; section 15 registers
+# the rest.
 
 def settings_help():
     """The settings table as --help prints it."""
@@ -3391,17 +3767,19 @@ def main(argv=None):
         return 2
     try:
         return command(args[1:])
-    except BrokenPipeError:       # `... | head` closed our stdout: nothing more to say
+    # `... | head` closed our stdout: nothing more to say
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 
 def core_alone():
-    """True where this file is the core alone, cut off at the line that ends it: then the
-    module ends here, and builds its parts and serves below. The whole file does both at its
-    end instead, once every section has registered. Python compiled the whole module before it
-    ran its first line, and the module's code lists every global name any of its lines sets:
-    the line after the core's end sets SECTIONS_FOLLOW. So nothing is read from disk."""
+    """True where this file is the core alone, cut off at the line that ends
+    it: then the module ends here, and builds its parts and serves below. The
+    whole file does both at its end instead, once every section has registered.
+    Python compiled the whole module before it ran its first line, and the
+    module's code lists every global name any of its lines sets: the line after
+    the core's end sets SECTIONS_FOLLOW. So nothing is read from disk."""
     return "SECTIONS_FOLLOW" not in sys._getframe(1).f_code.co_names
 
 
@@ -3414,10 +3792,12 @@ if core_alone():
         sys.exit(main())
 
 
-# The core ends here. What follows makes that server faster, safer and richer, each section
-# only through the core's register_*(): the fork server, containment, cached environments, what
-# the model sees, kernels, the 2026-07-28 era, jobs and tasks, the client and the command line.
-SECTIONS_FOLLOW = True          # the name core_alone() looks for: this file goes on
+# The core ends here. What follows makes that server faster, safer and richer,
+# each section only through the core's register_*(): the fork server,
+# containment, cached environments, what the model sees, kernels, the
+# 2026-07-28 era, jobs and tasks, the client and the command line. the name
+# core_alone() looks for: this file goes on
+SECTIONS_FOLLOW = True
 
 import importlib
 import io
@@ -3425,15 +3805,16 @@ import mimetypes
 import posixpath
 from urllib.parse import quote, unquote
 
-# Handles (jobs, kernels, files) name their instance, so that another dyno can say where one lives.
+# Handles (jobs, kernels, files) name their instance, so that another dyno can
+# say where one lives.
 _HOST = os.environ.get("DYNO") or socket.gethostname()
 INSTANCE = re.sub(r"[^A-Za-z0-9.]", "", _HOST).strip(".")[:24] or "local"
 
 
 def new_handle(prefix):
-    """'j' -> 'j-<instance>-<random>': unguessable, says where it lives. os.urandom() as in
-    secrets, which we do not import: it loads OpenSSL (5 MB, via hashlib) into
-    server and templates."""
+    """'j' -> 'j-<instance>-<random>': unguessable, says where it lives.
+    os.urandom() as in secrets, which we do not import: it loads OpenSSL (5 MB,
+    via hashlib) into server and templates."""
     return "%s-%s-%s" % (prefix, INSTANCE, base64.urlsafe_b64encode(os.urandom(12)).decode())
 
 
@@ -3451,58 +3832,88 @@ def lives_elsewhere(handle, shown=None):
 # =============================================================================
 # 6. Fork server: one template interpreter per environment
 # =============================================================================
-# Starting Python costs tens of milliseconds of CPU; forking a running one, about one. A template
-# is a clean, single-threaded interpreter of one environment that, like multiprocessing's
-# forkserver, forks a child per call; the request and its pipes come over a unix socket
-# (SCM_RIGHTS). The child runs child_main() like a spawned one: the code cannot tell them apart.
-# Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
-# Warm imports: a template also preloads the modules its environment's calls use (learned from
-# their code and what their interpreters loaded, and EXEC_PRELOAD), each call getting a fresh
-# copy-on-write copy of them; one that learned more is replaced in the background.
+# Starting Python costs tens of milliseconds of CPU; forking a running one,
+# about one. A template is a clean, single-threaded interpreter of one
+# environment that, like multiprocessing's forkserver, forks a child per call;
+# the request and its pipes come over a unix socket (SCM_RIGHTS). The child
+# runs child_main() like a spawned one: the code cannot tell them apart. Calls
+# are spawned with FORK_SERVER=0, off Linux, or while no template can start.
+# Warm imports: a template also preloads the modules its environment's calls
+# use (learned from their code and what their interpreters loaded, and
+# EXEC_PRELOAD), each call getting a fresh copy-on-write copy of them; one that
+# learned more is replaced in the background.
 #
-# --- The template's side: its loop, in the child process ---------------------------------
+# --- The template's side: its loop, in the child process
+# ---------------------------------
 
 def use_as_stdio(fds):
-    """fds[0], fds[1], fds[2] become this process's stdin, stdout and stderr."""
+    """fds[0], fds[1], fds[2] become this process's stdin, stdout and
+    stderr."""
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
         os.close(fd)
 
 
 def adopt_fds(config, fds, template_env):
-    """In a forked child: the call's pipes become stdin/stdout/stderr (the results fd and any extra
-    ones go into config), and the call's environment replaces `template_env` (the template's)."""
+    """In a forked child: the call's pipes become stdin/stdout/stderr (the
+    results fd and any extra ones go into config), and the call's environment
+    replaces `template_env` (the template's)."""
     use_as_stdio(fds)
     os.chdir(config["cwd"])
     for name in template_env.keys() - config["env"].keys():
         del os.environ[name]
     for name, value in config["env"].items():
-        if template_env.get(name) != value:      # most are the template's own: left alone
+        # most are the template's own: left alone
+        if template_env.get(name) != value:
             os.environ[name] = value
-    os.setsid()                    # a process group of its own, as a spawned child has
+    # a process group of its own, as a spawned child has
+    os.setsid()
     config.update(results_fd=fds[3], extra_fds=fds[4:])
 
 
+def follow_child(pid, fds, roots, poller):
+    """In the template, after forking a call's child: close the fds passed for
+    it, and follow it by a pidfd that `poller` watches (roots: pidfd -> pid)."""
+    for fd in fds:
+        os.close(fd)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        # It cannot be followed: it dies, and the template with it (the server
+        # then spawns the call).
+        kill_tree(pid)
+        os.waitpid(pid, 0)
+        raise
+    roots[pidfd] = pid
+    poller.register(pidfd, select.POLLIN)
+
+
 def serve_template(config, fresh_modules):
-    """Template mode: fork a child per request -> its config, in the child. Single-threaded: fork()
-    copies only the calling thread. A pidfd (Linux 5.3+) says when a call's child ends; it is
-    reaped and its orphans (ours: we are a subreaper) killed, and only then is
-    the exit reported."""
+    """Template mode: fork a child per request -> its config, in the child.
+    Single-threaded: fork() copies only the calling thread. A pidfd (Linux
+    5.3+) says when a call's child ends; it is reaped and its orphans (ours: we
+    are a subreaper) killed, and only then is the exit reported."""
     sock = socket.socket(fileno=config["socket_fd"])
     _prepare_template(config.get("sandbox"), config.get("own_uids"))
     _template_site(config, fresh_modules)
     poller = select.poll()
-    roots = {}                                                 # roots: pidfd -> call's child
+    # roots: pidfd -> call's child
+    roots = {}
     limits = _rlimits()
     poller.register(sock, select.POLLIN)
     template_env = dict(os.environ)
-    preloaded = preload_modules(config, fresh_modules, sock)    # kept by the forgetting below
-    forget_modules(fresh_modules)       # once for all its children, who find them forgotten
-    gc.freeze()         # our objects are never collected: forked children do not copy them
-    with contextlib.suppress(OSError):      # the server is gone: the loop below ends us
+    # kept by the forgetting below
+    preloaded = preload_modules(config, fresh_modules, sock)
+    # once for all its children, who find them forgotten
+    forget_modules(fresh_modules)
+    # our objects are never collected: forked children do not copy them
+    gc.freeze()
+    # the server is gone: the loop below ends us
+    with contextlib.suppress(OSError):
         sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
     while True:
-        events = poller.poll(1000 if _DYING else None)      # a stuck orphan: reaped later
+        # a stuck orphan: reaped later
+        events = poller.poll(1000 if _DYING else None)
         if not events:
             kill_orphans(lambda: set(roots.values()))
         for fd, _ in events:
@@ -3511,85 +3922,92 @@ def serve_template(config, fresh_modules):
                 os.close(fd)
                 pid = roots.pop(fd)
                 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                kill_orphans(lambda: set(roots.values()))     # and reaped: no zombie is left
+                # and reaped: no zombie is left
+                kill_orphans(lambda: set(roots.values()))
                 sock.send(json.dumps({"exit": pid, "code": code}).encode())
                 continue
             data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
             if not data or _rlimits() != limits:
-                # The server is gone, or our limits were changed: we end, with all we started.
+                # The server is gone, or our limits were changed: we end, with
+                # all we started.
                 kill_orphans(set)
                 os._exit(0)
             request = json.loads(data)
             pid = os.fork()
             if pid == 0:
-                for fd in [sock.detach()] + list(roots):    # the template's, not the code's
+                # the template's, not the code's
+                for fd in [sock.detach()] + list(roots):
                     os.close(fd)
                 adopt_fds(request, fds, template_env)
                 return request
-            for fd in fds:
-                os.close(fd)
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:         # it cannot be followed: it dies, and the template with it
-                kill_tree(pid)      # (the server then spawns the call)
-                os.waitpid(pid, 0)
-                raise
-            roots[pidfd] = pid
-            poller.register(pidfd, select.POLLIN)
+            follow_child(pid, fds, roots, poller)
             sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
 
 
 def _template_site(config, fresh_modules):
-    """Its own sandbox first, if it has one; then site, where it may run here (Template): what
-    site imports joins fresh_modules, as a `python -c` start would have it."""
-    if config.get("template_sandbox"):      # before anything of its environment's packages
+    """Its own sandbox first, if it has one; then site, where it may run here
+    (Template): what site imports joins fresh_modules, as a `python -c` start
+    would have it."""
+    # before anything of its environment's packages
+    if config.get("template_sandbox"):
         apply_sandbox(config["template_sandbox"])
     if config.get("run_site"):
         started = set(sys.modules)
         finish_startup()
-        del sys.path[0]                     # '' is each child's, in its own directory
+        # '' is each child's, in its own directory
+        del sys.path[0]
         SITE_DONE.append(True)
         fresh_modules.update(set(sys.modules) - started)
 
 
 def _prepare_template(sandbox, own_uids=False):
-    """What each child would otherwise do for itself, done once before any fork (7.2)."""
+    """What each child would otherwise do for itself, done once before any fork
+    (7.2)."""
     become_subreaper()
     libc = _libc()
     if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
         for network_off, remote, own_uid in itertools.product((False, True), repeat=3):
             _filter(os.uname().machine, network_off, remote, own_uid)
-    if sandbox and libc is not None and not own_uids:      # else each child setuid()s first
-        with contextlib.suppress(OSError):    # if not, each child drops its own
-            drop_capabilities(libc)       # its children inherit none, and skip their own drop
+    # else each child setuid()s first
+    if sandbox and libc is not None and not own_uids:
+        # if not, each child drops its own
+        with contextlib.suppress(OSError):
+            # its children inherit none, and skip their own drop
+            drop_capabilities(libc)
 
 
 def preload_modules(config, fresh_modules, sock):
-    """In a template, before it forks: import config["preload"], the modules its calls use, by
-    name (never a call's code) -> what its ready message says it preloaded, and skipped. What
-    they import joins fresh_modules, so forget_modules() keeps it, as `python -c "import numpy"`
-    would have it; this file's imports are forgotten first (they load anew if needed). A module
-    that starts a thread (a fork copies only the forking one) or takes the template over
-    config["budget_mb"] ends the template, which says so: the server starts one without it."""
-    # Only where no package came with a call (site ran here: Environments.untouched); in an
-    # environment a call's `packages` made, import-time code runs in each call's sandbox only.
+    """In a template, before it forks: import config["preload"], the modules
+    its calls use, by name (never a call's code) -> what its ready message says
+    it preloaded, and skipped. What they import joins fresh_modules, so
+    forget_modules() keeps it, as `python -c "import numpy"` would have it;
+    this file's imports are forgotten first (they load anew if needed). A
+    module that starts a thread (a fork copies only the forking one) or takes
+    the template over config["budget_mb"] ends the template, which says so: the
+    server starts one without it."""
+    # Only where no package came with a call (site ran here:
+    # Environments.untouched); in an environment a call's `packages` made,
+    # import-time code runs in each call's sandbox only.
     names = config.get("preload", ()) if SITE_DONE else ()
     forget_modules(fresh_modules if names else set(sys.modules))
     before, mapped, path, skipped = set(sys.modules), statm_mb(os.getpid(), 0), sys.path[:], {}
     try:
         here = os.getcwd()
-    except OSError:                       # the run directory is gone: the server is stopping
+    # the run directory is gone: the server is stopping
+    except OSError:
         os._exit(0)
-    # Only from where calls cannot write: not our cwd, the run directory, where each call's
-    # directory would pass for a namespace package.
+    # Only from where calls cannot write: not our cwd, the run directory, where
+    # each call's directory would pass for a namespace package.
     sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(here)]
     for name in names:
         try:
             __import__(name)
-        except BaseException as exc:        # not installed, or broken: its calls will see why
+        # not installed, or broken: its calls will see why
+        except BaseException as exc:
             skipped[name] = ("%s: %s" % (type(exc).__name__, exc))[:200]
         if len(os.listdir("/proc/self/task")) > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
-            with contextlib.suppress(OSError):       # a thread, or over its budget: we end
+            # a thread, or over its budget: we end
+            with contextlib.suppress(OSError):
                 sock.send(json.dumps({"refused": name}).encode())
             os._exit(0)
     sys.path[:] = path
@@ -3599,15 +4017,17 @@ def preload_modules(config, fresh_modules, sock):
 
 
 def statm_mb(pid, field=1):
-    """A process's resident memory (RSS; field 0: address space), MB; 0 once it is gone."""
+    """A process's resident memory (RSS; field 0: address space), MB; 0 once it
+    is gone."""
     pages = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[field]
     return int(pages) * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
 
 def reseed_preloaded(config):
-    """The "child_setup" hook: a numpy the template preloaded seeded its global random state
-    there, once; each call reseeds it from the OS, as its own import would have (Python's random
-    module reseeds itself after a fork). And the modules loaded before the code are noted."""
+    """The "child_setup" hook: a numpy the template preloaded seeded its global
+    random state there, once; each call reseeds it from the OS, as its own
+    import would have (Python's random module reseeds itself after a fork). And
+    the modules loaded before the code are noted."""
     getattr(sys.modules.get("numpy.random.mtrand"), "seed", int)()
     LOADED_BEFORE_CODE.update(sys.modules)
 
@@ -3616,10 +4036,11 @@ LOADED_BEFORE_CODE = set()      # in a child: sys.modules as the code found it
 
 
 def modules_code_loaded(value, config):
-    """The "child_report" hook: the modules the code loaded that its template may preload for
-    the next calls, besides those its code names (modules_imported): the submodules of what it
-    found loaded, as pandas' plotting and matplotlib's Agg backend, imported at the first plot
-    (their own submodules come with them)."""
+    """The "child_report" hook: the modules the code loaded that its template
+    may preload for the next calls, besides those its code names
+    (modules_imported): the submodules of what it found loaded, as pandas'
+    plotting and matplotlib's Agg backend, imported at the first plot (their
+    own submodules come with them)."""
     loaded = [name for name in sys.modules if name not in LOADED_BEFORE_CODE and
               name.rpartition(".")[0] in LOADED_BEFORE_CODE]
     return {"modules": loaded[:32]} if loaded else {}
@@ -3631,23 +4052,26 @@ def _rlimits():
             "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")]
 
 
-# --- The server's side: a Template per interpreter ----------------------------------------
+# --- The server's side: a Template per interpreter
+# ----------------------------------------
 
 class Template:
     """The server's side of one template process."""
 
     def __init__(self, python, generation, preload=(), budget_mb=0, remote=False):
         self.python, self.generation, self.asked = python, generation, list(preload)
-        self.remote = remote                    # its calls come over HTTP (their reads narrow)
+        # its calls come over HTTP (their reads narrow)
+        self.remote = remote
         self.lock = threading.Lock()
-        self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
+        # request id -> ForkedChild, pid -> ForkedChild
+        self.forking, self.running = {}, {}
         self.alive = True
         self.retired = False
         self.next_id = 0
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # site (.pth files, sitecustomize) and preloading run here only inside the template's
-        # own sandbox, or where no package came with a call (Environments.untouched); else in
-        # each child, sandboxed (child_argv).
+        # site (.pth files, sitecustomize) and preloading run here only inside
+        # the template's own sandbox, or where no package came with a call
+        # (Environments.untouched); else in each child, sandboxed (child_argv).
         sandbox = template_sandbox(remote)
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
                   "own_uids": SANDBOX.own_uids, "template_sandbox": sandbox,
@@ -3663,26 +4087,30 @@ class Template:
         self.sock.settimeout(60)
         ready = b""
         with contextlib.suppress(OSError):
-            ready = self.sock.recv(65536)         # sent once its imports are done
+            # sent once its imports are done
+            ready = self.sock.recv(65536)
         self.sock.settimeout(None)
         if not ready:
             self.close()
             raise OSError("the template for %s did not start" % python)
-        self.status = json.loads(ready)   # what it preloaded, skipped; or a module it refused
+        # what it preloaded, skipped; or a module it refused
+        self.status = json.loads(ready)
         if "refused" in self.status:
             self.close()
         threading.Thread(target=self._reader, daemon=True).start()
 
     def widened(self, config):
-        """A call's config, its address-space limit (RLIMIT_AS) raised by what preloading mapped:
-        a call that fit in EXEC_MEMORY_MB without the preloaded modules still fits."""
+        """A call's config, its address-space limit (RLIMIT_AS) raised by what
+        preloading mapped: a call that fit in EXEC_MEMORY_MB without the
+        preloaded modules still fits."""
         limits = dict(config["limits"])
         limits["RLIMIT_AS"] = limits.get("RLIMIT_AS") and limits["RLIMIT_AS"] + (
             self.status.get("mapped", 0) << 20)
         return dict(config, limits={name: v for name, v in limits.items() if v is not None})
 
     def fork(self, config, pipes, extra_fds):
-        """Fork a child for a call -> ForkedChild, or None if this template is gone."""
+        """Fork a child for a call -> ForkedChild, or None if this template is
+        gone."""
         child = ForkedChild(self, pipes)
         with self.lock:
             if not self.alive:
@@ -3690,15 +4118,17 @@ class Template:
             self.next_id += 1
             request_id = self.next_id
             self.forking[request_id] = child
-        try:            # one sendmsg, one whole record (SOCK_SEQPACKET): threads need no lock
+        # one sendmsg, one whole record (SOCK_SEQPACKET): threads need no lock
+        try:
             socket.send_fds(self.sock, [json.dumps(dict(config, id=request_id)).encode()],
                             pipes.child + list(extra_fds))
         except OSError:
             child.forked.set()
         if not child.forked.wait(30):
-            # It forked nothing in 30 s: it must not fork onto these pipes later, so it ends,
-            # and so do the calls it forked. Its reaping never waits (kill_orphans): this is a
-            # template that is broken, not one busy with a stuck call.
+            # It forked nothing in 30 s: it must not fork onto these pipes
+            # later, so it ends, and so do the calls it forked. Its reaping
+            # never waits (kill_orphans): this is a template that is broken,
+            # not one busy with a stuck call.
             log("the template for %s did not fork a call in 30 s: it is stopped, and so are the "
                 "%d calls and kernels it runs" % (self.python, len(self.running)))
             self.close()
@@ -3707,7 +4137,8 @@ class Template:
             return child if child.pid is not None else None
 
     def _reader(self):
-        """Reader thread: each ForkedChild's pid once forked, its exit status once ended."""
+        """Reader thread: each ForkedChild's pid once forked, its exit status
+        once ended."""
         while True:
             try:
                 message = json.loads(self.sock.recv(65536) or b"null")
@@ -3734,7 +4165,8 @@ class Template:
                 % self.python)
 
     def done(self, pid=None):
-        """A child's call is over: forget it. A retired template stops once it is idle."""
+        """A child's call is over: forget it. A retired template stops once it
+        is idle."""
         with self.lock:
             self.running.pop(pid, None)
             idle = self.retired and not self.running
@@ -3742,15 +4174,18 @@ class Template:
             self.close()
 
     def retire(self):
-        """No new calls; stop once the running ones are over (a kernel may take a while)."""
+        """No new calls; stop once the running ones are over (a kernel may take
+        a while)."""
         self.retired = True
         self.done()
 
     def close(self):
-        """Stop the template: seeing its socket close, it kills its children and exits."""
+        """Stop the template: seeing its socket close, it kills its children
+        and exits."""
         self.retired = True
         with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)   # wakes our reader; the template sees EOF
+            # wakes our reader; the template sees EOF
+            self.sock.shutdown(socket.SHUT_RDWR)
             self.sock.close()
         try:
             self.proc.wait(5)
@@ -3760,19 +4195,22 @@ class Template:
 
 
 class ForkedChild(Child):
-    """Forked by a template, which tells us its pid (`forked`) and exit (`ended`, or it died)."""
+    """Forked by a template, which tells us its pid (`forked`) and exit
+    (`ended`, or it died)."""
 
     def __init__(self, template, pipes):
         self.template = template
         self.pipes = pipes
-        self.code = -9                                                # -9 if its template dies
+        # -9 if its template dies
+        self.code = -9
         self.forked, self.ended = threading.Event(), threading.Event()
 
     def exit_code(self):
         return self.code if self.ended.is_set() else None
 
     def status(self, record):
-        """Its exit status; and its template learns the modules its code loaded."""
+        """Its exit status; and its template learns the modules its code
+        loaded."""
         modules = record.get("modules")
         TEMPLATES.learn(self.template, modules if isinstance(modules, list) else [])
         return super().status(record)
@@ -3781,17 +4219,20 @@ class ForkedChild(Child):
         self.ended.wait(seconds)
 
     def kill(self):
-        if self.exit_code() is None:           # not reaped yet: the pid is still this child's
+        # not reaped yet: the pid is still this child's
+        if self.exit_code() is None:
             kill_tree(self.pid)
             self.ended.wait(5)
         if not self.template.alive:
-            reap_orphans()                     # the template died: its children became ours
+            # the template died: its children became ours
+            reap_orphans()
         self.template.done(self.pid)
 
 
 def _have_pidfd():
-    """A template follows its children through pidfds (Linux 5.3+): without them (an older
-    kernel, a container's seccomp profile) every call is spawned, from the start."""
+    """A template follows its children through pidfds (Linux 5.3+): without
+    them (an older kernel, a container's seccomp profile) every call is
+    spawned, from the start."""
     try:
         os.close(os.pidfd_open(os.getpid()))
     except (AttributeError, OSError):
@@ -3800,40 +4241,54 @@ def _have_pidfd():
 
 
 class Templates:
-    """The templates of the environments in use: one per interpreter, for its current
-    generation of packages; beyond `size` of them, the least recently used is retired. A
-    template starts bare, at once; one preloading what its calls use replaces it when ready."""
+    """The templates of the environments in use: one per interpreter, for its
+    current generation of packages; beyond `size` of them, the least recently
+    used is retired. A template starts bare, at once; one preloading what its
+    calls use replaces it when ready."""
 
     def __init__(self, enabled, size=3):
         self.enabled, self.size = enabled and LINUX and _have_pidfd(), size
         self.lock = threading.Lock()
-        self.by_python = {}                    # python -> Template, least recently used first
-        self.starting = {}                     # python -> lock held while one starts
-        self.failed = {}                       # python -> until when not to try again
-        self.wanted = collections.defaultdict(dict)   # python -> {module its calls import: None}
-        self.never = collections.defaultdict(dict)    # python -> {module refused: True}
-        self.building = set()                  # pythons whose preloading template is starting
-        self.untouched_not = set()             # pythons a call installed into: no preloading
-        self.remote = False                    # the calls come over HTTP (the last one did)
-        self.heard = {}                        # a call's directory -> the modules it imports
+        # python -> Template, least recently used first
+        self.by_python = {}
+        # python -> lock held while one starts
+        self.starting = {}
+        # python -> until when not to try again
+        self.failed = {}
+        # python -> {module its calls import: None}
+        self.wanted = collections.defaultdict(dict)
+        # python -> {module refused: True}
+        self.never = collections.defaultdict(dict)
+        # pythons whose preloading template is starting
+        self.building = set()
+        # pythons a call installed into: no preloading
+        self.untouched_not = set()
+        # the calls come over HTTP (the last one did)
+        self.remote = False
+        # a call's directory -> the modules it imports
+        self.heard = {}
 
     def fork(self, env, config, pipes, extra_fds=()):
-        """A ForkedChild for this environment's call, from the live template of its interpreter
-        and generation (started if need be), or None: the caller spawns instead."""
+        """A ForkedChild for this environment's call, from the live template of
+        its interpreter and generation (started if need be), or None: the
+        caller spawns instead."""
         python = env.python
         heard = self.heard.pop(config["cwd"], ())
         with self.lock:
             if not self.enabled or time.monotonic() < self.failed.get(python, 0):
-                return None                    # off, or it failed to start lately: spawn
+                # off, or it failed to start lately: spawn
+                return None
             start_lock = self.starting.setdefault(python, threading.Lock())
-        with start_lock:                       # one start at a time per environment
+        # one start at a time per environment
+        with start_lock:
             with self.lock:
                 template = self.by_python.pop(python, None)
             self.remote = bool((config.get("sandbox") or {}).get("remote"))
             good = (template and template.alive and template.generation == env.generation
                     and template.remote == self.remote)
             stale = [template] if template and not good else []
-            if not good:                       # a good one stays, now the most recent
+            # a good one stays, now the most recent
+            if not good:
                 try:
                     template = Template(python, env.generation, remote=self.remote)
                 except OSError as exc:
@@ -3854,13 +4309,15 @@ class Templates:
         return template.fork(template.widened(config), pipes, extra_fds) if template else None
 
     def learn(self, template, names):
-        """Note the modules a call imports: where its template lacks some, one that preloads them
-        starts in the background (calls never wait for it) and replaces it when ready."""
+        """Note the modules a call imports: where its template lacks some, one
+        that preloads them starts in the background (calls never wait for it)
+        and replaces it when ready."""
         with self.lock:
             wanted = self.wanted[template.python]
             for name in names:
                 if len(wanted) < 64 and isinstance(name, str) and MODULE_NAME.fullmatch(name):
-                    wanted.setdefault(name)        # 64 modules learned per environment at most
+                    # 64 modules learned per environment at most
+                    wanted.setdefault(name)
             if (template.python in self.building or TEMPLATE_MEMORY_MB <= 0
                     or set(self.preload_list(template.python)) <= set(template.asked)):
                 return
@@ -3869,9 +4326,10 @@ class Templates:
                          daemon=True).start()
 
     def preload_list(self, python):
-        """What this environment's template should preload: EXEC_PRELOAD's names, then those its
-        calls import, less EXEC_PRELOAD's -NAMEs, those refused before and NEVER_PRELOAD. Their
-        imports run outside the sandbox, as installed packages' .pth files do (README)."""
+        """What this environment's template should preload: EXEC_PRELOAD's
+        names, then those its calls import, less EXEC_PRELOAD's -NAMEs, those
+        refused before and NEVER_PRELOAD. Their imports run outside the
+        sandbox, as installed packages' .pth files do (README)."""
         if not (ENVIRONMENTS.untouched(python) or templates_sandboxed()):
             if python not in self.untouched_not:
                 self.untouched_not.add(python)
@@ -3880,27 +4338,31 @@ class Templates:
             return []
         never = {name[1:] for name in EXEC_PRELOAD if name.startswith("-")} | NEVER_PRELOAD
         names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
-        # A root template (Sandbox.own_uids) keeps its capabilities: it imports no module a call
-        # chose, only those named.
+        # A root template (Sandbox.own_uids) keeps its capabilities: it imports
+        # no module a call chose, only those named.
         names += [] if "*" in never or SANDBOX.own_uids else list(self.wanted[python])
         return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
                 and name not in self.never[python]]
 
     def _build(self, python, generation):
-        """On its own thread: start a template preloading what the calls of `python` use, then
-        swap it in. A module it refuses (a thread, memory) is left out of the next try."""
+        """On its own thread: start a template preloading what the calls of
+        `python` use, then swap it in. A module it refuses (a thread, memory)
+        is left out of the next try."""
         try:
             while True:
                 with self.lock:
                     names = self.preload_list(python)
                     budget = TEMPLATE_MEMORY_MB - sum(statm_mb(t.proc.pid) for other, t in
                                                       self.by_python.items() if other != python)
-                if budget < 32:            # the others hold it: not even a bare one would fit
+                # the others hold it: not even a bare one would fit
+                if budget < 32:
                     return
                 try:
                     fresh = Template(python, generation, names, budget, self.remote)
-                except OSError as exc:           # an import hung or killed it: not again
-                    if self.enabled:             # (else the server is stopping: it says so)
+                # an import hung or killed it: not again
+                except OSError as exc:
+                    # (else the server is stopping: it says so)
+                    if self.enabled:
                         log("no preloading template for %s (%s)" % (python, exc))
                     current = self.by_python.get(python)
                     self.never[python].update(dict.fromkeys(
@@ -3915,14 +4377,16 @@ class Templates:
                     return
                 with self.lock:
                     if set(self.preload_list(python)) <= set(fresh.asked):
-                        return                         # else: calls taught it more meanwhile
+                        # else: calls taught it more meanwhile
+                        return
         finally:
             with self.lock:
                 self.building.discard(python)
 
     def _swap(self, python, generation, fresh):
-        """Put `fresh` in the place of the current template of `python` (retired once its calls
-        are over) -> True; False, closing `fresh`, if the environment changed or went meanwhile."""
+        """Put `fresh` in the place of the current template of `python`
+        (retired once its calls are over) -> True; False, closing `fresh`, if
+        the environment changed or went meanwhile."""
         with self.lock:
             start_lock = self.starting.setdefault(python, threading.Lock())
         with start_lock, self.lock:
@@ -3935,7 +4399,8 @@ class Templates:
         return old is not fresh
 
     def describe(self):
-        """For /health: each template's environment, resident memory and what it preloaded."""
+        """For /health: each template's environment, resident memory and what
+        it preloaded."""
         with self.lock:
             templates = list(self.by_python.values())
         return [{"environment": os.path.basename(os.path.dirname(os.path.dirname(t.python))),
@@ -3958,24 +4423,27 @@ class Templates:
 
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-# Never preloaded: modules whose import acts (opens a browser, prints, starts a GUI); this file.
+# Never preloaded: modules whose import acts (opens a browser, prints, starts a
+# GUI); this file.
 NEVER_PRELOAD = {"antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
                  "turtledemo", "__main__", "mcp_exec", __name__}
 
 
 def template_environment():
-    """What a template imports under, besides the code's environment: BLAS and OpenMP libraries
-    that start no thread pool (fork() would copy none of its threads), matplotlib's off-screen
-    backend (as calls get) and a font cache in STATE_DIR, built once, not in the user's home."""
+    """What a template imports under, besides the code's environment: BLAS and
+    OpenMP libraries that start no thread pool (fork() would copy none of its
+    threads), matplotlib's off-screen backend (as calls get) and a font cache
+    in STATE_DIR, built once, not in the user's home."""
     single = dict.fromkeys(("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
                             "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"), "1")
     return dict(single, MPLBACKEND="Agg", MPLCONFIGDIR=os.path.join(STATE_DIR, "matplotlib"))
 
 
 def modules_imported(code, packages=()):
-    """The modules a call's code imports (`import a.b`, `from a.b import c`: a.b), read from its
-    syntax tree, never run, and its packages' names (as modules: scikit-learn -> scikit_learn,
-    which the template skips). Nothing for code over 64 kB or that does not parse."""
+    """The modules a call's code imports (`import a.b`, `from a.b import c`:
+    a.b), read from its syntax tree, never run, and its packages' names (as
+    modules: scikit-learn -> scikit_learn, which the template skips). Nothing
+    for code over 64 kB or that does not parse."""
     names = [re.split(r"[^\w.-]", package)[0].lower().replace("-", "_") for package in packages]
     try:
         tree = ast.parse(code if len(code) <= 65536 else "")
@@ -3990,14 +4458,16 @@ def modules_imported(code, packages=()):
 
 
 def hear_imports(work_dir, call):
-    """The "inputs" hook: what this call imports, for its template to learn (Templates.fork)."""
+    """The "inputs" hook: what this call imports, for its template to learn
+    (Templates.fork)."""
     if TEMPLATES.enabled and TEMPLATE_MEMORY_MB > 0 and len(TEMPLATES.heard) < 4096:
         TEMPLATES.heard[work_dir] = modules_imported(call.code, call.packages)
 
 
 def fork_child(env, config, pipes, extra_fds=()):
-    """The "start_child" step with a fork server: a ForkedChild from the template of the
-    call's environment, else (no template, or none can start) the core's spawn_child()."""
+    """The "start_child" step with a fork server: a ForkedChild from the
+    template of the call's environment, else (no template, or none can start)
+    the core's spawn_child()."""
     return (TEMPLATES.fork(env, config, pipes, extra_fds)
             or spawn_child(env, config, pipes, extra_fds))
 
@@ -4023,7 +4493,8 @@ register_lifecycle(shutdown=lambda: TEMPLATES.close())
 # =============================================================================
 # 7. Containment: a call cannot reach another call, the server, or its secret
 # =============================================================================
-# Four layers; the first two are Linux only (elsewhere they are off, as the README says):
+# Four layers; the first two are Linux only (elsewhere they are off, as the
+# README says):
 #   7.1 Landlock, set by each child before the code: writes only in its own directory, reads (over
 #       HTTP) only what Python needs, signals only in its domain, optionally no TCP;
 #   7.2 no capabilities; seccomp: no other process, raw socket, administration, or (optionally) IP;
@@ -4033,11 +4504,13 @@ register_lifecycle(shutdown=lambda: TEMPLATES.close())
 
 
 def server_setup():
-    """Once per server process, before its first child (register_lifecycle below): hide our
-    environment, recover from a dead server, log the containment."""
+    """Once per server process, before its first child (register_lifecycle
+    below): hide our environment, recover from a dead server, log the
+    containment."""
     libc = _libc()
     if libc is not None:
-        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)   # our /proc files (environ: API_KEY): root's only
+        # our /proc files (environ: API_KEY): root's only
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     recover_dead_servers(RUN_DIR)
     SANDBOX.nproc_limit = _nproc_limit()
     _cache_bytecode()
@@ -4045,11 +4518,14 @@ def server_setup():
 
 
 def _cache_bytecode():
-    """Children import this file (CHILD_COMMAND) but, sandboxed, cannot write its bytecode cache:
-    write it here if stale: no child compiles 6,000 lines. -> False where it cannot be written."""
+    """Children import this file (CHILD_COMMAND) but, sandboxed, cannot write
+    its bytecode cache: write it here if stale: no child compiles 6,000 lines.
+    -> False where it cannot be written."""
     import compileall
-    from py_compile import PycInvalidationMode   # compile_file never finds a hash .pyc fresh
-    return compileall.compile_file(os.path.abspath(__file__), quiet=2,   # quiet: stdout is wire
+    # compile_file never finds a hash .pyc fresh
+    from py_compile import PycInvalidationMode
+    # quiet: stdout is wire
+    return compileall.compile_file(os.path.abspath(__file__), quiet=2,
                                    invalidation_mode=PycInvalidationMode.TIMESTAMP)
 
 
@@ -4058,17 +4534,20 @@ PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 
 
-# --- 7.1 The sandbox (Landlock) --------------------------------------------------------
-# Landlock (Linux 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst): a process
-# restricts itself and all it starts for good; each ABI adds rights; alpha's
-# syscall numbers differ.
+# --- 7.1 The sandbox (Landlock)
+# -------------------------------------------------------- Landlock (Linux
+# 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst): a
+# process restricts itself and all it starts for good; each ABI adds rights;
+# alpha's syscall numbers differ.
 
 LANDLOCK_CREATE_RULESET = 444
 LANDLOCK_ADD_RULE = 445
 LANDLOCK_RESTRICT_SELF = 446
 FS_READ = 1 | 4 | 8                        # execute, read_file, read_dir
-FS_FILE_RIGHTS = 1 | 2 | 4 | 1 << 14 | 1 << 15   # the only rights a rule on a file may carry
-# Over HTTP, code reads only these, its interpreter's directories, the call's and EXEC_READ_PATHS.
+# the only rights a rule on a file may carry
+FS_FILE_RIGHTS = 1 | 2 | 4 | 1 << 14 | 1 << 15
+# Over HTTP, code reads only these, its interpreter's directories, the call's
+# and EXEC_READ_PATHS.
 SYSTEM_READ_PATHS = tuple("""/usr /lib /lib64 /lib32 /bin /sbin /etc/ssl/certs /etc/ssl/openssl.cnf
     /etc/ca-certificates /etc/pki /etc/resolv.conf /etc/hosts /etc/nsswitch.conf /etc/host.conf
     /etc/gai.conf /etc/ld.so.cache /etc/localtime /etc/passwd /etc/group /etc/mime.types /etc/fonts
@@ -4076,26 +4555,34 @@ SYSTEM_READ_PATHS = tuple("""/usr /lib /lib64 /lib32 /bin /sbin /etc/ssl/certs /
 
 
 class Sandbox:
-    """The children's restrictions, decided once (EXEC_SANDBOX, EXEC_NETWORK). Reads: over stdio (a
-    `local` session) the user's files are the point; over HTTP, only what Python needs.
+    """The children's restrictions, decided once (EXEC_SANDBOX, EXEC_NETWORK).
+    Reads: over stdio (a `local` session) the user's files are the point; over
+    HTTP, only what Python needs.
 
-    What Landlock cannot see (file metadata: chmod, chown, utime, xattrs) is closed by the
-    strongest of two means this process has, decided here and named in the start-up line:
-    - "uid" (root, calls over HTTP): each call runs as a uid of its own, CALL_UID_BASE + its pid,
-      with no groups; its directory is chowned to it. A chmod of anything else fails by
-      ownership, and os.chmod and tarfile keep working in its own directory.
-    - "seccomp" (not root, or over stdio, where the code reads the user's files as the user): the
-      filter refuses the chmod, chown and xattr families, inside its own directory too.
-    File times (the utime family) are refused in both: "now" needs only the right to write, and
-    /tmp is writable by every uid. So shutil.copy2 and copystat fail; shutil.copyfile works.
-    (Per-call namespaces were measured at 2.3-2.8 ms a call, over the 1.5 ms this sandbox may
-    cost: they are not used; see the README.)"""
+    What Landlock cannot see (file metadata: chmod, chown, utime, xattrs) is
+    closed by the strongest of two means this process has, decided here and
+    named in the start-up line:
+    - "uid" (root, calls over HTTP): each call runs as a uid of its own,
+      CALL_UID_BASE + its pid, with no groups; its directory is chowned to it.
+      A chmod of anything else fails by ownership, and os.chmod and tarfile
+      keep working in its own directory.
+    - "seccomp" (not root, or over stdio, where the code reads the user's files
+      as the user): the filter refuses the chmod, chown and xattr families,
+      inside its own directory too.
+    File times (the utime family) are refused in both: "now" needs only the
+    right to write, and /tmp is writable by every uid. So shutil.copy2 and
+    copystat fail; shutil.copyfile works. (Per-call namespaces were measured at
+    2.3-2.8 ms a call, over the 1.5 ms this sandbox may cost: they are not
+    used; see the README.)"""
 
     def __init__(self, mode, network):
         self.mode, self.network = mode, network
-        self.uid_problem = None       # why calls cannot have uids of their own, when root
-        self.nproc_limit = 0          # RLIMIT_NPROC for the code, set by server_setup()
-        # seccomp (7.2) where the kernel has it, for a 64-bit Python on x86_64 or aarch64
+        # why calls cannot have uids of their own, when root
+        self.uid_problem = None
+        # RLIMIT_NPROC for the code, set by server_setup()
+        self.nproc_limit = 0
+        # seccomp (7.2) where the kernel has it, for a 64-bit Python on x86_64
+        # or aarch64
         self.seccomp = (mode != "off" and LINUX and os.uname().machine in _ARCH and
                         struct.calcsize("P") == 8 and os.path.exists("/proc/sys/kernel/seccomp"))
 
@@ -4105,8 +4592,9 @@ class Sandbox:
 
     @functools.cached_property
     def own_uids(self):
-        """True where remote calls each run as a uid of their own: root on Linux, sandbox on, and
-        Python, this file and STATE_DIR readable by others (not so under a 0700 /root)."""
+        """True where remote calls each run as a uid of their own: root on
+        Linux, sandbox on, and Python, this file and STATE_DIR readable by
+        others (not so under a 0700 /root)."""
         if not (self.active and LINUX and os.geteuid() == 0):
             return False
         needed = [os.path.dirname(os.__file__), os.path.realpath(sys.executable),
@@ -4121,8 +4609,9 @@ class Sandbox:
 
     @functools.cached_property
     def abi(self):
-        """The kernel's Landlock ABI version, 0 where there is none: asked on first use (by the
-        server, not by each child that imports this file), with the version flag (1)."""
+        """The kernel's Landlock ABI version, 0 where there is none: asked on
+        first use (by the server, not by each child that imports this file),
+        with the version flag (1)."""
         libc = _libc() if self.mode != "off" else None
         abi = 0 if libc is None else max(0, libc.syscall(
             LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
@@ -4156,10 +4645,12 @@ class Sandbox:
 
 
 def _others_reach(path):
-    """Can a uid with no rights of its own open `path` (o+x on each directory above it, o+r)?"""
+    """Can a uid with no rights of its own open `path` (o+x on each directory
+    above it, o+r)?"""
     parts = os.path.realpath(path).split("/")
     for i in range(1, len(parts) + 1):
-        with contextlib.suppress(OSError):      # what does not exist yet is made 0755 (umask)
+        # what does not exist yet is made 0755 (umask)
+        with contextlib.suppress(OSError):
             mode = os.stat("/".join(parts[:i]) or "/").st_mode
             if not mode & (stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH):
                 return False
@@ -4167,11 +4658,13 @@ def _others_reach(path):
 
 
 def sandbox_config(call_root, local):
-    """The sandbox a child applies to itself (apply_sandbox), or None when there is none."""
+    """The sandbox a child applies to itself (apply_sandbox), or None when
+    there is none."""
     if not SANDBOX.active:
         return None
-    # site runs after the sandbox (child_argv): the server's site-packages, which a workspace's
-    # .pth adds, are named here, as they are not yet on the child's sys.path.
+    # site runs after the sandbox (child_argv): the server's site-packages,
+    # which a workspace's .pth adds, are named here, as they are not yet on the
+    # child's sys.path.
     site_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
     reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root] + site_dirs
     return {"abi": SANDBOX.abi, "read": reads,
@@ -4181,21 +4674,24 @@ def sandbox_config(call_root, local):
 
 
 def templates_sandboxed():
-    """Do templates sandbox themselves? Not where each call gets a uid of its own (they keep
-    their capabilities to give it), nor where there is no sandbox."""
+    """Do templates sandbox themselves? Not where each call gets a uid of its
+    own (they keep their capabilities to give it), nor where there is no
+    sandbox."""
     return SANDBOX.active and not SANDBOX.own_uids
 
 
 def template_sandbox(remote):
-    """The sandbox a template applies to itself before its environment's packages run in it
-    (site's .pth files, preloading): a call's, widened to every call's directory (the run
-    directory) and its own /proc (to find and reap its orphans); or None where templates
-    keep their capabilities to give each call its uid (Sandbox.own_uids), or there is none.
-    Each call's child narrows it to its own directory: Landlock domains and seccomp filters
-    only ever add up."""
+    """The sandbox a template applies to itself before its environment's
+    packages run in it (site's .pth files, preloading): a call's, widened to
+    every call's directory (the run directory) and its own /proc (to find and
+    reap its orphans); or None where templates keep their capabilities to give
+    each call its uid (Sandbox.own_uids), or there is none. Each call's child
+    narrows it to its own directory: Landlock domains and seccomp filters only
+    ever add up."""
     if not templates_sandboxed():
         return None
-    fonts = os.path.join(STATE_DIR, "matplotlib")         # template_environment's MPLCONFIGDIR
+    # template_environment's MPLCONFIGDIR
+    fonts = os.path.join(STATE_DIR, "matplotlib")
     with contextlib.suppress(OSError):
         os.makedirs(fonts, exist_ok=True)
     spec = sandbox_config(RUN_DIR.path(), not remote)
@@ -4212,14 +4708,16 @@ def containment_env(directory, local):
     extra = {"XDG_CACHE_HOME": os.path.join(directory.tmp, "cache"),
              "MPLCONFIGDIR": os.path.join(directory.tmp, "matplotlib")}
     if not local:
-        extra["HOME"] = directory.root       # the server's home is not the code's over HTTP
+        # the server's home is not the code's over HTTP
+        extra["HOME"] = directory.root
     return {k: v for k, v in extra.items() if k not in os.environ or k == "HOME"}
 
 
 def apply_sandbox(spec):
-    """In the child, before any user code and any thread: restrict this process and all it will
-    start: capabilities, Landlock, seccomp, in that order (each step needs what the one before
-    keeps). A failure ends the child: code never runs unconfined where confinement was promised."""
+    """In the child, before any user code and any thread: restrict this process
+    and all it will start: capabilities, Landlock, seccomp, in that order (each
+    step needs what the one before keeps). A failure ends the child: code never
+    runs unconfined where confinement was promised."""
     libc = _libc()
     try:
         drop_capabilities(libc, spec.get("own_uid"))
@@ -4238,15 +4736,20 @@ def _apply_landlock(libc, spec):
     abi = spec["abi"]
     handled = ((1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)
                | (1 << 15 if abi >= 5 else 0))
-    net = 3 if spec["network_off"] and abi >= 4 else 0          # bind_tcp, connect_tcp
-    scoped = 3 if abi >= 6 else 0                                # abstract unix sockets, signals
-    size = 8 if abi < 4 else 16 if abi < 6 else 24               # only the fields this ABI knows
+    # bind_tcp, connect_tcp
+    net = 3 if spec["network_off"] and abi >= 4 else 0
+    # abstract unix sockets, signals
+    scoped = 3 if abi >= 6 else 0
+    # only the fields this ABI knows
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
     attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
     ruleset = _check(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size),
                                   ctypes.c_uint32(0)))
     reads = spec["read"] if spec["read"] is not None else ["/"]
-    if spec["read"] is not None:     # the interpreter's own directories, wherever they are
-        venv = os.path.dirname(os.path.dirname(sys.executable))   # site makes it sys.prefix
+    # the interpreter's own directories, wherever they are
+    if spec["read"] is not None:
+        # site makes it sys.prefix
+        venv = os.path.dirname(os.path.dirname(sys.executable))
         reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, venv,
                          os.path.dirname(os.path.realpath(sys.executable))]
         reads += [p for p in sys.path if os.path.isabs(p)]
@@ -4260,7 +4763,8 @@ def _apply_landlock(libc, spec):
 
 
 def _check(value, what="landlock"):
-    """The result of a C call, or OSError with its errno when it failed (below zero)."""
+    """The result of a C call, or OSError with its errno when it failed (below
+    zero)."""
     if value < 0:
         err = ctypes.get_errno()
         raise OSError(err, "%s: %s" % (what, os.strerror(err)))
@@ -4268,66 +4772,84 @@ def _check(value, what="landlock"):
 
 
 def _landlock_rule(libc, ruleset, path, access):
-    """Allow `access` beneath `path` (on a file, only the rights a file can have)."""
+    """Allow `access` beneath `path` (on a file, only the rights a file can
+    have)."""
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
-        return                                   # a path that is not there needs no rule
+        # a path that is not there needs no rule
+        return
     try:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             access &= FS_FILE_RIGHTS
-        attr = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))    # packed, 12 bytes
+        # packed, 12 bytes
+        attr = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))
         _check(libc.syscall(LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), attr,
                             ctypes.c_uint32(0)))
     finally:
         os.close(fd)
 
 
-# --- 7.2 Capabilities and seccomp ----------------------------------------------------------
-# Landlock does not cover what a process does to others (prlimit, sched_*, ptrace ...), raw and
-# packet sockets, UDP, or what capabilities allow (a root server's children would keep them): so no
-# capabilities, and a seccomp-BPF filter checking arguments where a call is
-# harmless only on itself.
+# --- 7.2 Capabilities and seccomp
+# ---------------------------------------------------------- Landlock does not
+# cover what a process does to others (prlimit, sched_*, ptrace ...), raw and
+# packet sockets, UDP, or what capabilities allow (a root server's children
+# would keep them): so no capabilities, and a seccomp-BPF filter checking
+# arguments where a call is harmless only on itself.
 
 def _prctl(libc, option, *args):
     _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)" % option)
 
 
 def drop_capabilities(libc, own_root=None):
-    """Empty every capability set. Root (CAP_SETPCAP) first empties its bounding set, so no execve
-    can refill the sets, and locks securebits; anyone may lower their own E/P/I sets via capset.
-    With `own_root` (Sandbox.own_uids), root becomes the call's own uid in between: after the
-    bounding set is empty, before securebits would keep its capabilities across setuid()."""
+    """Empty every capability set. Root (CAP_SETPCAP) first empties its
+    bounding set, so no execve can refill the sets, and locks securebits;
+    anyone may lower their own E/P/I sets via capset. With `own_root`
+    (Sandbox.own_uids), root becomes the call's own uid in between: after the
+    bounding set is empty, before securebits would keep its capabilities across
+    setuid()."""
     if _CAPABILITIES_DROPPED:
-        return                       # by the template this child was forked from
-    header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0))  # v3, this process
-    data = ctypes.create_string_buffer(24)                # 2 x {effective, permitted, inheritable}
+        # by the template this child was forked from
+        return
+    # v3, this process
+    header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0))
+    # 2 x {effective, permitted, inheritable}
+    data = ctypes.create_string_buffer(24)
     _check(libc.capget(header, data), "capget")
-    setpcap = struct.unpack_from("=I", data.raw)[0] & 1 << 8      # CAP_SETPCAP is effective
+    # CAP_SETPCAP is effective
+    setpcap = struct.unpack_from("=I", data.raw)[0] & 1 << 8
     if setpcap:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             for cap in range(int(f.read()) + 1):
                 _prctl(libc, PR_CAPBSET_DROP, cap)
-    _prctl(libc, 47, 4)                         # PR_CAP_AMBIENT_CLEAR_ALL: open to anyone
+    # PR_CAP_AMBIENT_CLEAR_ALL: open to anyone
+    _prctl(libc, 47, 4)
     if own_root:
         become_call_uid(libc, own_root)
-        setpcap = 0                 # setuid() from root to another uid cleared E and P
-    if setpcap:      # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, each locked; KEEP_CAPS_LOCKED
+        # setuid() from root to another uid cleared E and P
+        setpcap = 0
+    # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, each locked; KEEP_CAPS_LOCKED
+    if setpcap:
         _prctl(libc, 28, 0x2f)
-    _check(libc.capset(header, ctypes.create_string_buffer(24)), "capset")   # E = P = I = 0, last
+    # E = P = I = 0, last
+    _check(libc.capset(header, ctypes.create_string_buffer(24)), "capset")
     _CAPABILITIES_DROPPED.append(True)
 
 
-_CAPABILITIES_DROPPED = []       # [True] once dropped: a forked child inherits the empty sets
-CALL_UID_BASE = 1 << 31          # + the call's pid: unique among live calls of every server here
+# [True] once dropped: a forked child inherits the empty sets
+_CAPABILITIES_DROPPED = []
+# + the call's pid: unique among live calls of every server here
+CALL_UID_BASE = 1 << 31
 
 
 def become_call_uid(libc, root):
-    """Root, in the child: give the call's directory to a uid of its own, then become it, with no
-    groups. The pid makes it unique while the call lives (a kernel's too: its pid is its life);
-    no_new_privs: a setuid-root program cannot make it root again, seccomp or not."""
+    """Root, in the child: give the call's directory to a uid of its own, then
+    become it, with no groups. The pid makes it unique while the call lives (a
+    kernel's too: its pid is its life); no_new_privs: a setuid-root program
+    cannot make it root again, seccomp or not."""
     uid = CALL_UID_BASE + os.getpid()
-    for top, dirs, files in os.walk(root):         # the server's inputs; links are not followed
+    # the server's inputs; links are not followed
+    for top, dirs, files in os.walk(root):
         for name in [top] + [os.path.join(top, n) for n in dirs + files]:
             os.chown(name, uid, uid, follow_symlinks=False)
     os.setgroups([])
@@ -4336,7 +4858,8 @@ def become_call_uid(libc, root):
     _prctl(libc, PR_SET_NO_NEW_PRIVS, 1)
 
 
-# name x86_64 generic(aarch64); "-" = no such syscall. Checked against the 6.18 uapi headers.
+# name x86_64 generic(aarch64); "-" = no such syscall. Checked against the 6.18
+# uapi headers.
 _ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 kcmp 312 272
     pidfd_getfd 438 438 process_madvise 440 440 perf_event_open 298 241 bpf 321 280
     userfaultfd 323 282 keyctl 250 219 add_key 248 217 request_key 249 218 mount 165 40
@@ -4353,15 +4876,18 @@ _ALWAYS = """ptrace 101 117 process_vm_readv 310 270 process_vm_writev 311 271 k
     io_setup 206 0 io_destroy 207 1 io_submit 209 2 io_cancel 210 3 io_getevents 208 4
     io_pgetevents 333 292
     utime 132 - utimes 235 - futimesat 261 - utimensat 280 88"""
-# Kernel AIO (io_submit) can leave a process in the kernel, unkillable, for minutes: its reads are
-# refused (a thread pool does the same for the code). File times are refused even to a call with
-# a uid of its own: the kernel lets anyone set "now" on a file it may write, such as /tmp itself.
-# Over HTTP only, where a call may not even list what lies outside its own directory: watches
-# (inotify, fanotify) would name what it may not read: other calls' files, output tokens.
+# Kernel AIO (io_submit) can leave a process in the kernel, unkillable, for
+# minutes: its reads are refused (a thread pool does the same for the code).
+# File times are refused even to a call with a uid of its own: the kernel lets
+# anyone set "now" on a file it may write, such as /tmp itself. Over HTTP only,
+# where a call may not even list what lies outside its own directory: watches
+# (inotify, fanotify) would name what it may not read: other calls' files,
+# output tokens.
 _REMOTE = """inotify_init 253 - inotify_init1 294 26 fanotify_init 300 262"""
-# File metadata, which Landlock does not cover: refused unless the call has a uid of its own
-# (Sandbox.own_uids), whose ownership then refuses it outside its directory. file_setattr (6.17)
-# sets the same inode flags as the FS_IOC_SETFLAGS/FSSETXATTR ioctls refused below.
+# File metadata, which Landlock does not cover: refused unless the call has a
+# uid of its own (Sandbox.own_uids), whose ownership then refuses it outside
+# its directory. file_setattr (6.17) sets the same inode flags as the
+# FS_IOC_SETFLAGS/FSSETXATTR ioctls refused below.
 _METADATA = """chmod 90 - fchmod 91 52 fchmodat 268 53 fchmodat2 452 452 chown 92 - fchown 93 55
     lchown 94 - fchownat 260 54 setxattr 188 5 lsetxattr 189 6 fsetxattr 190 7
     removexattr 197 14 lremovexattr 198 15
@@ -4369,7 +4895,8 @@ _METADATA = """chmod 90 - fchmod 91 52 fchmodat 268 53 fchmodat2 452 452 chown 9
 _BY_ARG = """prlimit64 302 261 sched_setaffinity 203 122 sched_setscheduler 144 119
     sched_setparam 142 118 sched_setattr 314 274 setpriority 141 140 ioprio_set 251 30
     socket 41 198 ioctl 16 29 prctl 157 167 unshare 272 97 clone 56 220 clone3 435 435"""
-_ARCH = {"x86_64": 0xc000003e, "aarch64": 0xc00000b7}                  # AUDIT_ARCH_*
+# AUDIT_ARCH_*
+_ARCH = {"x86_64": 0xc000003e, "aarch64": 0xc00000b7}
 LD = 0x20
 JEQ = 0x15
 JGE = 0x35
@@ -4382,43 +4909,55 @@ ENOSYS = 0x00050000 | 38
 
 
 def _program(arch, network_off, remote=False, own_uid=False):
-    """(code, jt, jf, k) tuples; jt/jf may name a label (a bare string further on: BPF jumps only
-    forward). Arguments are compared on their low 32 bits, all the kernel keeps of each C int
-    checked: matching both halves would let cmd = 1 << 32 | TIOCSTI slip past the ioctl check.
-    `remote`: a call over HTTP, which also gets no watch; `own_uid`: file metadata is allowed."""
+    """(code, jt, jf, k) tuples; jt/jf may name a label (a bare string further
+    on: BPF jumps only forward). Arguments are compared on their low 32 bits,
+    all the kernel keeps of each C int checked: matching both halves would let
+    cmd = 1 << 32 | TIOCSTI slip past the ioctl check. `remote`: a call over
+    HTTP, which also gets no watch; `own_uid`: file metadata is allowed."""
     t = (_ALWAYS + " " + _REMOTE + " " + _METADATA + " " + _BY_ARG).split()
     column = 1 if arch == "x86_64" else 2
     nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
-    arg = lambda i: (LD, 0, 0, 16 + 8 * i)        # seccomp_data.args[i], low word (little-endian)
-    p = [(LD, 0, 0, 4), (JEQ, 0, "nosys", _ARCH[arch]), (LD, 0, 0, 0)]   # foreign ABI (int 0x80)
+    # seccomp_data.args[i], low word (little-endian)
+    arg = lambda i: (LD, 0, 0, 16 + 8 * i)
+    # foreign ABI (int 0x80)
+    p = [(LD, 0, 0, 4), (JEQ, 0, "nosys", _ARCH[arch]), (LD, 0, 0, 0)]
     if arch == "x86_64":
-        p.append((JGE, "deny", 0, 0x40000000))                       # x32 aliases of every call
+        # x32 aliases of every call
+        p.append((JGE, "deny", 0, 0x40000000))
     denied = (_ALWAYS.split()[::3] + (_REMOTE.split()[::3] if remote else []) +
               ([] if own_uid else _METADATA.split()[::3]))
     p += [(JEQ, "deny", 0, nr[n]) for n in denied if n in nr]
     p += [(JEQ, n, 0, nr[n]) for n in _BY_ARG.split()[::3] if n != "clone3"]
-    p += [(JEQ, "nosys", 0, nr["clone3"]), (RET, 0, 0, ALLOW)]  # clone3: its flags are unreadable
+    # clone3: its flags are unreadable
+    p += [(JEQ, "nosys", 0, nr["clone3"]), (RET, 0, 0, ALLOW)]
     for n in ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
               "sched_setattr"):
-        p += [n, arg(0), (JEQ, "allow", "deny", 0)]                 # only pid 0, this process
-    for n, who_self in (("setpriority", 0), ("ioprio_set", 1)):     # PRIO_/IOPRIO_WHO_PROCESS
+        # only pid 0, this process
+        p += [n, arg(0), (JEQ, "allow", "deny", 0)]
+    # PRIO_/IOPRIO_WHO_PROCESS
+    for n, who_self in (("setpriority", 0), ("ioprio_set", 1)):
         p += [n, arg(0), (JEQ, 0, "deny", who_self), arg(1), (JEQ, "allow", "deny", 0)]
-    p += ["ioctl", arg(1), (JEQ, "deny", 0, 0x5412), (JEQ, "deny", 0, 0x541c)]   # TIOCSTI/LINUX
-    p += [(JEQ, "allow", 0, 0) if own_uid else (JEQ, "deny", 0, 0x40086602),  # FS_IOC_SETFLAGS
-          (JEQ, "deny", "allow", 0x401c5820)]                              # FS_IOC_FSSETXATTR
-    # PR_SET_CHILD_SUBREAPER may be set (a template's child does), never cleared; and no call
-    # makes itself dumpable again, as setuid() left it.
+    # TIOCSTI/LINUX
+    p += ["ioctl", arg(1), (JEQ, "deny", 0, 0x5412), (JEQ, "deny", 0, 0x541c)]
+    # FS_IOC_SETFLAGS
+    p += [(JEQ, "allow", 0, 0) if own_uid else (JEQ, "deny", 0, 0x40086602),
+          # FS_IOC_FSSETXATTR
+          (JEQ, "deny", "allow", 0x401c5820)]
+    # PR_SET_CHILD_SUBREAPER may be set (a template's child does), never
+    # cleared; and no call makes itself dumpable again, as setuid() left it.
     p += ["prctl", arg(0), (JEQ, 0, "dumpable", 36), arg(1), (JEQ, "deny", "allow", 0),
           "dumpable", arg(0), (JEQ, "deny", "allow", PR_SET_DUMPABLE)]
-    # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's, outside the call.
+    # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's,
+    # outside the call.
     p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
-    # socket: an allow-list of families. No AF_UNIX, over stdio or HTTP: its connect() would
-    # reach any socket file of the machine the uid may (docker.sock, the D-Bus, ssh-agent), and
-    # Landlock (to ABI 7) has no right for it; socketpair() is another syscall, left alone. With
-    # the network on also NETLINK, of protocol NETLINK_ROUTE (0) alone (getifaddrs: no
-    # NETLINK_SOCK_DIAG, which lists every socket of the host), and INET/INET6 as STREAM or
-    # DGRAM: not RAW, nor SOCK_PACKET, which the kernel turns into AF_PACKET. Off: UNIX only
-    # (no UDP, TFO, MPTCP, VSOCK to the host).
+    # socket: an allow-list of families. No AF_UNIX, over stdio or HTTP: its
+    # connect() would reach any socket file of the machine the uid may
+    # (docker.sock, the D-Bus, ssh-agent), and Landlock (to ABI 7) has no right
+    # for it; socketpair() is another syscall, left alone. With the network on
+    # also NETLINK, of protocol NETLINK_ROUTE (0) alone (getifaddrs: no
+    # NETLINK_SOCK_DIAG, which lists every socket of the host), and INET/INET6
+    # as STREAM or DGRAM: not RAW, nor SOCK_PACKET, which the kernel turns into
+    # AF_PACKET. Off: UNIX only (no UDP, TFO, MPTCP, VSOCK to the host).
     p += ["socket", arg(0), (JEQ, "deny", "deny" if network_off else 0, 1)]
     if not network_off:
         p += [(JEQ, "netlink", 0, 16), (JEQ, "inet", 0, 2), (JEQ, "inet", "deny", 10), "inet",
@@ -4428,74 +4967,90 @@ def _program(arch, network_off, remote=False, own_uid=False):
                 "nosys", (RET, 0, 0, ENOSYS)]
 
 
-@functools.lru_cache(maxsize=None)      # built in the template once, before it forks
+# built in the template once, before it forks
+@functools.lru_cache(maxsize=None)
 def _filter(arch, network_off, remote=False, own_uid=False):
-    """(struct sock_fprog, the instructions it points to), paired so the second lives as long."""
+    """(struct sock_fprog, the instructions it points to), paired so the second
+    lives as long."""
     program, at = _program(arch, network_off, remote, own_uid), {}
-    for i, ins in enumerate(program):        # a label lands at its index, less the labels before
+    # a label lands at its index, less the labels before
+    for i, ins in enumerate(program):
         if isinstance(ins, str):
             at[ins] = i - len(at)
     code = []
     for ins in (x for x in program if not isinstance(x, str)):
         jt, jf = (at[j] - len(code) - 1 if isinstance(j, str) else j for j in ins[1:3])
-        code.append(struct.pack("HBBI", ins[0], jt, jf, ins[3]))  # jt/jf are u8: struct checks
+        # jt/jf are u8: struct checks
+        code.append(struct.pack("HBBI", ins[0], jt, jf, ins[3]))
     instructions = ctypes.create_string_buffer(b"".join(code), 8 * len(code))
     fprog = struct.pack("HP", len(code), ctypes.addressof(instructions))
     return ctypes.create_string_buffer(fprog, len(fprog)), instructions
 
 
 def install_seccomp(libc, network_off, remote=False, own_uid=False):
-    """Install the deny-list filter on this process and all it starts (if Sandbox.seccomp). Unnamed
-    syscalls load no argument, so the kernel's per-syscall cache (5.11+) passes them unfiltered."""
+    """Install the deny-list filter on this process and all it starts (if
+    Sandbox.seccomp). Unnamed syscalls load no argument, so the kernel's
+    per-syscall cache (5.11+) passes them unfiltered."""
     fprog, _ = _filter(os.uname().machine, network_off, remote, own_uid)
     _prctl(libc, PR_SET_NO_NEW_PRIVS, 1)
-    _prctl(libc, 22, 2, ctypes.addressof(fprog))             # PR_SET_SECCOMP, MODE_FILTER
+    # PR_SET_SECCOMP, MODE_FILTER
+    _prctl(libc, 22, 2, ctypes.addressof(fprog))
 
 
-# --- 7.3 Per-call totals ----------------------------------------------------------------
-# setrlimit bounds each process; these bound a call's processes together (over: ended, saying why).
+# --- 7.3 Per-call totals
+# ---------------------------------------------------------------- setrlimit
+# bounds each process; these bound a call's processes together (over: ended,
+# saying why).
 
 MONITOR_INTERVAL = 0.25
 
 
 def _nproc_limit():
-    """RLIMIT_NPROC for the code where it applies (not root): a backstop against fork bombs between
-    polls, set above what this user runs now plus what the calls may run (it counts them all)."""
+    """RLIMIT_NPROC for the code where it applies (not root): a backstop
+    against fork bombs between polls, set above what this user runs now plus
+    what the calls may run (it counts them all)."""
     if not LINUX or os.geteuid() == 0 or not EXEC_MAX_PROCS:
         return 0
     mine = 0
     for entry in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):       # a process that ended meanwhile
+        # a process that ended meanwhile
+        with contextlib.suppress(OSError):
             if os.stat("/proc/" + entry).st_uid == os.geteuid():
                 mine += 1
     return mine + EXEC_MAX_PROCS * (EXEC_CONCURRENCY + SESSION_LIMIT) + 64
 
 
 class Watch:
-    """One call's (or kernel's) processes, pid and its descendants, and its directory;
-    `reason` says why it must end. on_over(reason), if given, runs once when it must."""
+    """One call's (or kernel's) processes, pid and its descendants, and its
+    directory; `reason` says why it must end. on_over(reason), if given, runs
+    once when it must."""
 
     def __init__(self, pid, directory, on_over=None):
         self.pid = pid
         self.directory = directory
         self.on_over = on_over
         self.reason = None
-        self.due = time.monotonic() + MONITOR_INTERVAL         # when it is next checked
-        self.cgroup = os.path.basename(directory)                 # CallCgroups: its name
+        # when it is next checked
+        self.due = time.monotonic() + MONITOR_INTERVAL
+        # CallCgroups: its name
+        self.cgroup = os.path.basename(directory)
         self.cgroup_events = CGROUPS.events(self.cgroup)
-        if not CGROUPS.join(self.cgroup, pid):      # before its code: supervise() sends it
+        # before its code: supervise() sends it
+        if not CGROUPS.join(self.cgroup, pid):
             self.reason = "Stopped: the call could not be put in its cgroup; it did not run."
             _signal(pid, signal.SIGKILL)
 
     def close(self):
-        """The call is over: stop watching it -> why the kernel stopped it (a cgroup), or None."""
+        """The call is over: stop watching it -> why the kernel stopped it (a
+        cgroup), or None."""
         MONITOR.unwatch(self)
         verdict = self.reason or CGROUPS.verdict(self.cgroup, self.cgroup_events)
         CGROUPS.close(self.cgroup)
         return verdict
 
     def check(self):
-        self.reason = (CGROUPS.verdict(self.cgroup, self.cgroup_events)   # the kernel's word
+        # the kernel's word
+        self.reason = (CGROUPS.verdict(self.cgroup, self.cgroup_events)
                        or self.over_limits())
         if self.reason and self.on_over:
             threading.Thread(target=self.on_over, args=(self.reason,), daemon=True).start()
@@ -4505,7 +5060,8 @@ class Watch:
         pids = [self.pid] + descendants(self.pid)
         memfd_kb, unlinked_kb = _held_kb(pids)
         if "memory" in CGROUPS.bases:
-            memfd_kb = 0                       # the cgroup counts it, and keeps the limit itself
+            # the cgroup counts it, and keeps the limit itself
+            memfd_kb = 0
         if EXEC_MAX_PROCS and sum(_thread_count(p) for p in pids) > EXEC_MAX_PROCS:
             return ("Stopped: the call ran more than %d processes and threads at once "
                     "(EXEC_MAX_PROCS)." % EXEC_MAX_PROCS)
@@ -4524,18 +5080,21 @@ def _thread_count(pid):
 
 
 def _memory_kb(pid):
-    """A process's PSS (pages shared with the template or siblings count once), else RSS, in kB."""
+    """A process's PSS (pages shared with the template or siblings count once),
+    else RSS, in kB."""
     for line in (_read_text("/proc/%d/smaps_rollup" % pid) or "").splitlines():
         if line.startswith("Pss:"):
             return int(line.split()[1])
-    resident = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[1]     # in pages
+    # in pages
+    resident = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[1]
     return int(resident) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
 def _held_kb(pids):
-    """What the processes hold open that no path shows -> (kB of memfd files, kB of unlinked and
-    O_TMPFILE files): memory and disk that neither their maps nor the directory walk see.
-    Each file counts once, however many descriptors or processes hold it."""
+    """What the processes hold open that no path shows -> (kB of memfd files,
+    kB of unlinked and O_TMPFILE files): memory and disk that neither their
+    maps nor the directory walk see. Each file counts once, however many
+    descriptors or processes hold it."""
     seen, memfd_kb, unlinked_kb = set(), 0, 0
     for pid in pids:
         fds = "/proc/%d/fd/" % pid
@@ -4562,7 +5121,8 @@ def _listdir(path):
 
 
 def walk_tree(top, limit):
-    """(path relative to top, lstat) of the first `limit` entries under top, links not followed."""
+    """(path relative to top, lstat) of the first `limit` entries under top,
+    links not followed."""
     seen, todo = 0, [""]
     while todo and seen < limit:
         base = todo.pop()
@@ -4583,15 +5143,17 @@ def walk_tree(top, limit):
 
 
 def _disk_over(directory, unlinked_kb=0):
-    """Why a call's directory is over its limits (EXEC_MAX_ENTRIES, EXEC_DISK_MB), or None.
-    Entries count as well as bytes: empty files cost inodes and directory blocks; so do files
-    the call holds open with no name left (unlinked_kb)."""
+    """Why a call's directory is over its limits (EXEC_MAX_ENTRIES,
+    EXEC_DISK_MB), or None. Entries count as well as bytes: empty files cost
+    inodes and directory blocks; so do files the call holds open with no name
+    left (unlinked_kb)."""
     if not (EXEC_DISK_MB or EXEC_MAX_ENTRIES):
         return None
     entries, kb = 0, unlinked_kb
     for _, info in walk_tree(directory, (EXEC_MAX_ENTRIES or 1 << 20) + 1):
         entries += 1
-        kb += info.st_blocks // 2                # 512-byte blocks (only Linux calls are watched)
+        # 512-byte blocks (only Linux calls are watched)
+        kb += info.st_blocks // 2
     if EXEC_MAX_ENTRIES and entries > EXEC_MAX_ENTRIES:
         return ("Stopped: the call made more than %d files and directories (EXEC_MAX_ENTRIES)."
                 % EXEC_MAX_ENTRIES)
@@ -4602,9 +5164,9 @@ def _disk_over(directory, unlinked_kb=0):
 
 
 class Monitor:
-    """Checks watched calls MONITOR_INTERVAL s after their start, then as often, on a thread
-    running only while some are watched; one over by its first check costs nothing:
-    setrlimit held it."""
+    """Checks watched calls MONITOR_INTERVAL s after their start, then as
+    often, on a thread running only while some are watched; one over by its
+    first check costs nothing: setrlimit held it."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -4613,7 +5175,8 @@ class Monitor:
 
     def watch(self, pid, directory, on_over=None):
         watch = Watch(pid, directory, on_over)
-        if LINUX:                                # elsewhere there is no /proc to check
+        # elsewhere there is no /proc to check
+        if LINUX:
             with self.lock:
                 self.watches.add(watch)
                 if not self.running:
@@ -4632,42 +5195,52 @@ class Monitor:
                 watches = list(self.watches)
                 now = time.monotonic()
                 idle_since = None if watches else idle_since or now
-                if idle_since and now - idle_since > 5:     # not restarted per call
+                # not restarted per call
+                if idle_since and now - idle_since > 5:
                     self.running = False
                     return
             for watch in watches:
                 if watch.due <= now and watch.reason is None:
                     watch.check()
                     watch.due = now + MONITOR_INTERVAL
-            # A watch added meanwhile is due MONITOR_INTERVAL after it came: no sooner.
+            # A watch added meanwhile is due MONITOR_INTERVAL after it came: no
+            # sooner.
             wake = min([watch.due for watch in watches] + [now + MONITOR_INTERVAL])
             time.sleep(max(0.01, wake - time.monotonic()))
 
 
 class CallCgroups:
-    """A cgroup per call (and per kernel), where this server may make them: the limits the kernel
-    keeps at every fork and every page, where the Watch above only polls. The cgroup v1 `pids`
-    controller caps tasks at EXEC_MAX_PROCS: fork() and pthread_create() fail past it. The v1
-    `memory` controller caps what the call's pages take at EXEC_MEMORY_MB, and it sees what no
-    process's map shows: memfd, tmpfs and /dev/shm pages, and the page cache of its writes. Past
-    it the kernel reclaims, then kills (an OOM kill), and close() says so.
+    """A cgroup per call (and per kernel), where this server may make them: the
+    limits the kernel keeps at every fork and every page, where the Watch above
+    only polls. The cgroup v1 `pids` controller caps tasks at EXEC_MAX_PROCS:
+    fork() and pthread_create() fail past it. The v1 `memory` controller caps
+    what the call's pages take at EXEC_MEMORY_MB, and it sees what no process's
+    map shows: memfd, tmpfs and /dev/shm pages, and the page cache of its
+    writes. Past it the kernel reclaims, then kills (an OOM kill), and close()
+    says so.
 
-    Pages a forked call shares with its template stay charged to the template (who touched
-    them first): a call is charged for its own pages only.
+    Pages a forked call shares with its template stay charged to the template
+    (who touched them first): a call is charged for its own pages only.
 
-    Made under the server's own cgroup, as STATE: <controller>/<server's cgroup>/mcp-exec-<pid>/
-    <call directory's name>; only where the server may write there (root, or a delegated
-    subtree). The server puts the child in them before it sends the code (join). cgroup v2 is not
-    used: its "no internal processes" rule would make the server move itself into a leaf."""
+    Made under the server's own cgroup, as STATE: <controller>/<server's
+    cgroup>/mcp-exec-<pid>/ <call directory's name>; only where the server may
+    write there (root, or a delegated subtree). The server puts the child in
+    them before it sends the code (join). cgroup v2 is not used: its "no
+    internal processes" rule would make the server move itself into a leaf."""
 
     def __init__(self):
-        self.bases = {}                      # controller -> this server's directory
-        self.left = set()                    # cgroups whose processes had not all died yet
-        self.joined = set()                  # cgroups with their call's first process in them
-        self.lock = threading.Lock()         # calls end on threads of their own
+        # controller -> this server's directory
+        self.bases = {}
+        # cgroups whose processes had not all died yet
+        self.left = set()
+        # cgroups with their call's first process in them
+        self.joined = set()
+        # calls end on threads of their own
+        self.lock = threading.Lock()
 
     def start(self):
-        """In the server, at start (children import this file too, and make none)."""
+        """In the server, at start (children import this file too, and make
+        none)."""
         if LINUX and SANDBOX.active and EXEC_CGROUPS:
             for controller, directory in _cgroup_v1_dirs().items():
                 base = os.path.join(directory, "mcp-exec-%d" % os.getpid())
@@ -4677,13 +5250,15 @@ class CallCgroups:
                     self.bases[controller] = base
 
     def describe(self):
-        """Which controllers calls get (before start(), as --help asks: which they would)."""
+        """Which controllers calls get (before start(), as --help asks: which
+        they would)."""
         found = self.bases or (_cgroup_v1_dirs() if LINUX and SANDBOX.active and EXEC_CGROUPS
                                else {})
         return "cgroup v1 %s per call" % "+".join(sorted(found)) if found else None
 
     def make(self, name):
-        """-> the call's cgroup directories, made with their limits (none where there are none)."""
+        """-> the call's cgroup directories, made with their limits (none where
+        there are none)."""
         limits = {"pids": ("pids.max", EXEC_MAX_PROCS),
                   "memory": ("memory.limit_in_bytes", EXEC_MEMORY_MB << 20)}
         made = []
@@ -4699,11 +5274,13 @@ class CallCgroups:
         return made
 
     def join(self, name, pid):
-        """Put the call's first process, `pid`, in its cgroups -> False where that failed. Done
-        here, by the server, before the call's code is sent (supervise: the watch comes first),
-        while the child sets itself up: a move between v1 cgroups waits for an RCU grace
-        period (about 2 ms here), which the child's own setup then hides. Nothing of the call
-        runs before it: what the child runs till then is this file, and it starts nothing."""
+        """Put the call's first process, `pid`, in its cgroups -> False where
+        that failed. Done here, by the server, before the call's code is sent
+        (supervise: the watch comes first), while the child sets itself up: a
+        move between v1 cgroups waits for an RCU grace period (about 2 ms
+        here), which the child's own setup then hides. Nothing of the call runs
+        before it: what the child runs till then is this file, and it starts
+        nothing."""
         for base in self.bases.values():
             path = os.path.join(base, name)
             if not os.path.isdir(path) or path in self.joined:
@@ -4711,16 +5288,19 @@ class CallCgroups:
             try:
                 _write_text(os.path.join(path, "cgroup.procs"), str(pid))
             except ProcessLookupError:
-                return True                          # it ended already: nothing to contain
+                # it ended already: nothing to contain
+                return True
             except OSError as exc:
                 log("could not put a call in %s: %s" % (path, exc))
                 return False
             with self.lock:
-                self.joined.add(path)                # a kernel's, for its later calls
+                # a kernel's, for its later calls
+                self.joined.add(path)
         return True
 
     def events(self, name):
-        """(OOM kills, forks refused at pids.max) in the cgroups `name` so far."""
+        """(OOM kills, forks refused at pids.max) in the cgroups `name` so
+        far."""
         counts = []
         for controller, knob, key in (("memory", "memory.oom_control", "oom_kill"),
                                       ("pids", "pids.events", "max")):
@@ -4730,7 +5310,8 @@ class CallCgroups:
         return tuple(counts)
 
     def verdict(self, name, before):
-        """Why the kernel stopped the call since `before` (events() then), or None."""
+        """Why the kernel stopped the call since `before` (events() then), or
+        None."""
         oom, refused = (now - then for now, then in zip(self.events(name), before))
         if oom:
             return ("Stopped: the call's processes used more than %d MB of memory together "
@@ -4742,28 +5323,33 @@ class CallCgroups:
         return None
 
     def close(self, name):
-        """The call is over: its cgroups go now, or once what is left of it has died (tried
-        again at each close and at shutdown). A kernel's stay till the kernel ends."""
+        """The call is over: its cgroups go now, or once what is left of it has
+        died (tried again at each close and at shutdown). A kernel's stay till
+        the kernel ends."""
         with self.lock:
             self.left.update(os.path.join(base, name) for base in self.bases.values())
-            left = sorted(self.left, key=len, reverse=True)      # a call's before its base
+            # a call's before its base
+            left = sorted(self.left, key=len, reverse=True)
         for path in left:
             try:
                 os.rmdir(path)
             except FileNotFoundError:
                 pass
-            except OSError:                     # busy: a process in it lives, or is dying
+            # busy: a process in it lives, or is dying
+            except OSError:
                 continue
             with self.lock:
                 self.left.discard(path)
                 self.joined.discard(path)
 
     def shutdown(self):
-        self.close("")                       # what is left, then this server's own directories
+        # what is left, then this server's own directories
+        self.close("")
 
 
 def _cgroup_v1_dirs():
-    """{controller: this process's cgroup directory} for the v1 pids and memory controllers."""
+    """{controller: this process's cgroup directory} for the v1 pids and memory
+    controllers."""
     found = {}
     mounts = {}
     for line in (_read_text("/proc/self/mountinfo") or "").splitlines():
@@ -4783,7 +5369,8 @@ def _cgroup_v1_dirs():
 
 
 def _remove_dead_servers_cgroups(directory):
-    """What a dead server (mcp-exec-<pid>, no such process) left: its calls killed, removed."""
+    """What a dead server (mcp-exec-<pid>, no such process) left: its calls
+    killed, removed."""
     for name in os.listdir(directory):
         pid = name[len("mcp-exec-"):]
         if not (name.startswith("mcp-exec-") and pid.isdigit()) or os.path.exists(
@@ -4802,13 +5389,16 @@ def _write_text(path, text):
         f.write(text)
 
 
-# --- 7.4 Recovery after a crash ----------------------------------------------------------
-# A server that dies (kill -9, a dyno restart) leaves its run directory and perhaps processes.
-# Its lock file is flocked while it lives: the next server to start finds it free, and cleans up.
+# --- 7.4 Recovery after a crash
+# ---------------------------------------------------------- A server that dies
+# (kill -9, a dyno restart) leaves its run directory and perhaps processes. Its
+# lock file is flocked while it lives: the next server to start finds it free,
+# and cleans up.
 
 def recover_dead_servers(run_dir):
-    """Kill and remove what dead servers sharing STATE_DIR (their lock free) left, never a live
-    server's. A failure is logged, no more: whatever a call left there, the server starts."""
+    """Kill and remove what dead servers sharing STATE_DIR (their lock free)
+    left, never a live server's. A failure is logged, no more: whatever a call
+    left there, the server starts."""
     for name in os.listdir(run_dir.base) if os.path.isdir(run_dir.base) else []:
         path = os.path.join(run_dir.base, name)
         lock = _open_lock(path)
@@ -4827,8 +5417,9 @@ def recover_dead_servers(run_dir):
 
 
 def _open_lock(path):
-    """A run directory's lock file, open -> the file, or None. A server that died before it
-    published its lock (lock.new, not yet renamed) left that one, which no one holds."""
+    """A run directory's lock file, open -> the file, or None. A server that
+    died before it published its lock (lock.new, not yet renamed) left that
+    one, which no one holds."""
     for name in ("lock", "lock.new"):
         with contextlib.suppress(OSError):
             return open(os.path.join(path, name))
@@ -4836,20 +5427,22 @@ def _open_lock(path):
 
 
 def _server_alive(lock, path):
-    """Does the server of this run directory live? Its flock says so, unless what one of its
-    calls left running took the lock too (a shared flock keeps the exclusive one out): then
-    the pid and start time the server wrote in it decide."""
+    """Does the server of this run directory live? Its flock says so, unless
+    what one of its calls left running took the lock too (a shared flock keeps
+    the exclusive one out): then the pid and start time the server wrote in it
+    decide."""
     if _flock(lock, shared=False, wait=False):
         return False
     pid, _, started = (_read_text(lock.name) or "").partition(" ")
     if not (pid.isdigit() and started):
-        return True                 # locked, unsigned: not ours to judge, let it be
+        # locked, unsigned: not ours to judge, let it be
+        return True
     return _start_time(int(pid)) == started
 
 
 def _kill_lock_holders(lock):
-    """Kill what holds a flock on a dead server's lock file (/proc/locks names each holder
-    with the file's device and inode) -> how many."""
+    """Kill what holds a flock on a dead server's lock file (/proc/locks names
+    each holder with the file's device and inode) -> how many."""
     info = os.fstat(lock.fileno())
     inode = "%02x:%02x:%d" % (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)
     holders = set()
@@ -4863,16 +5456,20 @@ def _kill_lock_holders(lock):
 
 
 def _kill_leftovers(path):
-    """Kill what a dead server started (its pids file) and what ran in its directory."""
+    """Kill what a dead server started (its pids file) and what ran in its
+    directory."""
     killed = 0
     for line in (_read_text(os.path.join(path, "pids")) or "").splitlines():
         pid, _, started = line.partition(" ")
-        if pid.isdigit() and started and _start_time(int(pid)) == started:   # the same process
+        # the same process
+        if pid.isdigit() and started and _start_time(int(pid)) == started:
             kill_tree(int(pid))
             killed += 1
-    if LINUX:        # a process whose tree was broken: known by its working directory
+    # a process whose tree was broken: known by its working directory
+    if LINUX:
         for entry in filter(str.isdigit, os.listdir("/proc")):
-            with contextlib.suppress(OSError):          # a process that ended meanwhile
+            # a process that ended meanwhile
+            with contextlib.suppress(OSError):
                 if os.readlink("/proc/%s/cwd" % entry).startswith(path + os.sep):
                     kill_tree(int(entry))
                     killed += 1
@@ -4900,28 +5497,33 @@ def limits_note(local):
 
 
 def contain_child(config, environ, directory, local):
-    """The "child_config" hook: the sandbox the child applies to itself, where caches go, and
-    RLIMIT_NPROC where it applies."""
+    """The "child_config" hook: the sandbox the child applies to itself, where
+    caches go, and RLIMIT_NPROC where it applies."""
     limits = config["limits"]
     if SANDBOX.nproc_limit:
         limits["RLIMIT_NPROC"] = SANDBOX.nproc_limit
     elif SANDBOX.own_uids and not local and EXEC_MAX_PROCS:
-        limits["RLIMIT_NPROC"] = EXEC_MAX_PROCS      # the call's own uid: it counts its tasks only
-    if EXEC_DISK_MB:         # no one file outgrows the directory's total between two polls
+        # the call's own uid: it counts its tasks only
+        limits["RLIMIT_NPROC"] = EXEC_MAX_PROCS
+    # no one file outgrows the directory's total between two polls
+    if EXEC_DISK_MB:
         limits["RLIMIT_FSIZE"] = min(limits.get("RLIMIT_FSIZE", 1 << 62), EXEC_DISK_MB << 20)
-    CGROUPS.make(os.path.basename(directory.root))      # the watch puts the child in them
+    # the watch puts the child in them
+    CGROUPS.make(os.path.basename(directory.root))
     config["sandbox"] = sandbox_config(directory.root, local)
     environ.update(containment_env(directory, local))
 
 
 def confine_installer(argv, env, python):
-    """The "installer" step with a sandbox. pip and uv run code that came with a call: an
-    sdist's build script, and the .pth files already in the environment. So the installer starts
-    as a call's child does (child_argv: isolated; no capabilities, Landlock, seccomp), then
-    execs pip or uv (exec_after_setup), which keeps all of it. It may write only the target
-    environment, its caches and a temporary directory of its own; it reads what the server's
-    user may (its configuration, certificates); it may set file modes (pip marks scripts
-    executable), not times; the network is on, whatever EXEC_NETWORK says."""
+    """The "installer" step with a sandbox. pip and uv run code that came with
+    a call: an sdist's build script, and the .pth files already in the
+    environment. So the installer starts as a call's child does (child_argv:
+    isolated; no capabilities, Landlock, seccomp), then execs pip or uv
+    (exec_after_setup), which keeps all of it. It may write only the target
+    environment, its caches and a temporary directory of its own; it reads what
+    the server's user may (its configuration, certificates); it may set file
+    modes (pip marks scripts executable), not times; the network is on,
+    whatever EXEC_NETWORK says."""
     if not SANDBOX.active:
         return argv
     cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or "/nonexistent",
@@ -4936,7 +5538,8 @@ def confine_installer(argv, env, python):
             os.makedirs(path, exist_ok=True)
     for log_file in filter(None, (env.get("PIP_LOG"), env.get("PIP_LOG_FILE"))):
         with contextlib.suppress(OSError):
-            open(log_file, "a").close()       # the operator's log: a rule needs the file
+            # the operator's log: a rule needs the file
+            open(log_file, "a").close()
             writes.append(log_file)
     spec = {"abi": SANDBOX.abi, "read": None, "write": writes, "network_off": False,
             "seccomp": SANDBOX.seccomp, "remote": False, "metadata": True}
@@ -4945,17 +5548,20 @@ def confine_installer(argv, env, python):
 
 
 def exec_after_setup(config, fresh_modules):
-    """Exec mode (in the child, its sandbox applied): become the program config["argv"]."""
+    """Exec mode (in the child, its sandbox applied): become the program
+    config["argv"]."""
     os.execv(config["argv"][0], config["argv"])
 
 
 def sandbox_child(config):
-    """The "child_setup" hook, in the child: apply the sandbox its config carries."""
+    """The "child_setup" hook, in the child: apply the sandbox its config
+    carries."""
     if config.get("sandbox"):
         apply_sandbox(config["sandbox"])
 
 
-SANDBOX = MONITOR = CGROUPS = None     # section 7's parts, made by build_parts()
+# section 7's parts, made by build_parts()
+SANDBOX = MONITOR = CGROUPS = None
 
 
 def build_containment(part):
@@ -4980,20 +5586,24 @@ register_tool_feature(note=limits_note)
 # =============================================================================
 # 8. Environments: isolated venvs, cached
 # =============================================================================
-# use_temp_dir runs the code in a venv of just its packages. The core builds one per call and
-# removes it after (seconds of pip each time); here each package set is built once, kept
-# read-only, leased by the calls that use it, and evicted least recently used.
+# use_temp_dir runs the code in a venv of just its packages. The core builds
+# one per call and removes it after (seconds of pip each time); here each
+# package set is built once, kept read-only, leased by the calls that use it,
+# and evicted least recently used.
 
 class CachedEnvironments(Environments):
-    """The core's Environments, with isolated venvs cached under STATE_DIR/venvs/ (servers may
-    share it), one per interpreter and package set: venvs/<key>-<random>/, built in place, then
-    read-only, published as venvs/<key>.ready once complete. Calls lease one (a shared flock):
-    none is evicted while in use; past VENV_CACHE_SIZE the least recently used go."""
+    """The core's Environments, with isolated venvs cached under
+    STATE_DIR/venvs/ (servers may share it), one per interpreter and package
+    set: venvs/<key>-<random>/, built in place, then read-only, published as
+    venvs/<key>.ready once complete. Calls lease one (a shared flock): none is
+    evicted while in use; past VENV_CACHE_SIZE the least recently used go."""
 
     def __init__(self, root):
         super().__init__(root)
-        self.lock = threading.Lock()      # guards key_locks and the cache's pointer files
-        self.key_locks = {}               # one build at a time per package set
+        # guards key_locks and the cache's pointer files
+        self.lock = threading.Lock()
+        # one build at a time per package set
+        self.key_locks = {}
 
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result);
@@ -5013,22 +5623,27 @@ class CachedEnvironments(Environments):
                 if failure:
                     return None, None, failure
         self._evict(cache)
-        return _venv_python(os.path.dirname(lease.name)), lease, None     # venv/LEASE_FILE
+        # venv/LEASE_FILE
+        return _venv_python(os.path.dirname(lease.name)), lease, None
 
     def _build(self, pointer, requirements, deadline, cancel, report):
-        """Build an isolated venv in place and publish it, leased (nobody can evict it before its
-        call runs) -> (the lease, None), or (None, the failure Result)."""
+        """Build an isolated venv in place and publish it, leased (nobody can
+        evict it before its call runs) -> (the lease, None), or (None, the
+        failure Result)."""
         os.makedirs(os.path.dirname(pointer), exist_ok=True)
-        venv = "%s-%s" % (pointer[:-len(".ready")], os.urandom(4).hex())     # venvs/<key>-<random>
+        # venvs/<key>-<random>
+        venv = "%s-%s" % (pointer[:-len(".ready")], os.urandom(4).hex())
         with open(venv + ".building", "w") as building:
-            _flock(building, shared=False)   # while building; recover() clears a dead builder's
+            # while building; recover() clears a dead builder's
+            _flock(building, shared=False)
             try:
                 failure = build_isolated(venv, requirements, deadline, cancel, report)
                 if failure:
                     return None, failure
                 lease = open(os.path.join(venv, LEASE_FILE), "w")
                 _flock(lease, shared=True)
-                # Read-only, directories too, against accidents (the code could chmod it back).
+                # Read-only, directories too, against accidents (the code could
+                # chmod it back).
                 for rel, info in [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20)):
                     if not stat.S_ISLNK(info.st_mode):
                         with contextlib.suppress(OSError):
@@ -5037,13 +5652,16 @@ class CachedEnvironments(Environments):
                 with open(tmp, "w") as f:
                     f.write(os.path.basename(venv))
                 with self.lock:
-                    os.replace(tmp, pointer)    # atomic: a crash before leaves no entry to trust
+                    # atomic: a crash before leaves no entry to trust
+                    os.replace(tmp, pointer)
             finally:
-                os.unlink(venv + ".building")      # only now: a directory has one or the other
+                # only now: a directory has one or the other
+                os.unlink(venv + ".building")
         return lease, None
 
     def recover(self):
-        """Remove what dead servers left half built (OSError: another server removed it first)."""
+        """Remove what dead servers left half built (OSError: another server
+        removed it first)."""
         cache = os.path.join(self.root, "venvs")
         for name in os.listdir(cache) if os.path.isdir(cache) else []:
             if name.endswith(".building"):
@@ -5053,10 +5671,12 @@ class CachedEnvironments(Environments):
                         os.unlink(os.path.join(cache, name))
 
     def _lease(self, cache, pointer):
-        """The cached venv a pointer names, leased -> its open lease file, or None. A lease is a
-        shared flock on that file (POSIX), released by closing it: such locks belong to open files,
-        so our threads' and other servers' leases count, and end with their process."""
-        with self.lock:      # eviction unlinks pointers under this lock: no lookup sees half
+        """The cached venv a pointer names, leased -> its open lease file, or
+        None. A lease is a shared flock on that file (POSIX), released by
+        closing it: such locks belong to open files, so our threads' and other
+        servers' leases count, and end with their process."""
+        # eviction unlinks pointers under this lock: no lookup sees half
+        with self.lock:
             venv = _read_text(pointer)
             venv = venv and os.path.join(cache, venv)
             if not venv or not os.path.exists(_venv_python(venv)):
@@ -5066,35 +5686,42 @@ class CachedEnvironments(Environments):
             except OSError:
                 return None
             _flock(lease, shared=True)
-        # Another server may have evicted it between our read and our lease: look again.
+        # Another server may have evicted it between our read and our lease:
+        # look again.
         if _read_text(pointer) != os.path.basename(venv):
             lease.close()
             return None
-        os.utime(pointer)                # least-recently-used order is the pointers' mtime
+        # least-recently-used order is the pointers' mtime
+        os.utime(pointer)
         return lease
 
     def _evict(self, cache):
-        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that nobody uses; then
-        remove every directory that no entry names, nobody builds and nobody uses."""
+        """Keep VENV_CACHE_SIZE entries, dropping the least recently used that
+        nobody uses; then remove every directory that no entry names, nobody
+        builds and nobody uses."""
         with self.lock:
             pointers = []
             for name in os.listdir(cache):
                 if name.endswith(".ready"):
-                    with contextlib.suppress(OSError):     # another server evicted it
+                    # another server evicted it
+                    with contextlib.suppress(OSError):
                         pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
             for _, name in sorted(pointers)[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
                 venv = _read_text(os.path.join(cache, name))
                 held = venv and _exclusive_lease(os.path.join(cache, venv))
                 if held:
-                    with contextlib.suppress(OSError):     # another server evicted it
+                    # another server evicted it
+                    with contextlib.suppress(OSError):
                         os.unlink(os.path.join(cache, name))
                     held.close()
-        # The builder publishes its entry before it drops .building: look in the same order.
+        # The builder publishes its entry before it drops .building: look in
+        # the same order.
         built = {name for name in os.listdir(cache) if os.path.isdir(os.path.join(cache, name))
                  and not os.path.exists(os.path.join(cache, name + ".building"))}
         named = {_read_text(os.path.join(cache, name)) for name in os.listdir(cache)
                  if name.endswith(".ready")}
-        for name in built - named:  # dropped, failed, abandoned, or the loser of a two-server race
+        # dropped, failed, abandoned, or the loser of a two-server race
+        for name in built - named:
             held = _exclusive_lease(os.path.join(cache, name))
             if held:
                 TEMPLATES.discard(_venv_python(os.path.join(cache, name)))
@@ -5108,7 +5735,8 @@ def _exclusive_lease(venv):
     try:
         f = open(os.path.join(venv, LEASE_FILE))
     except OSError:
-        return open(os.devnull)   # no lease file: a failed build, nobody runs there
+        # no lease file: a failed build, nobody runs there
+        return open(os.devnull)
     if _flock(f, shared=False, wait=False):
         return f
     f.close()
@@ -5116,44 +5744,55 @@ def _exclusive_lease(venv):
 
 
 LEASE_FILE = ".mcp-exec-lease"
-register_step("environments", CachedEnvironments)      # what the core's ENVIRONMENTS is
+# what the core's ENVIRONMENTS is
+register_step("environments", CachedEnvironments)
 register_lifecycle(setup=lambda: ENVIRONMENTS.recover())
 
 
 # =============================================================================
 # 9. What the model sees: the last value, images, files in and out
 # =============================================================================
-# Afterwards the child gathers (describe_value) a last expression's value, open matplotlib figures
-# and a value that can draw itself, sent on its results pipe, not stdout. The server adds the files
-# the code wrote in its directory (collect_files), keeps them for resources/read, and returns all
-# as MCP content blocks beside the JSON text (tools.mdx, Tool Result).
+# Afterwards the child gathers (describe_value) a last expression's value, open
+# matplotlib figures and a value that can draw itself, sent on its results
+# pipe, not stdout. The server adds the files the code wrote in its directory
+# (collect_files), keeps them for resources/read, and returns all as MCP
+# content blocks beside the JSON text (tools.mdx, Tool Result).
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-IMAGE_MAX_SIDE = 10000                  # larger ones are drawn smaller, or dropped
+# larger ones are drawn smaller, or dropped
+IMAGE_MAX_SIDE = 10000
 IMAGE_MAX_PIXELS = 50 * 10 ** 6
 # larger files are listed, not kept: one message must hold one
 FILE_KEEP_MAX = 16 * 1024 * 1024
-OUTPUT_MIN_AGE = 300                    # seconds a client's files are safe from another's call
-FILES_INLINE_TOTAL = 1024 * 1024        # embedded files together, per call
-FILES_LISTED_MAX = 50                   # files listed out of a call,
-FILES_IN_MAX = 100                      # files given into one
-RESOURCE_NOT_FOUND = -32002             # 2025-11-25 server/resources.mdx, Error Handling
+# seconds a client's files are safe from another's call
+OUTPUT_MIN_AGE = 300
+# embedded files together, per call
+FILES_INLINE_TOTAL = 1024 * 1024
+# files listed out of a call,
+FILES_LISTED_MAX = 50
+# files given into one
+FILES_IN_MAX = 100
+# 2025-11-25 server/resources.mdx, Error Handling
+RESOURCE_NOT_FOUND = -32002
 
 
 def describe_value(value, config):
-    """In the child: the last value (repr, capped) and the images -> part of the results."""
+    """In the child: the last value (repr, capped) and the images -> part of
+    the results."""
     record = {}
     images, about = [], []      # the PNGs, and what each one is
     notes = []
     limit, max_bytes = config["image_limit"], config["image_max_bytes"]
-    plt = sys.modules.get("matplotlib.pyplot")     # only if the code used it: never imported here
+    # only if the code used it: never imported here
+    plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
         numbers = plt.get_fignums()
         for number in numbers[:limit]:
             figure = plt.figure(number)
             try:
                 width, height = (inches * figure.dpi for inches in figure.get_size_inches())
-            except Exception:         # not quite matplotlib's Figure: drawn at its own size
+            # not quite matplotlib's Figure: drawn at its own size
+            except Exception:
                 width = height = 0
             scale = min(1.0, IMAGE_MAX_SIDE / max(width, height, 1),
                         (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
@@ -5177,14 +5816,16 @@ def describe_value(value, config):
         if png and len(images) < limit:
             images.append(png)
             about.append("the last value (%s)" % type(value).__name__)
-    record["images"] = [base64.b64encode(png).decode("ascii") for png in images]   # sizes: server
+    # sizes: server
+    record["images"] = [base64.b64encode(png).decode("ascii") for png in images]
     record["about"] = about
     record["notes"] = notes
     return record
 
 
 def _fit_png(render, max_bytes, scale=1.0):
-    """render(file, scale) writes a PNG; smaller and smaller until it fits (None if never)."""
+    """render(file, scale) writes a PNG; smaller and smaller until it fits
+    (None if never)."""
     for _ in range(4):
         buffer = io.BytesIO()
         render(buffer, scale)
@@ -5196,7 +5837,8 @@ def _fit_png(render, max_bytes, scale=1.0):
 
 
 def _value_png(value, max_bytes):
-    """A value that can render itself: _repr_png_ (the IPython convention) or a PIL image."""
+    """A value that can render itself: _repr_png_ (the IPython convention) or a
+    PIL image."""
     if isinstance(value, type):
         return None
     if type(value).__module__.startswith("PIL.") and hasattr(value, "save"):
@@ -5211,19 +5853,22 @@ def _value_png(value, max_bytes):
 
 
 def apply_record(result, record):
-    """Server side: the results-pipe record into the Result. The code can forge it: only sound PNGs
-    of sane size pass (a tiny PNG may claim 100000 x 100000 pixels and exhaust client memory)."""
+    """Server side: the results-pipe record into the Result. The code can forge
+    it: only sound PNGs of sane size pass (a tiny PNG may claim 100000 x 100000
+    pixels and exhaust client memory)."""
     if isinstance(record.get("value"), str):
         result.value = record["value"]
         result.value_truncated = record.get("value_truncated") is True
         result.truncated = result.truncated or result.value_truncated
-    images, notes = record.get("images"), record.get("notes")      # forged: maybe no lists
+    # forged: maybe no lists
+    images, notes = record.get("images"), record.get("notes")
     about = record.get("about") if isinstance(record.get("about"), list) else []
     for n, data in enumerate((images if isinstance(images, list) else [])[:IMAGE_LIMIT]):
         try:
             png = base64.b64decode(data, validate=True)
             width, height = struct.unpack(">II", png[16:24])
-        except (TypeError, ValueError, struct.error):      # binascii.Error is a ValueError
+        # binascii.Error is a ValueError
+        except (TypeError, ValueError, struct.error):
             continue
         if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
             continue
@@ -5240,10 +5885,12 @@ def apply_record(result, record):
         result.note(str(note)[:300])
 
 
-# --- Files in -----------------------------------------------------------------------------
+# --- Files in
+# -----------------------------------------------------------------------------
 
 def check_files(arguments, call):
-    """The "files" argument -> call.files = [(relative path, bytes)], or the problem."""
+    """The "files" argument -> call.files = [(relative path, bytes)], or the
+    problem."""
     files = [] if arguments.get("files") is None else arguments["files"]
     if not isinstance(files, list) or len(files) > FILES_IN_MAX:
         return ('"files" must be a list of at most %d {"path": ..., "content": ...} objects'
@@ -5270,7 +5917,8 @@ def check_files(arguments, call):
         try:
             data = (base64.b64decode(entry["content"], validate=True) if encoding == "base64"
                     else entry["content"].encode("utf-8"))
-        except ValueError:          # bad base64, or a lone surrogate (UnicodeEncodeError)
+        # bad base64, or a lone surrogate (UnicodeEncodeError)
+        except ValueError:
             return "files[%d].content is not valid %s" % (
                 n, "base64" if encoding == "base64" else "UTF-8 text")
         call.files.append((path, data))
@@ -5278,12 +5926,14 @@ def check_files(arguments, call):
 
 
 def _relative_path(path):
-    """'a/./b.csv' -> 'a/b.csv'; None for what could leave the directory, is not UTF-8 (a lone
-    surrogate, a name in another encoding), is over 1024 characters or 32 directories deep."""
+    """'a/./b.csv' -> 'a/b.csv'; None for what could leave the directory, is
+    not UTF-8 (a lone surrogate, a name in another encoding), is over 1024
+    characters or 32 directories deep."""
     if not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path or "\\" in path:
         return None
     if path.startswith("/") or re.match(r"^[A-Za-z]:", path) or re.search("[\ud800-\udfff]", path):
-        return None     # a lone surrogate: the only characters that UTF-8 cannot encode
+        # a lone surrogate: the only characters that UTF-8 cannot encode
+        return None
     normal = posixpath.normpath(path)
     if normal in (".", "..") or normal.startswith("../"):
         return None
@@ -5291,8 +5941,9 @@ def _relative_path(path):
 
 
 def _directory_inside(root, path, create=False):
-    """-> (fd of the directory holding root/path, last name), reached with O_NOFOLLOW at every
-    step: code may have planted links, and nothing outside root is touched. Close the fd."""
+    """-> (fd of the directory holding root/path, last name), reached with
+    O_NOFOLLOW at every step: code may have planted links, and nothing outside
+    root is touched. Close the fd."""
     parts = path.split("/")
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -5311,8 +5962,9 @@ def _directory_inside(root, path, create=False):
 
 
 def _same_owner(parent_fd, name):
-    """A file the server (root) writes into a call's directory belongs to the directory's owner:
-    a kernel with a uid of its own (section 7) may then change, or delete, what it was given."""
+    """A file the server (root) writes into a call's directory belongs to the
+    directory's owner: a kernel with a uid of its own (section 7) may then
+    change, or delete, what it was given."""
     if os.geteuid() == 0:
         owner = os.fstat(parent_fd)
         if owner.st_uid:
@@ -5320,7 +5972,8 @@ def _same_owner(parent_fd, name):
 
 
 def _open_inside(root, path, flags):
-    """Open root/path, a regular file (a FIFO or device could block), following no link -> fd."""
+    """Open root/path, a regular file (a FIFO or device could block), following
+    no link -> fd."""
     parent, name = _directory_inside(root, path, create=bool(flags & os.O_CREAT))
     try:
         fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=parent)
@@ -5336,7 +5989,8 @@ def _open_inside(root, path, flags):
 
 
 def write_input_files(work, files):
-    """Write the "files" argument into the working directory -> None, or what went wrong."""
+    """Write the "files" argument into the working directory -> None, or what
+    went wrong."""
     for path, data in files:
         try:
             fd = _open_inside(work, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -5347,10 +6001,12 @@ def write_input_files(work, files):
     return None
 
 
-# --- Files out ----------------------------------------------------------------------------
+# --- Files out
+# ----------------------------------------------------------------------------
 
 def snapshot_files(work):
-    """{relative path: (kind, size, mtime, inode)} of the files and links in a directory."""
+    """{relative path: (kind, size, mtime, inode)} of the files and links in a
+    directory."""
     return {rel: ("link" if stat.S_ISLNK(info.st_mode) else "file", info.st_size, info.st_mtime_ns,
                   info.st_ino)
             for rel, info in walk_tree(work, 10000)
@@ -5358,8 +6014,9 @@ def snapshot_files(work):
 
 
 def collect_files(result, work, before, session, move=True):
-    """Files the code created or changed in `work` -> result.files and content blocks. All are
-    listed; regular files up to FILE_KEEP_MAX are kept for resources/read, small ones embedded."""
+    """Files the code created or changed in `work` -> result.files and content
+    blocks. All are listed; regular files up to FILE_KEEP_MAX are kept for
+    resources/read, small ones embedded."""
     after = snapshot_files(work)
     changed = sorted(rel for rel, info in after.items() if before.get(rel) != info)
     inline = 0
@@ -5381,7 +6038,8 @@ def collect_files(result, work, before, session, move=True):
         if not OUTPUTS.make_room(size, session.owner, token):
             entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
             continue
-        uri = OUTPUTS.keep(token, work, rel, move, session)   # moved if `work` is about to go
+        # moved if `work` is about to go
+        uri = OUTPUTS.keep(token, work, rel, move, session)
         if uri is None:
             entry["note"] = "could not be read (not a regular file any more)"
             continue
@@ -5391,7 +6049,9 @@ def collect_files(result, work, before, session, move=True):
             inline += len(data)
             result.blocks.append((None, {"type": "resource", "resource": resource_contents(
                 uri, entry["mimeType"], data)}))
-        else:  # ResourceLink content arrived in 2025-06-18; before it, the list in the text is all
+        # ResourceLink content arrived in 2025-06-18; before it, the list in
+        # the text is all
+        else:
             result.blocks.append(("resource_links", {"type": "resource_link", "uri": uri,
                                                      "name": rel, "mimeType": entry["mimeType"],
                                                      "size": size}))
@@ -5401,7 +6061,8 @@ def collect_files(result, work, before, session, move=True):
 
 
 def resource_contents(uri, mime_type, data):
-    """TextResourceContents for UTF-8 text, else BlobResourceContents (base64)."""
+    """TextResourceContents for UTF-8 text, else BlobResourceContents
+    (base64)."""
     if b"\0" not in data:
         with contextlib.suppress(UnicodeDecodeError):
             return {"uri": uri, "mimeType": mime_type, "text": data.decode("utf-8")}
@@ -5409,21 +6070,26 @@ def resource_contents(uri, mime_type, data):
 
 
 class OutputStore:
-    """Files the code wrote, kept for resources/read in STATE_DIR/outputs/<token>/<path> under an
-    unguessable URI, mcp-exec://output/<token>/<path>, for OUTPUT_TTL seconds, OUTPUT_STORE_MB at
-    most: the oldest calls' files make room, never another client's younger than OUTPUT_MIN_AGE."""
+    """Files the code wrote, kept for resources/read in
+    STATE_DIR/outputs/<token>/<path> under an unguessable URI,
+    mcp-exec://output/<token>/<path>, for OUTPUT_TTL seconds, OUTPUT_STORE_MB
+    at most: the oldest calls' files make room, never another client's younger
+    than OUTPUT_MIN_AGE."""
 
     PREFIX = "mcp-exec://output/"
 
     def __init__(self, root):
         self.root, self.lock, self.swept = root, threading.Lock(), 0.0
-        self.calls = {}          # token -> [created, bytes, owner], oldest first
-        self.capacity = OUTPUT_STORE_MB << 20    # bytes; several instances share it (section 14)
+        # token -> [created, bytes, owner], oldest first
+        self.calls = {}
+        # bytes; several instances share it (section 14)
+        self.capacity = OUTPUT_STORE_MB << 20
 
     def keep(self, token, work, rel, move, session):
-        """Keep work/rel (moved, or copied from a kernel's directory) -> its URI, or None. The
-        file is `session`'s alone if it has an identity (stdio, an HTTP+SSE stream, a
-        Streamable HTTP session); a stateless request's file is read by whoever has its URI."""
+        """Keep work/rel (moved, or copied from a kernel's directory) -> its
+        URI, or None. The file is `session`'s alone if it has an identity
+        (stdio, an HTTP+SSE stream, a Streamable HTTP session); a stateless
+        request's file is read by whoever has its URI."""
         target = os.path.join(self.root, token, *rel.split("/"))
         try:
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -5436,7 +6102,8 @@ class OutputStore:
             else:
                 with os.fdopen(_open_inside(work, rel, os.O_RDONLY), "rb") as src, \
                         open(target, "wb") as dst:
-                    dst.write(src.read(FILE_KEEP_MAX + 1))     # the file may have grown meanwhile
+                    # the file may have grown meanwhile
+                    dst.write(src.read(FILE_KEEP_MAX + 1))
             size = os.path.getsize(target)
         except OSError:
             return None
@@ -5446,8 +6113,9 @@ class OutputStore:
         return self.PREFIX + token + "/" + quote(rel)
 
     def make_room(self, size, owner, token):
-        """Evict what must go so that `size` more bytes fit -> False if they cannot. Never
-        the call being stored (`token`): its earlier files are in its result already."""
+        """Evict what must go so that `size` more bytes fit -> False if they
+        cannot. Never the call being stored (`token`): its earlier files are in
+        its result already."""
         self.expire()
         now, doomed = time.time(), []
         with self.lock:
@@ -5464,12 +6132,14 @@ class OutputStore:
         return total + size <= self.capacity
 
     def read(self, uri, reader=None):
-        """The bytes behind a URI (a string), or None if it expired, never existed, or is
-        another session's: `reader` is the owner of the session asking (None: the server)."""
+        """The bytes behind a URI (a string), or None if it expired, never
+        existed, or is another session's: `reader` is the owner of the session
+        asking (None: the server)."""
         self.expire()
         token, _, rel = uri[len(self.PREFIX):].partition("/")
         rel = _relative_path(unquote(rel))
-        # A token the store made starts with a letter or digit: never "." or "..", no climbing out.
+        # A token the store made starts with a letter or digit: never "." or
+        # "..", no climbing out.
         known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
         with self.lock:
             entry = self.calls.get(token)
@@ -5484,7 +6154,8 @@ class OutputStore:
             return None
 
     def live(self, owner):
-        """Yields (uri, name, size) of every file kept for `owner`'s calls, newest first."""
+        """Yields (uri, name, size) of every file kept for `owner`'s calls,
+        newest first."""
         self.expire()
         with self.lock:
             tokens = [token for token, entry in self.calls.items() if entry[2] == owner]
@@ -5495,7 +6166,8 @@ class OutputStore:
     def expire(self):
         """Forget what is older than OUTPUT_TTL."""
         now = time.time()
-        if now - self.swept > 60:              # also what servers gone before us left on disk
+        # also what servers gone before us left on disk
+        if now - self.swept > 60:
             self.swept = now
             for token in os.listdir(self.root) if os.path.isdir(self.root) else []:
                 with contextlib.suppress(OSError):
@@ -5513,11 +6185,13 @@ def handle_resources_read(request):
     uri = request.params.get("uri")
     if not isinstance(uri, str):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "uri" (a string) is required')
-    # Over stdio the client is the machine's user, who may read the store on disk anyway: so a
-    # file of an earlier stdio server (an earlier `client` run) is read too, not only its own.
+    # Over stdio the client is the machine's user, who may read the store on
+    # disk anyway: so a file of an earlier stdio server (an earlier `client`
+    # run) is read too, not only its own.
     local = request.session.local
     data = OUTPUTS.read(uri, None if local else request.session.owner)
-    if data is None:   # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
+    # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
+    if data is None:
         message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri) or (
             "%s expired (files are kept %g s, OUTPUT_TTL) or never existed%s; run the code again "
             "to make it" % (uri, OUTPUT_TTL, "" if local else ", or is another MCP session's (a "
@@ -5529,8 +6203,9 @@ def handle_resources_read(request):
 
 
 def handle_resources_list(request):
-    """This MCP session's calls' files. Other sessions' are readable by exact URI (an unguessable
-    capability), never listed; a stateless request, a session of its own, lists none."""
+    """This MCP session's calls' files. Other sessions' are readable by exact
+    URI (an unguessable capability), never listed; a stateless request, a
+    session of its own, lists none."""
     refuse_cursor(request)
     return {"resources": [
         {"uri": uri, "name": name, "size": size,
@@ -5546,15 +6221,17 @@ FILES_NOTE = ("A last expression's repr() comes back as \"value\" (a notebook's 
 
 
 def write_inputs(work, call):
-    """The "inputs" hook: the "files" argument into the working directory, and a snapshot of
-    what is there before the code runs -> None, or what went wrong."""
+    """The "inputs" hook: the "files" argument into the working directory, and
+    a snapshot of what is there before the code runs -> None, or what went
+    wrong."""
     problem = write_input_files(work, call.files)
     call.before = snapshot_files(work) if call.files else {}
     return problem
 
 
 def take_outputs(result, work, call, session):
-    """The "outputs" hook: what the code made or changed goes into the result."""
+    """The "outputs" hook: what the code made or changed goes into the
+    result."""
     collect_files(result, work, call.before, session)
 
 
@@ -5564,18 +6241,21 @@ def value_limits(config, environ, directory, local):
                   image_max_bytes=IMAGE_MAX_BYTES)
 
 
-# --- Shapes: what each host hands its model --------------------------------------------
-# Hosts that see structuredContent hand the model only it (Claude Code 2.1, Codex): so it holds
-# everything. But Codex then drops the images too; without it, Codex keeps the content, only if
-# every block is text or an image (codex-rs/protocol/src/models.rs, from_call_tool_result). So
-# Codex gets the "text" shape: no outputSchema, no structuredContent, the JSON as text, images.
+# --- Shapes: what each host hands its model
+# -------------------------------------------- Hosts that see structuredContent
+# hand the model only it (Claude Code 2.1, Codex): so it holds everything. But
+# Codex then drops the images too; without it, Codex keeps the content, only if
+# every block is text or an image (codex-rs/protocol/src/models.rs,
+# from_call_tool_result). So Codex gets the "text" shape: no outputSchema, no
+# structuredContent, the JSON as text, images.
 
 ORIGINAL_SCHEMA = {"type": "object", "required": ["result"], "properties": {"result": {}}}
 
 
 def result_shape(request):
-    """RESULT_SHAPE, or for auto, by the client's name: at initialize, or in a 2026-07-28
-    request's _meta. Codex says "codex-mcp-client" (earlier "codex")."""
+    """RESULT_SHAPE, or for auto, by the client's name: at initialize, or in a
+    2026-07-28 request's _meta. Codex says "codex-mcp-client" (earlier
+    "codex")."""
     meta = request.params.get("_meta") if request.modern else None
     client = meta.get(META_CLIENT) if isinstance(meta, dict) else None
     name = client.get("name") if isinstance(client, dict) else request.session.client_name
@@ -5584,13 +6264,15 @@ def result_shape(request):
 
 
 def shape_result(request, result):
-    """The "decorate" hook: the tool list and results in the shape of the request's client."""
+    """The "decorate" hook: the tool list and results in the shape of the
+    request's client."""
     shape = result_shape(request)
     for tool in result.get("tools", []) if shape != "structured" else ():
         if tool.pop("outputSchema", None) and shape == "original":
             tool["outputSchema"] = ORIGINAL_SCHEMA
         result.update({"cacheScope": "private"} if "cacheScope" in result else {})
-    if "content" in result and shape == "text":   # a file's link and data: in "files" already
+    # a file's link and data: in "files" already
+    if "content" in result and shape == "text":
         result.pop("structuredContent", None)
         result["content"] = [as_text(block) for block in result["content"]
                              if block["type"] in ("text", "image")
@@ -5600,17 +6282,20 @@ def shape_result(request, result):
 
 
 def as_text(block):
-    """A content block as Codex keeps it: an embedded text file becomes text."""
+    """A content block as Codex keeps it: an embedded text file becomes
+    text."""
     resource = block.get("resource") if block["type"] == "resource" else None
     return {"type": "text", "text": "%s:\n%s" % (resource["uri"], resource["text"])} \
         if resource else block
 
 
 def as_original(result):
-    """heroku/mcp-code-exec-python's result (FastMCP returning a dict): outputs stripped, the
-    object as indented JSON text and as {"result": ...}; isError only for bad arguments; a
-    timeout is returncode -2 with "Error: Execution timed out"."""
-    with contextlib.suppress(ValueError, KeyError, IndexError, AttributeError):   # bad arguments
+    """heroku/mcp-code-exec-python's result (FastMCP returning a dict): outputs
+    stripped, the object as indented JSON text and as {"result": ...}; isError
+    only for bad arguments; a timeout is returncode -2 with "Error: Execution
+    timed out"."""
+    # bad arguments
+    with contextlib.suppress(ValueError, KeyError, IndexError, AttributeError):
         obj = json.loads(result["content"][0]["text"])
         obj.update(stdout=obj["stdout"].strip(), stderr=obj["stderr"].strip())
         if obj.get("timed_out"):
@@ -5665,21 +6350,23 @@ register_method("resources/list", handle_resources_list)
 # =============================================================================
 # 10. Kernels: state that lives across calls, when the model asks for it
 # =============================================================================
-# The tool's "session": "new" starts a kernel (a long-lived interpreter with its own directory) and
-# the result names its handle; passing it runs code there, where globals, imports and files
-# persist. 2026-07-28 recommends this shape over protocol-level sessions (server/tools.mdx,
-# Stateful Tools): a server-minted handle in an ordinary argument, an unknown or expired one a tool
-# error, valid only in its server process. (The name stays for compatibility; elsewhere "session"
-# is the MCP session.) A timeout or cancel interrupts the code (KeyboardInterrupt, as in
-# Jupyter), keeping the state.
+# The tool's "session": "new" starts a kernel (a long-lived interpreter with
+# its own directory) and the result names its handle; passing it runs code
+# there, where globals, imports and files persist. 2026-07-28 recommends this
+# shape over protocol-level sessions (server/tools.mdx, Stateful Tools): a
+# server-minted handle in an ordinary argument, an unknown or expired one a
+# tool error, valid only in its server process. (The name stays for
+# compatibility; elsewhere "session" is the MCP session.) A timeout or cancel
+# interrupts the code (KeyboardInterrupt, as in Jupyter), keeping the state.
 
-KERNEL_QUEUE = 8              # calls that may wait for their kernel; more are refused
+# calls that may wait for their kernel; more are refused
+KERNEL_QUEUE = 8
 
 
 class Kernel(Child):
-    """One kernel: its interpreter (a child in "kernel" mode), directory and environment, and the
-    MCP session that started it (`session`, whose `owner` it keeps). To supervise() it is the
-    Child of the call it runs."""
+    """One kernel: its interpreter (a child in "kernel" mode), directory and
+    environment, and the MCP session that started it (`session`, whose `owner`
+    it keeps). To supervise() it is the Child of the call it runs."""
 
     def __init__(self, handle, env, directory, child, control, session):
         self.handle = handle
@@ -5690,17 +6377,21 @@ class Kernel(Child):
         self.session = session
         self.owner = session.owner
         self.pid = child.pid
-        self.pipes = child.pipes                 # the first call's; a later call sends its own
+        # the first call's; a later call sends its own
+        self.pipes = child.pipes
         self.last_used = time.monotonic()
-        self.turns = CallSlots(1, KERNEL_QUEUE)   # one call at a time, in arrival order
-        self.turns.enqueue()                      # the first call's: not idle while it runs
+        # one call at a time, in arrival order
+        self.turns = CallSlots(1, KERNEL_QUEUE)
+        # the first call's: not idle while it runs
+        self.turns.enqueue()
         self.ended = False
-        # Its totals hold for its whole life, between calls too (a thread it left running).
+        # Its totals hold for its whole life, between calls too (a thread it
+        # left running).
         self.watch = MONITOR.watch(child.pid, directory.root, functools.partial(KERNELS.end, self))
 
     def enter(self, cancel, turn):
-        """Wait for the turn (`turn`: the place line_up took on arrival, or "none yet") -> None,
-        or a refusal Result (no turn held)."""
+        """Wait for the turn (`turn`: the place line_up took on arrival, or
+        "none yet") -> None, or a refusal Result (no turn held)."""
         turn = self.turns.enqueue() if turn == "none yet" else turn
         if turn is None:
             return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
@@ -5713,12 +6404,15 @@ class Kernel(Child):
         self.turns.release()
 
     def run(self, call, cancel, on_output):
-        """Run a call's code -> Result (a first call's packages, files and pipes came with the
-        kernel; a later call's packages are fixed if isolated, else added to the workspace)."""
-        before = call.before                  # a first call's snapshot of its directory
+        """Run a call's code -> Result (a first call's packages, files and
+        pipes came with the kernel; a later call's packages are fixed if
+        isolated, else added to the workspace)."""
+        # a first call's snapshot of its directory
+        before = call.before
         packages = call.packages
         if before is None:
-            if packages and self.env.isolated and packages != self.env.packages:    # both sorted
+            # both sorted
+            if packages and self.env.isolated and packages != self.env.packages:
                 return Result.refusal(
                     "This session runs in an isolated environment with %s; its packages cannot "
                     "change. Start a new session with the packages you need."
@@ -5740,41 +6434,49 @@ class Kernel(Child):
                 return Result.refusal("The session's interpreter is gone.")
             self.pipes.close_child_ends()
         result = supervise(self, call.code.encode("utf-8", "surrogatepass"), call.timeout,
-                           cancel, on_output)       # an interpreter that died ends its kernel
+                           # an interpreter that died ends its kernel
+                           cancel, on_output)
         if not self.ended:
             collect_files(result, self.directory.work, before, self.session, move=False)
         return result
 
     def call_over(self, reading):
-        return "results" not in reading   # over when the results came: no exit_code() or wait()
+        # over when the results came: no exit_code() or wait()
+        return "results" not in reading
 
     def interrupt(self):
-        _signal(self.pid, signal.SIGINT)       # KeyboardInterrupt in the code; the state stays
+        # KeyboardInterrupt in the code; the state stays
+        _signal(self.pid, signal.SIGINT)
         return True
 
     def status(self, record):
         return record.get("status")
 
     def needs_kill(self, record):
-        return "status" not in record          # it closed its results without a word: it is broken
+        # it closed its results without a word: it is broken
+        return "status" not in record
 
     def kill(self):
-        KERNELS.end(self)                      # the code would not stop: the kernel dies
+        # the code would not stop: the kernel dies
+        KERNELS.end(self)
 
 
 class Kernels:
-    """The live kernels of this server process, at most SESSION_LIMIT, and over HTTP at most
-    half of them (rounded up) for one MCP session, and half for all sessionless requests
-    together (share_of()); idle ones end after SESSION_IDLE seconds, whoever made them."""
+    """The live kernels of this server process, at most SESSION_LIMIT, and over
+    HTTP at most half of them (rounded up) for one MCP session, and half for
+    all sessionless requests together (share_of()); idle ones end after
+    SESSION_IDLE seconds, whoever made them."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.live = {}
-        self.reasons = {}         # handle -> why it was ended, for its next call
+        # handle -> why it was ended, for its next call
+        self.reasons = {}
         self.reaper = threading.Thread(target=self._reap_idle, daemon=True)
 
     def start(self, call, session, cancel, on_output):
-        """A "session": "new" call -> (kernel, None), or (None, the Result that ends the call)."""
+        """A "session": "new" call -> (kernel, None), or (None, the Result that
+        ends the call)."""
         with self.lock:
             share = share_of(session)
             mine = sum(1 for k in self.live.values() if k and share_of(k.session) == share)
@@ -5785,8 +6487,10 @@ class Kernels:
                     "sessionless requests, may hold half). End one with \"end_session\": "
                     "true, reuse one, or call without \"session\"." % len(self.live))
             handle = new_handle("s")
-            self.live[handle] = None                  # reserved while it starts
-        with contextlib.ExitStack() as undo:       # until it has started, nothing of it may stay
+            # reserved while it starts
+            self.live[handle] = None
+        # until it has started, nothing of it may stay
+        with contextlib.ExitStack() as undo:
             undo.callback(self._unreserve, handle)
             env = undo.enter_context(
                 Environment(call.packages, call.use_temp_dir, cancel, on_output))
@@ -5808,7 +6512,8 @@ class Kernels:
             self.live[handle] = kernel
             if not self.reaper.is_alive():       # the first kernel starts it
                 self.reaper.start()
-        call.before = before          # its first call: run_in_kernel runs it, holding its turn
+        # its first call: run_in_kernel runs it, holding its turn
+        call.before = before
         return kernel, None
 
     def _unreserve(self, handle):
@@ -5817,15 +6522,18 @@ class Kernels:
 
     def get(self, handle):
         with self.lock:
-            return self.live.get(handle)      # an ended kernel has left it, a starting one is None
+            # an ended kernel has left it, a starting one is None
+            return self.live.get(handle)
 
     def line_up(self, call):
-        """Queue the call at its kernel in arrival order, before it moves to its job's thread."""
+        """Queue the call at its kernel in arrival order, before it moves to
+        its job's thread."""
         kernel = self.get(call.session or "")
         call.turn = kernel.turns.enqueue() if kernel else "none yet"
 
     def end(self, kernel, reason=None):
-        """End a kernel: its processes die, its directory goes; its next call is told `reason`."""
+        """End a kernel: its processes die, its directory goes; its next call
+        is told `reason`."""
         with self.lock:
             if kernel.ended:
                 return
@@ -5837,13 +6545,16 @@ class Kernels:
                     self.reasons.pop(next(iter(self.reasons)))
         MONITOR.unwatch(kernel.watch)
         with contextlib.suppress(OSError):
-            kernel.control.close()       # the interpreter sees EOF and exits ...
-        kernel.child.kill()              # ... and whatever it left is killed
+            # the interpreter sees EOF and exits ...
+            kernel.control.close()
+        # ... and whatever it left is killed
+        kernel.child.kill()
         kernel.directory.remove()
         kernel.env.__exit__()
 
     def _reap_idle(self):
-        while True:                   # for the server's life: an error is logged, not fatal
+        # for the server's life: an error is logged, not fatal
+        while True:
             time.sleep(min(10.0, max(0.2, SESSION_IDLE / 4)))
             now = time.monotonic()
             try:
@@ -5852,7 +6563,8 @@ class Kernels:
                 log("error while ending idle kernels:\n%s" % traceback.format_exc())
 
     def close(self, which=lambda kernel: True, reason=None):
-        """End every live kernel, or those which(kernel) picks (their next call hears why)."""
+        """End every live kernel, or those which(kernel) picks (their next call
+        hears why)."""
         with self.lock:
             kernels = [k for k in self.live.values() if k and which(k)]
         for kernel in kernels:
@@ -5864,14 +6576,16 @@ class Kernels:
             return {kernel.owner for kernel in self.live.values() if kernel}
 
     def end_session(self, session):
-        """The "session_ended" hook: an MCP session's kernels end with it, and free their
-        places (SESSION_LIMIT): its next session starts from none."""
+        """The "session_ended" hook: an MCP session's kernels end with it, and
+        free their places (SESSION_LIMIT): its next session starts from
+        none."""
         self.close(lambda kernel: kernel.owner == session.owner,
                    "the MCP session that started it ended.")
 
 
 def run_in_kernel(call, session, cancel, on_output):
-    """A call with "session": start a kernel ("new") or use one -> Result naming it."""
+    """A call with "session": start a kernel ("new") or use one -> Result
+    naming it."""
     handle = call.session
     new = handle == "new"
     kernel = None if new else KERNELS.get(handle)
@@ -5902,7 +6616,8 @@ def run_in_kernel(call, session, cancel, on_output):
         if kernel is not None:
             kernel.leave()
     result.session = kernel.handle
-    if (call.end_session or (new and result.cancelled)) and not kernel.ended:  # no handle
+    # no handle
+    if (call.end_session or (new and result.cancelled)) and not kernel.ended:
         KERNELS.end(kernel)
     elif kernel.ended:
         result.note("The session %s ended (its code did not stop within %g s of the interrupt, "
@@ -5913,21 +6628,26 @@ def run_in_kernel(call, session, cancel, on_output):
 
 
 def serve_kernel(config, fresh_modules):
-    """Kernel mode (in the child): run each call's code in one __main__ till the control socket
-    closes. The first call's pipes are stdio, later ones come over it; between calls, /dev/null."""
+    """Kernel mode (in the child): run each call's code in one __main__ till
+    the control socket closes. The first call's pipes are stdio, later ones
+    come over it; between calls, /dev/null."""
     results = config["results_fd"]
     control = socket.socket(fileno=config["extra_fds"][0])
-    signal.signal(signal.SIGINT, signal.default_int_handler)     # the server's interrupt
+    # the server's interrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     namespace = fresh_main()
     while True:
-        with contextlib.suppress(KeyboardInterrupt):    # one that came late: the results went out
-            importlib.invalidate_caches()     # packages installed since the last call are found
+        # one that came late: the results went out
+        with contextlib.suppress(KeyboardInterrupt):
+            # packages installed since the last call are found
+            importlib.invalidate_caches()
             status, value = run_cell(sys.stdin.buffer.read(), namespace)
             child_report(results, config, status, value)
         use_as_stdio([os.open(os.devnull, os.O_RDWR) for _ in range(3)])
         data = None
         while data is None:
-            with contextlib.suppress(KeyboardInterrupt):      # between calls: ignored
+            # between calls: ignored
+            with contextlib.suppress(KeyboardInterrupt):
                 data, fds, _, _ = socket.recv_fds(control, 64, 8)
         if not data:
             sys.exit(0)
@@ -5936,8 +6656,8 @@ def serve_kernel(config, fresh_modules):
 
 
 def check_kernel(arguments, call):
-    """The "session" and "end_session" arguments -> call.session, call.end_session, or the
-    problem."""
+    """The "session" and "end_session" arguments -> call.session,
+    call.end_session, or the problem."""
     kernel, end = arguments.get("session"), arguments.get("end_session", False)
     handle_like = isinstance(kernel, str) and (kernel == "new" or kernel.startswith("s-"))
     if kernel is not None and not handle_like:
@@ -5953,8 +6673,8 @@ def check_kernel(arguments, call):
 
 
 def run_call_or_kernel(call, session, cancel, on_output):
-    """The "run" step with kernels: a call with "session" runs in its kernel, any other as the
-    core runs it."""
+    """The "run" step with kernels: a call with "session" runs in its kernel,
+    any other as the core runs it."""
     if call.session:
         return run_in_kernel(call, session, cancel, on_output)
     return run_stateless(call, session, cancel, on_output)
@@ -5991,19 +6711,21 @@ register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, argume
 # =============================================================================
 # 11. The 2026-07-28 era: stateless requests
 # =============================================================================
-# No initialize: each request carries its version and the client's capabilities in params._meta and
-# is answered on its own (2026-07-28 basic/versioning.mdx); a client that opens with initialize
-# still gets the handshake. This era's methods: the core's, less initialize, plus server/discover.
+# No initialize: each request carries its version and the client's capabilities
+# in params._meta and is answered on its own (2026-07-28 basic/versioning.mdx);
+# a client that opens with initialize still gets the handshake. This era's
+# methods: the core's, less initialize, plus server/discover.
 
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_CLIENT = "io.modelcontextprotocol/clientInfo"
 META_SERVER = "io.modelcontextprotocol/serverInfo"
-# MCP's error codes (2026-07-28 basic/index.mdx, Error Codes); -32021: tasks not declared.
-# UNSUPPORTED_VERSION (-32022) is the core's (section 2).
+# MCP's error codes (2026-07-28 basic/index.mdx, Error Codes); -32021: tasks
+# not declared. UNSUPPORTED_VERSION (-32022) is the core's (section 2).
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
-# How long a result may be cached, and by whom (2026-07-28 server/utilities/caching.mdx):
-# the tool list and discovery never change while we run; files are private and fleeting.
+# How long a result may be cached, and by whom (2026-07-28
+# server/utilities/caching.mdx): the tool list and discovery never change while
+# we run; files are private and fleeting.
 CACHING = {"tools/list": (3600 * 1000, "public"), "server/discover": (3600 * 1000, "public"),
            "resources/read": (0, "private"), "resources/list": (0, "private")}
 
@@ -6017,21 +6739,24 @@ def is_modern_request(method, params):
 
 
 class ModernRequest(Request):
-    """A 2026-07-28 request, served statelessly. Its result is marked: its type, who answered
-    (basic/index.mdx, _meta), and how long it may be cached where that is required."""
+    """A 2026-07-28 request, served statelessly. Its result is marked: its
+    type, who answered (basic/index.mdx, _meta), and how long it may be cached
+    where that is required."""
     modern = True
 
     def decorate(self, result):
-        result.setdefault("resultType", "complete")          # a task says "task" (section 12)
+        # a task says "task" (section 12)
+        result.setdefault("resultType", "complete")
         result.setdefault("_meta", {})[META_SERVER] = server_info(self.version)
         if self.method in CACHING:
             result["ttlMs"], result["cacheScope"] = CACHING[self.method]
-        super().decorate(result)       # the hooks last: a list shaped for one client is private
+        # the hooks last: a list shaped for one client is private
+        super().decorate(result)
 
 
 def modern_request(request_id, method, params, session, notify):
-    """-> a ModernRequest, or None for a request of the handshake era (or on a transport of
-    that era alone: HTTP+SSE)."""
+    """-> a ModernRequest, or None for a request of the handshake era (or on a
+    transport of that era alone: HTTP+SSE)."""
     if not (session.modern and is_modern_request(method, params)):
         return None
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
@@ -6050,33 +6775,40 @@ def modern_request(request_id, method, params, session, notify):
 
 
 def handle_discover(request):
-    """server/discover (2026-07-28 server/discover.mdx): versions, capabilities, identity."""
+    """server/discover (2026-07-28 server/discover.mdx): versions,
+    capabilities, identity."""
     return {"supportedVersions": list(SUPPORTED_VERSIONS),
             "capabilities": server_capabilities(request.version),
             "instructions": instructions(request.session)}
 
 
 def declares_extension(request, name):
-    """Did this request's own _meta declare a client extension (basic/versioning.mdx)?"""
+    """Did this request's own _meta declare a client extension
+    (basic/versioning.mdx)?"""
     capabilities = request.params["_meta"].get(META_CAPABILITIES) if request.modern else None
     extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
     return isinstance(extensions, dict) and name in extensions
 
 
-# --- Over HTTP: a request stands alone, and its headers mirror its body ------------------
+# --- Over HTTP: a request stands alone, and its headers mirror its body
+# ------------------
 
 def modern_http_post(server, payload, headers, client_disconnected):
-    """The "http_post" hook: a 2026-07-28 POST /mcp -> its reply, or None (not of this era).
-    Its headers must mirror the body, and no session exists (streamable-http.mdx)."""
+    """The "http_post" hook: a 2026-07-28 POST /mcp -> its reply, or None (not
+    of this era). Its headers must mirror the body, and no session exists
+    (streamable-http.mdx)."""
     first = payload if isinstance(payload, dict) else {}
-    header_version = headers.get("MCP-Protocol-Version")     # mcp_post checked it is ours
+    # mcp_post checked it is ours
+    header_version = headers.get("MCP-Protocol-Version")
     params = first.get("params") if isinstance(first.get("params"), dict) else {}
     if not (header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params)):
         return None
     session = HttpSession(server.allow_exec)
-    if not isinstance(payload, dict):           # 2026-07-28 has no batches (basic/index.mdx)
+    # 2026-07-28 has no batches (basic/index.mdx)
+    if not isinstance(payload, dict):
         return json_reply(no_batches(MODERN_VERSIONS[0]), 400)
-    if "id" in payload and "method" in payload:      # a request (mcp_post checked the id)
+    # a request (mcp_post checked the id)
+    if "id" in payload and "method" in payload:
         problem = header_mismatch(payload, headers)
         if problem:
             return json_reply(error_response(payload["id"], HEADER_MISMATCH,
@@ -6084,26 +6816,28 @@ def modern_http_post(server, payload, headers, client_disconnected):
     request = parse_request(payload, session)
     if request is None:
         return text_reply(202)
-    if not isinstance(request, Request):     # validated once, here, so errors get their status
+    # validated once, here, so errors get their status
+    if not isinstance(request, Request):
         status = 404 if request["error"]["code"] == METHOD_NOT_FOUND else 400
         return json_reply(request, status)
     return server.answer(request, headers.get("Accept", ""), client_disconnected)
 
 
 def _header_value(value):
-    """Decode the =?base64?...?= sentinel of Mcp-Name (2026-07-28 streamable-http.mdx, Value
-    Encoding)."""
+    """Decode the =?base64?...?= sentinel of Mcp-Name (2026-07-28
+    streamable-http.mdx, Value Encoding)."""
     if value is not None and value.startswith("=?base64?") and value.endswith("?="):
         try:
             return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
-        except ValueError:          # not base64 (binascii.Error, non-ASCII), or not UTF-8
+        # not base64 (binascii.Error, non-ASCII), or not UTF-8
+        except ValueError:
             return None
     return value
 
 
 def header_mismatch(message, headers):
-    """What is wrong with a modern request's mirrored headers, or None (2026-07-28
-    streamable-http.mdx, Server Validation)."""
+    """What is wrong with a modern request's mirrored headers, or None
+    (2026-07-28 streamable-http.mdx, Server Validation)."""
     params = message.get("params") if isinstance(message.get("params"), dict) else {}
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
     checks = [("MCP-Protocol-Version", headers.get("MCP-Protocol-Version"),
@@ -6127,11 +6861,13 @@ register_hook("http_post", modern_http_post)
 # =============================================================================
 # 12. Jobs and tasks: progress, and runs that outlive their request
 # =============================================================================
-# A job is a run owned by the server, not its request. Every tools/call runs as one, awaited at
-# most CALL_WAIT seconds: one done in time answers as an ordinary call; one that does not, with
-# its handle and output so far ("status": "running"), and goes on. Its code runs on the thread
-# that handles its request where another thread may answer (stdio, HTTP+SSE: dispatch()), else
-# on a thread of its own (a POST's thread holds its response). Three faces:
+# A job is a run owned by the server, not its request. Every tools/call runs as
+# one, awaited at most CALL_WAIT seconds: one done in time answers as an
+# ordinary call; one that does not, with its handle and output so far
+# ("status": "running"), and goes on. Its code runs on the thread that handles
+# its request where another thread may answer (stdio, HTTP+SSE: dispatch()),
+# else on a thread of its own (a POST's thread holds its response). Three
+# faces:
 #   - the handle, which any model can poll in any host: code_exec_job's {"job": "j-..."} (or,
 #     as before, code_exec_python's) waits up to CALL_WAIT again and returns only the output
 #     that is new since the last answer;
@@ -6139,14 +6875,17 @@ register_hook("http_post", modern_http_post)
 #     once with the task; tasks/get, tasks/result, tasks/list and tasks/cancel;
 #   - the 2026-07-28 extension io.modelcontextprotocol/tasks: a request that declares it
 #     may get a task instead of a result after TASK_WAIT; tasks/get has the result inline.
-# A job keeps running when its request, stream or MCP session goes away; any session may
-# poll it (one API key is one principal), but tasks/list shows a session only its own.
+# A job keeps running when its request, stream or MCP session goes away; any
+# session may poll it (one API key is one principal), but tasks/list shows a
+# session only its own.
 
-# --- Progress (basic/utilities/progress.mdx) --------------------------------------------
+# --- Progress (basic/utilities/progress.mdx)
+# --------------------------------------------
 
 class LatestLine:
-    """A stream's latest full, non-blank line, for progress. Output comes in pieces, so a partial
-    line counts until a full one came (`print("tick", 2)` is several writes under `python -u`)."""
+    """A stream's latest full, non-blank line, for progress. Output comes in
+    pieces, so a partial line counts until a full one came (`print("tick", 2)`
+    is several writes under `python -u`)."""
 
     def __init__(self):
         self.partial, self.line = b"", ""
@@ -6163,9 +6902,11 @@ class LatestLine:
 
 
 class Progress:
-    """notifications/progress, if a request set _meta.progressToken: sent by wait_for_job every
-    PROGRESS_INTERVAL s, sooner (at most every PROGRESS_MIN_GAP) on a new line. `progress`: seconds
-    elapsed, strictly increasing; `message` (2025-03-26+): the latest output or installer line."""
+    """notifications/progress, if a request set _meta.progressToken: sent by
+    wait_for_job every PROGRESS_INTERVAL s, sooner (at most every
+    PROGRESS_MIN_GAP) on a new line. `progress`: seconds elapsed, strictly
+    increasing; `message` (2025-03-26+): the latest output or installer
+    line."""
 
     def __init__(self, request):
         meta = request.params.get("_meta")
@@ -6178,7 +6919,8 @@ class Progress:
         self.latest = {"stdout": LatestLine(), "stderr": LatestLine(), "install": LatestLine()}
 
     def output(self, stream, chunk):
-        """What the code (stream: stdout, stderr) or the installer ("install") wrote."""
+        """What the code (stream: stdout, stderr) or the installer ("install")
+        wrote."""
         line = self.latest[stream].feed(chunk)
         if line:
             self.line = ("installing: " + line) if stream == "install" else line
@@ -6198,36 +6940,46 @@ class Progress:
         self.notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
 
-# --- Jobs ------------------------------------------------------------------------------
+# --- Jobs
+# ------------------------------------------------------------------------------
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-TASKS_CAPABILITY = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}   # 2025-11-25
+# 2025-11-25
+TASKS_CAPABILITY = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 RELATED_TASK = "io.modelcontextprotocol/related-task"
-TASK_WAIT = 1.0                     # seconds a 2026-07-28 call waits before it becomes a task
+# seconds a 2026-07-28 call waits before it becomes a task
+TASK_WAIT = 1.0
 POLL_INTERVAL_MS = 1000
-ISO_TIME = "%Y-%m-%dT%H:%M:%SZ"     # a Task's createdAt and lastUpdatedAt (tasks.mdx, Task)
-JOBS_KEPT = 1000                    # finished jobs kept at most (the oldest go first)
+# a Task's createdAt and lastUpdatedAt (tasks.mdx, Task)
+ISO_TIME = "%Y-%m-%dT%H:%M:%SZ"
+# finished jobs kept at most (the oldest go first)
+JOBS_KEPT = 1000
 JOB_TOOL = "code_exec_job"
 RUNNING_TEXT = ('The code is still running as job %s. Call ' + JOB_TOOL + ' with {"job": "%s"} '
                 'for more output and the result; add "cancel": true to stop it.')
 
 
 class Job:
-    """One run: cancel Event, unread output, Result once ended. Task `status`: working ->
-    completed, failed or cancelled, for good (2025-11-25 tasks.mdx, Task Status Lifecycle)."""
+    """One run: cancel Event, unread output, Result once ended. Task `status`:
+    working -> completed, failed or cancelled, for good (2025-11-25 tasks.mdx,
+    Task Status Lifecycle)."""
 
     def __init__(self, owner, notify):
         self.handle = new_handle("j")
-        self.owner, self.notify = owner, notify      # notify: tasks/status when it ends, or None
+        # notify: tasks/status when it ends, or None
+        self.owner, self.notify = owner, notify
         self.created = self.updated = time.time()
         self.cancel, self.done = threading.Event(), threading.Event()
         self.status, self.result, self.listener = "working", None, None
         self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
         self.code_wrote_stderr = False
-        self.reason = "Cancelled on request."      # why it was cancelled, if it is
+        # why it was cancelled, if it is
+        self.reason = "Cancelled on request."
         self.lock = threading.Lock()
-        self.answering = threading.Lock()       # held by whoever answers its call's request
-        self.handed_off = False                 # its call was answered with its handle
+        # held by whoever answers its call's request
+        self.answering = threading.Lock()
+        # its call was answered with its handle
+        self.handed_off = False
 
     def run(self, call, session):
         try:
@@ -6238,12 +6990,15 @@ class Job:
             status = "failed"
         with self.lock:
             self.result, self.updated = result, time.time()
-            if self.status == "working":            # a cancel already said "cancelled"
+            # a cancel already said "cancelled"
+            if self.status == "working":
                 self.status = "cancelled" if result.cancelled else status
         self.done.set()
-        for ended in HOOKS["job_ended"]:            # a published job's result, kept elsewhere
+        # a published job's result, kept elsewhere
+        for ended in HOOKS["job_ended"]:
             ended(self)
-        if self.notify:        # tasks.mdx: optional, and only where the channel outlives the call
+        # tasks.mdx: optional, and only where the channel outlives the call
+        if self.notify:
             self.notify({"jsonrpc": "2.0", "method": "notifications/tasks/status",
                          "params": self.task(False)})
 
@@ -6252,13 +7007,14 @@ class Job:
             with self.lock:
                 self.unread[stream].add(chunk)
                 self.code_wrote_stderr = self.code_wrote_stderr or stream == "stderr"
-        listener = self.listener                    # the progress of a request waiting on us
+        # the progress of a request waiting on us
+        listener = self.listener
         if listener:
             listener(stream, chunk)
 
     def stop(self, reason="Cancelled on request."):
-        """Cancel the run -> False if it had already ended. `reason` becomes its Task's
-        statusMessage."""
+        """Cancel the run -> False if it had already ended. `reason` becomes
+        its Task's statusMessage."""
         with self.lock:
             if self.status != "working":
                 return False
@@ -6267,18 +7023,21 @@ class Job:
         return True
 
     def answer(self, take=True):
-        """What a poll is answered now: the new output, and once the run ended, its Result.
-        take=False: the same, leaving the output unread (a copy kept elsewhere, section 14)."""
+        """What a poll is answered now: the new output, and once the run ended,
+        its Result. take=False: the same, leaving the output unread (a copy
+        kept elsewhere, section 14)."""
         with self.lock:
             out, err = self.unread["stdout"], self.unread["stderr"]
             if take:
                 self.unread = {stream: OutputBuffer(OUTPUT_LIMIT) for stream in self.unread}
         ended = self.done.is_set()
-        final = self.result if ended else Result(None)    # still going: no exit status yet
+        # still going: no exit status yet
+        final = self.result if ended else Result(None)
         answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
                         out.truncated or err.truncated or final.value_truncated, final.cancelled)
         if not self.code_wrote_stderr:
-            answer.stderr = final.stderr        # all of it is the server's: a refusal, its notes
+            # all of it is the server's: a refusal, its notes
+            answer.stderr = final.stderr
         for text in final.notes if self.code_wrote_stderr else ():
             answer.note(text)
         answer.notes = list(final.notes)
@@ -6288,14 +7047,16 @@ class Job:
         if self.status == "cancelled" and self.reason != "Cancelled on request.":
             answer.note(self.reason)
         answer.job = self.handle
-        if not ended:             # what to do next goes in the JSON: hosts show only that
+        # what to do next goes in the JSON: hosts show only that
+        if not ended:
             answer.status = "running"
             answer.notes.append(RUNNING_TEXT % (self.handle, self.handle))
         return answer
 
     def task(self, modern):
-        """The Task object (tasks.mdx, Task; the 2026-07-28 extension says ttlMs, pollIntervalMs).
-        The result is kept JOB_TTL after the run, so the ttl from creation grows while it runs."""
+        """The Task object (tasks.mdx, Task; the 2026-07-28 extension says
+        ttlMs, pollIntervalMs). The result is kept JOB_TTL after the run, so
+        the ttl from creation grows while it runs."""
         with self.lock:
             status, updated = self.status, self.updated
         ended = updated if status != "working" else time.time()
@@ -6311,16 +7072,20 @@ class Job:
 
 
 class Jobs:
-    """This process's jobs, each with its call's slot and sandbox; they end with a stdio server."""
+    """This process's jobs, each with its call's slot and sandbox; they end
+    with a stdio server."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.jobs = {}
-        self.threads = Workers()         # each job's run_code() runs on one of these
+        # each job's run_code() runs on one of these
+        self.threads = Workers()
 
     def add(self, call, session, notify=None):
-        """A Job for the call, kept here; its run is the caller's to start (job.run())."""
-        KERNELS.line_up(call)            # in arrival order: the job's thread may start late
+        """A Job for the call, kept here; its run is the caller's to start
+        (job.run())."""
+        # in arrival order: the job's thread may start late
+        KERNELS.line_up(call)
         job = Job(session.owner, notify)
         with self.lock:
             self._forget_old()
@@ -6368,23 +7133,26 @@ class Jobs:
             job.done.wait(KILL_GRACE + 1)
 
     def end_followed(self, session):
-        """The "input_ended" hook (stdin closed): the session's jobs that were answered with their
-        handle and run on, on their call's worker thread, end: no request can follow them now."""
+        """The "input_ended" hook (stdin closed): the session's jobs that were
+        answered with their handle and run on, on their call's worker thread,
+        end: no request can follow them now."""
         for job in self.of(session.owner):
             if job.handed_off:
                 job.stop("Cancelled: the client closed the server's input.")
 
     def end_session(self, session):
-        """The "session_ended" hook: an MCP session's jobs and tasks end with it, their
-        processes and slots too (a poll from elsewhere hears so)."""
+        """The "session_ended" hook: an MCP session's jobs and tasks end with
+        it, their processes and slots too (a poll from elsewhere hears so)."""
         for job in self.of(session.owner):
             job.stop("Cancelled: the MCP session that started it ended.")
 
 
 def wait_for_job(job, request, cancel, seconds):
-    """Wait for the run -> True once it ended, False after `seconds` (None: no limit), None if the
-    request was cancelled. Ends the request's call (`cancel`, started before the job)."""
-    progress = Progress(request)   # sent if requested, only until the response (progress.mdx)
+    """Wait for the run -> True once it ended, False after `seconds` (None: no
+    limit), None if the request was cancelled. Ends the request's call
+    (`cancel`, started before the job)."""
+    # sent if requested, only until the response (progress.mdx)
+    progress = Progress(request)
     job.listener = progress.output if progress.token is not None else None
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
@@ -6392,21 +7160,25 @@ def wait_for_job(job, request, cancel, seconds):
                              wake=job.done):
             if job.done.is_set():
                 break
-            with job.answering:         # never after the answer, which another thread may send
+            # never after the answer, which another thread may send
+            with job.answering:
                 if not job.done.is_set():
                     progress.send()
     finally:
         job.listener = None
-        request.session.end_call(request.id, cancel)      # (the id may be in use again)
+        # (the id may be in use again)
+        request.session.end_call(request.id, cancel)
     return None if cancel.is_set() and not job.done.is_set() else job.done.is_set()
 
 
 def job_call_mode(request, call):
-    """The "call" step with jobs: a poll, a task, or a call that is a job once it outlives
-    CALL_WAIT. Where another thread may answer (request.answer_later: stdio, HTTP+SSE), this
-    thread runs the code and one beside it waits (wait_beside); else (a POST, whose thread
-    holds the response) the code runs on a thread of its own and this one waits."""
-    if call.job:                        # {"job": handle} (and "cancel"): wait up to CALL_WAIT
+    """The "call" step with jobs: a poll, a task, or a call that is a job once
+    it outlives CALL_WAIT. Where another thread may answer
+    (request.answer_later: stdio, HTTP+SSE), this thread runs the code and one
+    beside it waits (wait_beside); else (a POST, whose thread holds the
+    response) the code runs on a thread of its own and this one waits."""
+    # {"job": handle} (and "cancel"): wait up to CALL_WAIT
+    if call.job:
         job = JOBS.get(call.job)
         if job is None:
             return tool_result(Result.refusal(_unknown_job(call.job)), request.version)
@@ -6417,39 +7189,47 @@ def job_call_mode(request, call):
             return CANCELLED
         answer = tool_result(job.answer(), request.version)
         for answered in HOOKS["job_answered"] if job.done.is_set() else ():
-            answered(job)             # its last output went out: no copy may hand it over again
+            # its last output went out: no copy may hand it over again
+            answered(job)
         return answer
     if protocol(request.version).tasks and isinstance(request.params.get("task"), dict):
         lasting = request.session.lasting_channel          # stdio, not a POST
         job = JOBS.start(call, request.session, request.notify if lasting else None)
         publish_job(job, request, task=True)
-        return {"task": job.task(False)}                        # at once (tasks.mdx)
+        # at once (tasks.mdx)
+        return {"task": job.task(False)}
     as_task = declares_extension(request, TASKS_EXTENSION)
     seconds = TASK_WAIT if as_task else CALL_WAIT or None
-    cancel = request.session.start_call(request.id)             # before the code can start
+    # before the code can start
+    cancel = request.session.start_call(request.id)
     if request.answer_later is None:
         job = JOBS.start(call, request.session)
         return job_answer(job, request, wait_for_job(job, request, cancel, seconds), as_task)
     job = JOBS.add(call, request.session)
     JOBS.threads.start(lambda: wait_beside(job, request, cancel, seconds, as_task), False)
     job.run(call, request.session)
-    request.session.end_call(request.id, cancel)    # answered, its id may be used again
+    # answered, its id may be used again
+    request.session.end_call(request.id, cancel)
     with job.answering:
-        if job.handed_off:                          # answered already, with the job's handle
-            return CANCELLED                        # (CANCELLED: nothing more is sent)
+        # answered already, with the job's handle
+        if job.handed_off:
+            # (CANCELLED: nothing more is sent)
+            return CANCELLED
         return job_answer(job, request, True, as_task)
 
 
 def wait_beside(job, request, cancel, seconds, as_task):
-    """The wait of a call whose request's thread runs the code: progress, the request's cancel
-    (which stops the run: that thread answers nothing), and, if the run outlives `seconds`, the
-    answer with its handle, sent through request.answer_later() while the code runs on."""
+    """The wait of a call whose request's thread runs the code: progress, the
+    request's cancel (which stops the run: that thread answers nothing), and,
+    if the run outlives `seconds`, the answer with its handle, sent through
+    request.answer_later() while the code runs on."""
     ended = wait_for_job(job, request, cancel, seconds)
     if ended is None:
         job.stop()
         return
     with job.answering:
-        if job.done.is_set():           # ended in time: the thread that ran it answers
+        # ended in time: the thread that ran it answers
+        if job.done.is_set():
             return
         job.handed_off = True
         try:
@@ -6464,26 +7244,30 @@ def wait_beside(job, request, cancel, seconds, as_task):
 
 
 def job_answer(job, request, ended, as_task):
-    """A call's answer once its wait is over (`ended`: wait_for_job's word) -> the result,
-    CANCELLED (nothing is sent), or a ProtocolError raised."""
-    if ended is None:                      # cancellation.mdx: stop it, and answer nothing
+    """A call's answer once its wait is over (`ended`: wait_for_job's word) ->
+    the result, CANCELLED (nothing is sent), or a ProtocolError raised."""
+    # cancellation.mdx: stop it, and answer nothing
+    if ended is None:
         job.stop()
         job.done.wait()
         JOBS.forget(job)
         return CANCELLED
     if ended:
-        JOBS.forget(job)                   # never a job: the call looks as it always did
+        # never a job: the call looks as it always did
+        JOBS.forget(job)
         return CANCELLED if job.result.cancelled else tool_result(job.result, request.version)
     publish_job(job, request, task=as_task)
     if as_task:
-        return dict(job.task(True), resultType="task")     # 2026-07-28 extension, Task Creation
+        # 2026-07-28 extension, Task Creation
+        return dict(job.task(True), resultType="task")
     return tool_result(job.answer(), request.version)
 
 
 def publish_job(job, request, task):
-    """Before a handle goes out: the "job_published" hooks (section 14 keeps the job's record in
-    Redis) -> None, or, where one could not, the task is not created (ext-tasks: "MUST NOT
-    return CreateTaskResult until the task is durably created"); a job runs on regardless."""
+    """Before a handle goes out: the "job_published" hooks (section 14 keeps
+    the job's record in Redis) -> None, or, where one could not, the task is
+    not created (ext-tasks: "MUST NOT return CreateTaskResult until the task is
+    durably created"); a job runs on regardless."""
     for published in HOOKS["job_published"]:
         problem = published(job, request)
         if problem and task:
@@ -6498,7 +7282,8 @@ def _unknown_job(handle):
 
 
 def check_job(arguments, call):
-    """The "job" and "cancel" arguments -> call.job, call.cancel_job, or the problem."""
+    """The "job" and "cancel" arguments -> call.job, call.cancel_job, or the
+    problem."""
     job, cancel = arguments.get("job"), arguments.get("cancel", False)
     if job is not None and not (isinstance(job, str) and job.startswith("j-")):
         return '"job" must be the handle of a run that a result gave you, such as "j-..."'
@@ -6510,7 +7295,8 @@ def check_job(arguments, call):
     return None
 
 
-# --- Task methods: one handler each, for both eras --------------------------------------
+# --- Task methods: one handler each, for both eras
+# --------------------------------------
 
 def task_of(request):
     """The job a tasks/* request names -> Job, or a ProtocolError."""
@@ -6539,7 +7325,8 @@ def handle_tasks_get(request):
 
 
 def handle_tasks_result(request):
-    """2025-11-25: wait until the task ends, then answer what tools/call would have."""
+    """2025-11-25: wait until the task ends, then answer what tools/call would
+    have."""
     job = task_of(request)
     cancel = request.session.start_call(request.id)
     try:
@@ -6553,7 +7340,8 @@ def handle_tasks_result(request):
 
 
 def handle_tasks_list(request):
-    """This MCP session's tasks: with one shared key, the narrowest list we can give."""
+    """This MCP session's tasks: with one shared key, the narrowest list we can
+    give."""
     if not protocol(request.version).tasks:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: tasks/list (from 2025-11-25)")
     refuse_cursor(request)
@@ -6562,7 +7350,8 @@ def handle_tasks_list(request):
 
 def handle_tasks_cancel(request):
     job = task_of(request)
-    if not job.stop() and not request.modern:      # 2025: cancelling an ended task is an error
+    # 2025: cancelling an ended task is an error
+    if not job.stop() and not request.modern:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: task %s already %s"
                             % (job.handle, job.status))
     return {} if request.modern else job.task(False)
@@ -6582,8 +7371,9 @@ JOB_RESULTS = {
                "description": "Only for a job."},
     "job": {"type": "string", "description": "The job's handle, for %s." % JOB_TOOL},
 }
-# Following a job, or ending a session, is a tool of its own: "code" is then required where it
-# runs code, and no model need make some up (every agent framework hands over such a schema).
+# Following a job, or ending a session, is a tool of its own: "code" is then
+# required where it runs code, and no model need make some up (every agent
+# framework hands over such a schema).
 JOB_TOOL_SCHEMA = {"type": "object", "additionalProperties": False, "properties": {
     "job": {"type": "string", "description": 'A "job" handle: waits for new output and, at the '
                                              "end, the result (as %s's)." % TOOL_NAME},
@@ -6592,7 +7382,8 @@ JOB_TOOL_SCHEMA = {"type": "object", "additionalProperties": False, "properties"
 
 
 def job_tool_arguments(arguments):
-    """code_exec_job's arguments -> code_exec_python's that do the same, or what is wrong."""
+    """code_exec_job's arguments -> code_exec_python's that do the same, or
+    what is wrong."""
     if ("job" in arguments) == ("end_session" in arguments):
         return 'give either "job" (a run to follow) or "end_session" (a session to end)'
     if "job" in arguments:
@@ -6617,7 +7408,8 @@ register_tool(JOB_TOOL, lambda version, local: {
     "name": JOB_TOOL, "description": "Follow or stop a run of %s that is still going (a job), "
     "or end a session." % TOOL_NAME, "inputSchema": JOB_TOOL_SCHEMA}, job_tool_arguments)
 register_hook("tool_fields", lambda version: {"execution": {"taskSupport": "optional"}}
-              if protocol(version).tasks else {})     # 2025-11-25 tasks.mdx, Tool-Level
+              # 2025-11-25 tasks.mdx, Tool-Level
+              if protocol(version).tasks else {})
 register_method("tasks/get", handle_tasks_get)
 register_method("tasks/cancel", handle_tasks_cancel)
 register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=True)
@@ -6635,19 +7427,24 @@ register_hook("busy_owners", lambda: JOBS.owners())
 
 
 class ClientError(Exception):
-    """The server could not be reached or refused us; the message says what to do."""
+    """The server could not be reached or refused us; the message says what to
+    do."""
 
 
 class McpClient:
-    """Initialize (handshake era) or per-request _meta (2026-07-28), then requests. Subclasses add
-    close() and send(message) -> replies, read lazily (none to a notification)."""
+    """Initialize (handshake era) or per-request _meta (2026-07-28), then
+    requests. Subclasses add close() and send(message) -> replies, read lazily
+    (none to a notification)."""
 
     def __init__(self, version=LATEST_HANDSHAKE_VERSION, trace=None):
         self.version, self.trace = version, trace
         self.modern = version in MODERN_VERSIONS
-        self.protocol_version = version if self.modern else None   # HTTP's MCP-Protocol-Version
-        self.progress = False                # ask for progress, and write it to stderr
-        self.leaves_work = False             # left a job running or a kernel: keep the session
+        # HTTP's MCP-Protocol-Version
+        self.protocol_version = version if self.modern else None
+        # ask for progress, and write it to stderr
+        self.progress = False
+        # left a job running or a kernel: keep the session
+        self.leaves_work = False
         self.next_id = 0
         self.info = {"name": "mcp-exec-client", "version": SERVER_VERSION}
 
@@ -6656,7 +7453,8 @@ class McpClient:
             print(direction, encode_message(message).decode("utf-8"), file=self.trace, flush=True)
 
     def request(self, method, params=None):
-        """Send a request; show the progress that comes before its reply -> its result."""
+        """Send a request; show the progress that comes before its reply -> its
+        result."""
         params = dict(params or {})
         if self.modern:
             params["_meta"] = dict(params.get("_meta", {}), **{
@@ -6676,7 +7474,8 @@ class McpClient:
         raise ClientError("the server stopped talking before it answered %s" % method)
 
     def start(self):
-        """The opening: server/discover (2026-07-28), or initialize and initialized."""
+        """The opening: server/discover (2026-07-28), or initialize and
+        initialized."""
         if self.modern:
             return self.request("server/discover")
         result = self.request("initialize", {"protocolVersion": self.version, "capabilities": {},
@@ -6690,7 +7489,8 @@ class McpClient:
     def call(self, arguments):
         params = {"name": TOOL_NAME, "arguments": arguments}
         if self.progress:
-            params["_meta"] = {"progressToken": "progress-1"}     # one request at a time
+            # one request at a time
+            params["_meta"] = {"progressToken": "progress-1"}
         return self.request("tools/call", params)
 
     def read(self, uri):
@@ -6716,12 +7516,15 @@ class StdioClient(McpClient):
             self.proc.stdin.flush()
         except OSError:
             raise ClientError("the server exited (status %s)" % self.proc.poll())
-        lines = iter(self.proc.stdout.readline, b"")      # until the server closes stdout
+        # until the server closes stdout
+        lines = iter(self.proc.stdout.readline, b"")
         replies = (parse_frame(line)[0] for line in lines)
-        return (reply for reply in replies if isinstance(reply, dict))     # not JSON-RPC: skipped
+        # not JSON-RPC: skipped
+        return (reply for reply in replies if isinstance(reply, dict))
 
     def close(self):
-        self.proc.stdin.close()              # end of input: the server shuts down
+        # end of input: the server shuts down
+        self.proc.stdin.close()
         try:
             self.proc.wait(EOF_GRACE + 2)
         except subprocess.TimeoutExpired:
@@ -6729,9 +7532,11 @@ class StdioClient(McpClient):
 
 
 def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
-    """One HTTP request -> the response, its body unread. No answer, or a status of 400 or
-    more, is a ClientError. Proxies come from the environment (http_proxy), as for curl."""
-    from urllib.error import HTTPError       # the client's alone: they slow the server's start
+    """One HTTP request -> the response, its body unread. No answer, or a
+    status of 400 or more, is a ClientError. Proxies come from the environment
+    (http_proxy), as for curl."""
+    # the client's alone: they slow the server's start
+    from urllib.error import HTTPError
     from urllib.request import Request, urlopen
     try:
         return urlopen(Request(url, body, headers, method=method), timeout=timeout)
@@ -6744,8 +7549,9 @@ def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
 
 
 def _sse_events(resp):
-    """A text/event-stream body -> (event name, data) of each event as it arrives; comments
-    (keep-alives) skipped. An event without a name is a "message" (the SSE standard)."""
+    """A text/event-stream body -> (event name, data) of each event as it
+    arrives; comments (keep-alives) skipped. An event without a name is a
+    "message" (the SSE standard)."""
     event, data = "message", []
     for line in iter(resp.readline, b""):
         line = line.decode("utf-8").rstrip("\r\n")
@@ -6759,22 +7565,24 @@ def _sse_events(resp):
 
 
 class HttpClient(McpClient):
-    """Streamable HTTP: each message is a POST to the URL, its reply the response's body (JSON, or
-    an event stream ending with it)."""
+    """Streamable HTTP: each message is a POST to the URL, its reply the
+    response's body (JSON, or an event stream ending with it)."""
 
     def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
         super().__init__(version, trace)
         self.url = url
         self.headers = {"Content-Type": "application/json",
                         "Accept": "application/json, text/event-stream"}
-        if api_key:                   # on every request: each one is checked (authorization.mdx)
+        # on every request: each one is checked (authorization.mdx)
+        if api_key:
             self.headers["Authorization"] = "Bearer " + api_key
 
     def send(self, message):
         headers = dict(self.headers)
         if self.protocol_version:
             headers["MCP-Protocol-Version"] = self.protocol_version
-        if self.modern:               # 2026-07-28 mirrors the method and tool in headers
+        # 2026-07-28 mirrors the method and tool in headers
+        if self.modern:
             headers["Mcp-Method"] = message["method"]
             headers["Mcp-Name"] = message["params"].get("name", "")
         resp = _http_open(self.url, "POST", encode_message(message), headers)
@@ -6786,17 +7594,18 @@ class HttpClient(McpClient):
         return [json.loads(body)] if body else []
 
     def close(self):
-        """End the session politely (transports.mdx), unless work was left in it: a job still
-        running or a kernel kept for later ends with its session. Left, it expires
-        (SESSION_IDLE_TIMEOUT)."""
+        """End the session politely (transports.mdx), unless work was left in
+        it: a job still running or a kernel kept for later ends with its
+        session. Left, it expires (SESSION_IDLE_TIMEOUT)."""
         if "Mcp-Session-Id" in self.headers and not self.leaves_work:
             with contextlib.suppress(ClientError):
                 _http_open(self.url, "DELETE", None, self.headers, timeout=10).read()
 
 
 class SseClient(McpClient):
-    """HTTP+SSE (2024-11-05 transports.mdx): one GET stream carries all the server says; its
-    first event names the endpoint where each message is POSTed (answered 202)."""
+    """HTTP+SSE (2024-11-05 transports.mdx): one GET stream carries all the
+    server says; its first event names the endpoint where each message is
+    POSTed (answered 202)."""
 
     def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
         super().__init__(version, trace)
@@ -6818,13 +7627,14 @@ class SseClient(McpClient):
         return (json.loads(data) for event, data in self.events if event == "message")
 
     def close(self):
-        self.stream.close()              # the server sees us leave: the session ends
+        # the server sees us leave: the session ends
+        self.stream.close()
 
 
 def client_url(url):
     """What --url (or MCP_SERVER_URL) names -> a full URL: "127.0.0.1:8000" and
-    "https://app.example.com/" get their scheme and /mcp, as the original project's clients
-    took a base URL; a URL ending in /sse speaks HTTP+SSE."""
+    "https://app.example.com/" get their scheme and /mcp, as the original
+    project's clients took a base URL; a URL ending in /sse speaks HTTP+SSE."""
     url = url if "://" in url else "http://" + url
     if urlsplit(url).path in ("", "/"):
         url = url.rstrip("/") + "/mcp"
@@ -6861,16 +7671,19 @@ def client_arguments(args):
     one line, exit 2."""
     import argparse
 
-    class Arguments(argparse.ArgumentParser):  # says what was wrong in one line, and where help is
+    # says what was wrong in one line, and where help is
+    class Arguments(argparse.ArgumentParser):
         def error(self, message):
-            if message.startswith("unrecognized arguments"):   # a second CODE, most likely
+            # a second CODE, most likely
+            if message.startswith("unrecognized arguments"):
                 message += ': CODE is one argument (quote it); --packages takes one: "numpy scipy"'
             self.exit(2, "%s: %s (try --help)\n" % (self.prog, message))
     end = args.index("--") if "--" in args else len(args)
     args, command = args[:end], args[end + 1:]
     parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
     parser.add_argument("action", nargs="?", choices=("list", "call", "job", "read"))
-    parser.add_argument("target", nargs="?")        # the code, the job's handle, or the URI
+    # the code, the job's handle, or the URI
+    parser.add_argument("target", nargs="?")
     for flag in ("--url", "--session", "--save"):
         parser.add_argument(flag)
     parser.add_argument("--file", type=argparse.FileType("r", encoding="utf-8"))
@@ -6882,9 +7695,11 @@ def client_arguments(args):
     parser.add_argument("--timeout", type=float)
     parser.add_argument("--api-key", default=os.environ.get("API_KEY"))
     parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION, choices=SUPPORTED_VERSIONS)
-    tty = sys.stdout.isatty()                       # a person: text; a program: JSON
+    # a person: text; a program: JSON
+    tty = sys.stdout.isatty()
     parser.add_argument("--format", choices=("text", "json"), default="text" if tty else "json")
-    options = parser.parse_intermixed_args(args)    # options may come after the code too
+    # options may come after the code too
+    options = parser.parse_intermixed_args(args)
     needs = {"call": 'code (an argument, --file FILE, or "-")', "job": "a HANDLE", "read": "a URI"}
     if options.action in needs and options.target is None and not options.file:
         parser.error("%s needs %s" % (options.action, needs[options.action]))
@@ -6895,7 +7710,8 @@ def client_arguments(args):
 
 
 def client_main(args):
-    """`python mcp_exec.py client ...` (CLIENT_HELP says what it does) -> the exit status."""
+    """`python mcp_exec.py client ...` (CLIENT_HELP says what it does) -> the
+    exit status."""
     options, command = client_arguments(args)
     if options.version:
         return main(["--version"])
@@ -6908,7 +7724,8 @@ def client_main(args):
             client = SseClient(options.url, options.api_key, options.protocol, trace)
         elif options.url:
             client = HttpClient(options.url, options.api_key, options.protocol, trace)
-        else:           # this file as its server, as the import a script start becomes
+        # this file as its server, as the import a script start becomes
+        else:
             command = command or import_command([]) or [sys.executable, os.path.abspath(__file__)]
             client = StdioClient(command, options.protocol, trace)
         client.progress = options.progress
@@ -6926,15 +7743,17 @@ def client_main(args):
                 return client_call(client, options)
             return 0
     except BrokenPipeError:
-        raise                   # `... | head` closed our stdout: main() ends quietly
+        # `... | head` closed our stdout: main() ends quietly
+        raise
     except (ClientError, OSError) as exc:
         sys.stderr.write("mcp-exec client: %s\n" % exc)
         return 2
 
 
 def client_call(client, options):
-    """`call` and `job`: run the code or resume the job, and follow it while it runs (each
-    answer has only the new output) -> 0, or 1 if it failed (isError) but not by --cancel."""
+    """`call` and `job`: run the code or resume the job, and follow it while it
+    runs (each answer has only the new output) -> 0, or 1 if it failed
+    (isError) but not by --cancel."""
     arguments = {"job": options.target, "cancel": options.cancel}
     if options.action == "call":
         arguments = call_arguments(options)
@@ -6943,27 +7762,32 @@ def client_call(client, options):
     while True:
         result = client.call(arguments)
         text = result["content"][0]["text"]
-        if not text.startswith("{"):                # arguments refused, in words for the model
+        # arguments refused, in words for the model
+        if not text.startswith("{"):
             raise ClientError(text)
         answers.append(result.get("structuredContent") or json.loads(text))
-        if options.format == "text":                # as it comes: a person is watching
+        # as it comes: a person is watching
+        if options.format == "text":
             print(answers[-1]["stdout"], end="", flush=True)
             sys.stderr.write(answers[-1]["stderr"])
         if answers[-1].get("status") != "running" or options.no_follow:
             break
         arguments = {"job": answers[-1]["job"]}
-    # A session's jobs and kernels end with it: one left for later keeps the session open.
+    # A session's jobs and kernels end with it: one left for later keeps the
+    # session open.
     last = answers[-1]
     running = last.get("status") == "running"
     client.leaves_work = running or bool(last.get("session") and not last.get("session_ended"))
     saved = save_outputs(client, answers[-1], result, options.save) if options.save else []
     show_result(answers, options.format, time.monotonic() - started, saved)
-    stopped = options.cancel and answers[-1].get("status") == "cancelled"     # as asked
+    # as asked
+    stopped = options.cancel and answers[-1].get("status") == "cancelled"
     return 0 if stopped or not result.get("isError") else 1
 
 
 def call_arguments(options):
-    """The tool's arguments for `call`: the code, and the options that were given."""
+    """The tool's arguments for `call`: the code, and the options that were
+    given."""
     code = sys.stdin.read() if options.target == "-" else options.target
     if options.file:
         code = options.file.read()
@@ -6976,11 +7800,13 @@ def call_arguments(options):
 
 
 def save_outputs(client, obj, result, directory):
-    """Write a call's images and returned files into directory -> a line for each, for a person."""
+    """Write a call's images and returned files into directory -> a line for
+    each, for a person."""
     images = [block["data"] for block in result["content"] if block["type"] == "image"]
     outputs = [("image-%d.png" % n, base64.b64decode(data)) for n, data in enumerate(images, 1)]
     for info in obj.get("files", []):
-        if "uri" in info:                      # else a note says why it was not kept
+        # else a note says why it was not kept
+        if "uri" in info:
             outputs.append((info["path"], client.read(info["uri"])))
     return [_save(directory, name, data) for name, data in outputs]
 
@@ -6995,8 +7821,9 @@ def _save(directory, name, data):
 
 
 def show_result(answers, form, seconds, saved):
-    """The end of a call. json: its answers merged into one object, the output whole. text:
-    the output is already written, so the value, and on stderr how the run ended."""
+    """The end of a call. json: its answers merged into one object, the output
+    whole. text: the output is already written, so the value, and on stderr how
+    the run ended."""
     obj = dict(answers[-1])
     for name in ("stdout", "stderr"):
         obj[name] = "".join(answer[name] for answer in answers)
@@ -7011,7 +7838,8 @@ def show_result(answers, form, seconds, saved):
         sys.stderr.write("\n")          # what follows starts a line of its own
     if not saved and (obj.get("images") or obj.get("files")):
         saved = ["images or files came back: --save DIR writes them"]
-    status = "exit %s in %.2f s" % (obj.get("returncode"), seconds)     # none while it runs
+    # none while it runs
+    status = "exit %s in %.2f s" % (obj.get("returncode"), seconds)
     if obj.get("timed_out"):
         status = "timed out after %.2f s" % seconds
     if obj.get("status") == "cancelled":
@@ -7027,10 +7855,11 @@ def show_result(answers, form, seconds, saved):
 # =============================================================================
 # 14. Many instances as one service: REDIS_URL
 # =============================================================================
-# A Heroku app scaled to web=3 gets each request on any dyno, at random, and its dynos cannot
-# reach each other: only Redis (the Key-Value Store, REDIS_URL) is common to them. What runs
-# stays where it runs: a job's thread, a kernel's process, a returned file, an /sse stream.
-# Redis says where each lives, and carries a request there and its answer back:
+# A Heroku app scaled to web=3 gets each request on any dyno, at random, and
+# its dynos cannot reach each other: only Redis (the Key-Value Store,
+# REDIS_URL) is common to them. What runs stays where it runs: a job's thread,
+# a kernel's process, a returned file, an /sse stream. Redis says where each
+# lives, and carries a request there and its answer back:
 #   - sessions: a Streamable HTTP session is a record (its owner key, version, client
 #     capabilities) that any instance loads; an /sse stream's record names its instance, and
 #     the POSTs for it are carried there (their answers go out on the stream);
@@ -7040,12 +7869,14 @@ def show_result(answers, form, seconds, saved):
 #     response comes back: so a poll hands each line over once, in order, as on one instance;
 #   - liveness: each instance keeps a heartbeat key alive; when it stops (SIGKILL, a restart)
 #     what it held is lost, and a request for it hears so within HEARTBEAT_TTL + 1 s.
-# Without REDIS_URL, none of this loads: no import of redis, no hook registered.
+# Without REDIS_URL, none of this loads: no import of redis, no hook
+# registered.
 #
-# The Redis operations, all in SharedStore (P = "mcp-exec:", hid(x) = HMAC-SHA256 of x keyed
-# from API_KEY: no session id, handle or key is stored in clear). Every value is sealed
-# (SharedStore.seal: encrypted, and signed for the key it is stored under), so whoever else
-# reaches Redis reads no owner, result or session id, and cannot speak for an instance:
+# The Redis operations, all in SharedStore (P = "mcp-exec:", hid(x) =
+# HMAC-SHA256 of x keyed from API_KEY: no session id, handle or key is stored
+# in clear). Every value is sealed (SharedStore.seal: encrypted, and signed for
+# the key it is stored under), so whoever else reaches Redis reads no owner,
+# result or session id, and cannot speak for an instance:
 #   SET P hb:<instance> PX 10000        the heartbeat (sealed: its time), renewed every 3.3 s
 #   HSET/PEXPIRE P session:<hid(id)>    a Streamable HTTP session, SESSION_IDLE_TIMEOUT from
 #                                       its last use anywhere; DEL on DELETE /mcp
@@ -7054,14 +7885,20 @@ def show_result(answers, form, seconds, saved):
 #                                       each names its sender, time and id: a replay is dropped)
 #   RPUSH/BLPOP P reply:<random>        one answer (EXPIRE: the wait, plus 5 s)
 #   SCAN, MGET P hb:*                   the live instances (tasks/list, DELETE, cancels)
-# Code that can reach this Redis could still drop or delay items: shared_setup() refuses a Redis
-# that the code could reach (no password, or a private address while the code has a network).
+# Code that can reach this Redis could still drop or delay items:
+# shared_setup() refuses a Redis that the code could reach (no password, or a
+# private address while the code has a network).
 
-REDIS_TIMEOUT = 2.0           # seconds per Redis connect or read: a lost Redis is noticed fast
-HEARTBEAT_TTL = 10.0          # seconds an instance is thought alive after its last heartbeat
-REDIS_BLOCK = 1.0             # seconds one BLPOP waits, below REDIS_TIMEOUT
-SSE_RECORD_TTL = 30.0         # seconds an /sse stream's record lasts, renewed while it is open
-CARRIED_WAIT = 60.0           # seconds a carried request may take beyond the code's timeout
+# seconds per Redis connect or read: a lost Redis is noticed fast
+REDIS_TIMEOUT = 2.0
+# seconds an instance is thought alive after its last heartbeat
+HEARTBEAT_TTL = 10.0
+# seconds one BLPOP waits, below REDIS_TIMEOUT
+REDIS_BLOCK = 1.0
+# seconds an /sse stream's record lasts, renewed while it is open
+SSE_RECORD_TTL = 30.0
+# seconds a carried request may take beyond the code's timeout
+CARRIED_WAIT = 60.0
 
 
 class StoreError(RuntimeError):
@@ -7076,15 +7913,17 @@ def url_secrets(url):
 
 
 def redacted(text, url=None):
-    """`text` (by default the URL) with the URL's passwords as ***, for messages."""
+    """`text` (by default the URL) with the URL's passwords as ***, for
+    messages."""
     for secret in url_secrets(url or text):
         text = text.replace(secret, "***")
     return text
 
 
 def redis_reachable_by_code(url, network_off):
-    """Why code run here could speak to the Redis at `url` -> the reason, or None: it has no
-    password, or it is on this machine or a private network while the code has a network."""
+    """Why code run here could speak to the Redis at `url` -> the reason, or
+    None: it has no password, or it is on this machine or a private network
+    while the code has a network."""
     import ipaddress
     parts = urlsplit(url)
     if not url_secrets(url):
@@ -7094,7 +7933,8 @@ def redis_reachable_by_code(url, network_off):
     try:
         found = {a[4][0] for a in socket.getaddrinfo(parts.hostname or "localhost", 6379)}
     except (OSError, UnicodeError):
-        return None                                  # ping() says it cannot be reached
+        # ping() says it cannot be reached
+        return None
     private = sorted(a for a in found if not ipaddress.ip_address(a.split("%")[0]).is_global)
     return private and (
         "its address (%s) is on this machine or a private network, and the code has a "
@@ -7103,11 +7943,12 @@ def redis_reachable_by_code(url, network_off):
 
 
 class SharedStore:
-    """The few Redis operations the instances share, through redis-py (imported here: only
-    REDIS_URL loads it). Each answers, or raises StoreError, within about 2 x REDIS_TIMEOUT:
-    redis-py's own retries are off (they nest), and one retry follows a quick connection
-    failure (a pooled connection Redis closed). rediss:// does not check the certificate
-    (Heroku's is self-signed) unless the URL asks: ?ssl_cert_reqs=required&ssl_ca_certs=..."""
+    """The few Redis operations the instances share, through redis-py (imported
+    here: only REDIS_URL loads it). Each answers, or raises StoreError, within
+    about 2 x REDIS_TIMEOUT: redis-py's own retries are off (they nest), and
+    one retry follows a quick connection failure (a pooled connection Redis
+    closed). rediss:// does not check the certificate (Heroku's is self-signed)
+    unless the URL asks: ?ssl_cert_reqs=required&ssl_ca_certs=..."""
 
     def __init__(self, url, secret, instance, prefix="mcp-exec:"):
         import hashlib
@@ -7117,17 +7958,20 @@ class SharedStore:
         from redis.retry import Retry
         self.errors = redis.exceptions
         self.url, self.instance, self.prefix = redacted(url), instance, prefix
-        self.url_given = url                   # its passwords are in no message (redacted)
+        # its passwords are in no message (redacted)
+        self.url_given = url
         self.key = hmac.new(secret.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
         self.sign_key = hmac.new(secret.encode(), b"mcp-exec relay v1", hashlib.sha256).digest()
         self.cipher_key = hmac.new(secret.encode(), b"mcp-exec cipher v1", hashlib.sha256).digest()
         self._hmac, self._sha, self._shake = hmac, hashlib.sha256, hashlib.shake_256
-        self.seen = {}                   # message nonce -> until when: a replay is dropped
+        # message nonce -> until when: a replay is dropped
+        self.seen = {}
         options = {"socket_timeout": REDIS_TIMEOUT, "socket_connect_timeout": REDIS_TIMEOUT,
                    "retry": Retry(NoBackoff(), 0), "health_check_interval": 10,
                    "max_connections": 64, "timeout": REDIS_TIMEOUT}
         if url.startswith("rediss://"):
-            options["ssl_cert_reqs"] = None        # the URL's own ssl_cert_reqs wins
+            # the URL's own ssl_cert_reqs wins
+            options["ssl_cert_reqs"] = None
         try:
             pool = redis.BlockingConnectionPool.from_url(url, **options)
         except ValueError as exc:
@@ -7136,21 +7980,24 @@ class SharedStore:
         self.redis = redis.Redis(connection_pool=pool)
 
     def hid(self, value):
-        """The keyed hash that stands for an id in Redis: a reader of Redis cannot replay it."""
+        """The keyed hash that stands for an id in Redis: a reader of Redis
+        cannot replay it."""
         return self._hmac.new(self.key, value.encode(), self._sha).hexdigest()[:32]
 
     def seal(self, place, value):
-        """A JSON value -> bytes that only holders of API_KEY read or make: a random 16-byte
-        nonce, the HMAC-SHA256 tag of (place, nonce, ciphertext), then the JSON XORed with a
-        SHAKE-256 keystream of (cipher key, nonce): encrypt-then-MAC, standard library only.
-        `place` is the key it is stored under: moved elsewhere, it does not open."""
+        """A JSON value -> bytes that only holders of API_KEY read or make: a
+        random 16-byte nonce, the HMAC-SHA256 tag of (place, nonce,
+        ciphertext), then the JSON XORed with a SHAKE-256 keystream of (cipher
+        key, nonce): encrypt-then-MAC, standard library only. `place` is the
+        key it is stored under: moved elsewhere, it does not open."""
         nonce = os.urandom(16)
         body = self._crypt(nonce, json.dumps(value).encode())
         return nonce + self._tag(place, nonce + body) + body
 
     def unseal(self, place, sealed):
-        """seal()'s bytes, read where they were stored -> the value; anything else (not sealed
-        with this service's key, or moved from where it was written) -> ValueError."""
+        """seal()'s bytes, read where they were stored -> the value; anything
+        else (not sealed with this service's key, or moved from where it was
+        written) -> ValueError."""
         nonce, tag, body = sealed[:16], sealed[16:48], sealed[48:]
         if not self._hmac.compare_digest(tag, self._tag(place, nonce + body)):
             raise ValueError("an item at %s that this service did not write" % place)
@@ -7165,8 +8012,8 @@ class SharedStore:
             len(data), "big")
 
     def opened(self, place, sealed, default=None):
-        """unseal(), or `default` for a missing item; a forged or malformed one is logged and
-        dropped (-> default): it never ends a thread."""
+        """unseal(), or `default` for a missing item; a forged or malformed one
+        is logged and dropped (-> default): it never ends a thread."""
         if sealed is None:
             return default
         try:
@@ -7176,7 +8023,8 @@ class SharedStore:
             return default
 
     def do(self, what, act):
-        """act() -> its value; a Redis failure -> StoreError saying what failed."""
+        """act() -> its value; a Redis failure -> StoreError saying what
+        failed."""
         started = time.monotonic()
         for attempt in (1, 2):
             try:
@@ -7185,7 +8033,8 @@ class SharedStore:
                 failure = exc
                 if attempt == 2 or time.monotonic() - started > REDIS_TIMEOUT / 2:
                     break
-            except self.errors.RedisError as exc:      # OOM, READONLY, a refused command
+            # OOM, READONLY, a refused command
+            except self.errors.RedisError as exc:
                 failure = exc
                 break
         why = redacted(str(failure) or type(failure).__name__, self.url_given)
@@ -7199,8 +8048,9 @@ class SharedStore:
         return self.do("answer PING", lambda: self.redis.info("server")["redis_version"])
 
     def pipelined(self, what, build, transaction=True):
-        """One round trip: build(pipe) queues the commands -> their answers. A retry (do())
-        builds the pipeline anew: a failed one comes back empty."""
+        """One round trip: build(pipe) queues the commands -> their answers. A
+        retry (do()) builds the pipeline anew: a failed one comes back
+        empty."""
         def act():
             with self.redis.pipeline(transaction=transaction) as pipe:
                 build(pipe)
@@ -7208,7 +8058,8 @@ class SharedStore:
         return self.do(what, act)
 
     def beat(self, sse_hids):
-        """The heartbeat (sealed: its time), and the records of this instance's /sse streams."""
+        """The heartbeat (sealed: its time), and the records of this instance's
+        /sse streams."""
         def build(pipe):
             hb = self.name("hb", self.instance)
             pipe.set(hb, self.seal(hb, time.time()), px=int(HEARTBEAT_TTL * 1000))
@@ -7218,8 +8069,9 @@ class SharedStore:
         self.pipelined("renew the heartbeat", build, transaction=False)
 
     def beating(self, key, sealed):
-        """Whether a heartbeat is this service's, for the instance its key names, and fresh: a
-        forged one (which would shrink each instance's share of OUTPUT_STORE_MB) is not."""
+        """Whether a heartbeat is this service's, for the instance its key
+        names, and fresh: a forged one (which would shrink each instance's
+        share of OUTPUT_STORE_MB) is not."""
         return abs(time.time() - self.opened(key, sealed, 0)) < HEARTBEAT_TTL
 
     def alive(self, instance):
@@ -7236,16 +8088,16 @@ class SharedStore:
                       for key, sealed in zip(found, beats) if self.beating(key.decode(), sealed))
 
     def put(self, kind, hid, record, ttl):
-        """A record (a dict of strings, each sealed) for `ttl` seconds (MULTI: never one
-        without its TTL)."""
+        """A record (a dict of strings, each sealed) for `ttl` seconds (MULTI:
+        never one without its TTL)."""
         key = self.name(kind, hid)
         sealed = {field: self.seal(key + " " + field, value) for field, value in record.items()}
         self.pipelined("store a %s" % kind, lambda pipe: pipe.hset(key, mapping=sealed).pexpire(
             key, int(ttl * 1000)))
 
     def get(self, kind, hid, ttl=None):
-        """The record, its TTL renewed if given -> a dict of str, or None (a forged field
-        drops the whole record)."""
+        """The record, its TTL renewed if given -> a dict of str, or None (a
+        forged field drops the whole record)."""
         key = self.name(kind, hid)
         found = self.pipelined("read a %s" % kind, lambda pipe: pipe.hgetall(key).pexpire(
             key, int(ttl * 1000)) if ttl else pipe.hgetall(key))[0]
@@ -7267,7 +8119,8 @@ class SharedStore:
         self.pipelined("renew %ss" % kind, build, transaction=False)
 
     def take_field(self, kind, hid, field):
-        """A record's field, removed in the same step (MULTI) -> str, or None: handed out once."""
+        """A record's field, removed in the same step (MULTI) -> str, or None:
+        handed out once."""
         key = self.name(kind, hid)
         found = self.pipelined("take from a %s" % kind,
                                lambda pipe: pipe.hget(key, field).hdel(key, field))[0]
@@ -7283,9 +8136,9 @@ class SharedStore:
         return self.opened(key, self.do("find an /sse stream", lambda: self.redis.get(key)))
 
     def send(self, instance, message):
-        """Put a request in an instance's inbox, sealed with this sender, the time and an id;
-        it answers on message["reply"]. A retry may deliver it twice: the reader drops the
-        second as a replay."""
+        """Put a request in an instance's inbox, sealed with this sender, the
+        time and an id; it answers on message["reply"]. A retry may deliver it
+        twice: the reader drops the second as a replay."""
         inbox = self.name("inbox", instance)
         sealed = self.seal(inbox, dict(message, sender=self.instance, sent=time.time(),
                                        nonce=os.urandom(12).hex()))
@@ -7293,8 +8146,9 @@ class SharedStore:
             inbox, sealed).pexpire(inbox, 60000))
 
     def next_request(self):
-        """The next request in this instance's inbox, waiting up to REDIS_BLOCK -> dict or None
-        (none yet, or one dropped: forged, malformed, replayed, or over a minute old)."""
+        """The next request in this instance's inbox, waiting up to REDIS_BLOCK
+        -> dict or None (none yet, or one dropped: forged, malformed, replayed,
+        or over a minute old)."""
         inbox = self.name("inbox", self.instance)
         got = self.do("read this instance's inbox",
                       lambda: self.redis.blpop([inbox], timeout=REDIS_BLOCK))
@@ -7304,7 +8158,8 @@ class SharedStore:
             log("dropped a replay, or a request over a minute old, from %s" % message["sender"])
             return None
         if message:
-            self.seen[message["nonce"]] = now + 120      # past any that could pass the test
+            # past any that could pass the test
+            self.seen[message["nonce"]] = now + 120
         return message
 
     def reply(self, key, answer, seconds):
@@ -7318,7 +8173,8 @@ class SharedStore:
 
     def close(self):
         with contextlib.suppress(self.errors.RedisError):
-            self.redis.delete(self.name("hb", self.instance))   # the others know at once
+            # the others know at once
+            self.redis.delete(self.name("hb", self.instance))
         self.redis.connection_pool.disconnect()
 
 
@@ -7327,20 +8183,26 @@ class OwnerGone(Exception):
 
 
 class SharedService:
-    """This instance's side of the service: its heartbeat and inbox threads, the sessions it
-    knows (hid -> Session: opened here, loaded from Redis, or copies for carried requests), and
-    the hooks below. `server` is the HttpServer, once a hook has seen it."""
+    """This instance's side of the service: its heartbeat and inbox threads,
+    the sessions it knows (hid -> Session: opened here, loaded from Redis, or
+    copies for carried requests), and the hooks below. `server` is the
+    HttpServer, once a hook has seen it."""
 
     def __init__(self, store):
         self.store = store
         self.server = None
-        self.sessions = {}               # hid -> Session
-        self.streams = {}                # hid -> SseSession open here
-        self.published = {}              # job handle -> PublishedJob, for its record in Redis
+        # hid -> Session
+        self.sessions = {}
+        # hid -> SseSession open here
+        self.streams = {}
+        # job handle -> PublishedJob, for its record in Redis
+        self.published = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
-        self.down_since = None           # when Redis stopped answering the heartbeat
-        self.followed = {}               # hid -> the last_used follow_idle_clocks() set
+        # when Redis stopped answering the heartbeat
+        self.down_since = None
+        # hid -> the last_used follow_idle_clocks() set
+        self.followed = {}
         self.workers = Workers()
 
     def start(self):
@@ -7353,7 +8215,8 @@ class SharedService:
         self.store.close()
 
     def heartbeat(self):
-        """Every HEARTBEAT_TTL / 3 s: the heartbeat, open streams, sessions used meanwhile."""
+        """Every HEARTBEAT_TTL / 3 s: the heartbeat, open streams, sessions
+        used meanwhile."""
         last = time.monotonic()
         while not self.stopped.wait(HEARTBEAT_TTL / 3):
             now = time.monotonic()
@@ -7362,13 +8225,15 @@ class SharedService:
                 self.published = {h: p for h, p in self.published.items() if JOBS.get(h)}
                 streams = list(self.streams)
                 known = {h: s for h, s in self.sessions.items() if isinstance(s, HttpSession)}
-                used = [h for h, s in known.items()        # here: not a clock we followed
+                # here: not a clock we followed
+                used = [h for h, s in known.items()
                         if s.last_used >= last and s.last_used != self.followed.get(h)]
             try:
                 self.store.beat(streams)
                 self.store.renew("session", used, SESSION_IDLE_TIMEOUT)
                 self.follow_idle_clocks(known)
-                # Returned files stay on their instance; OUTPUT_STORE_MB bounds them all.
+                # Returned files stay on their instance; OUTPUT_STORE_MB bounds
+                # them all.
                 OUTPUTS.capacity = (OUTPUT_STORE_MB << 20) // max(1, len(self.store.instances()))
             except StoreError as exc:
                 if self.down_since is None:
@@ -7382,25 +8247,29 @@ class SharedService:
             last = now
 
     def follow_idle_clocks(self, known):
-        """A session's idle time is the service's: its record's TTL, renewed by a use anywhere,
-        sets back the clock of this instance's copy, so that the copy (and the jobs and
-        kernels it has here) does not expire while the session is used elsewhere. A clock set
-        back so is no use here: renewing the record for it would keep an idle session forever."""
+        """A session's idle time is the service's: its record's TTL, renewed by
+        a use anywhere, sets back the clock of this instance's copy, so that
+        the copy (and the jobs and kernels it has here) does not expire while
+        the session is used elsewhere. A clock set back so is no use here:
+        renewing the record for it would keep an idle session forever."""
         now = time.monotonic()
         self.followed = {hid: self.followed[hid] for hid in known if hid in self.followed}
         for (hid, session), left in zip(known.items(), self.store.ttls("session", list(known))):
             if left > 0 and now - (SESSION_IDLE_TIMEOUT - left) > session.last_used:
                 session.last_used = now - (SESSION_IDLE_TIMEOUT - left)
                 self.followed[hid] = session.last_used
-            elif now - session.last_used > SESSION_IDLE_TIMEOUT:     # over, everywhere
+            # over, everywhere
+            elif now - session.last_used > SESSION_IDLE_TIMEOUT:
                 with self.lock:
                     self.sessions.pop(hid, None)
-                if session.session_id is None:     # a copy for carried requests: no server
-                    session.end()                  # expires it but this
+                # a copy for carried requests: no server
+                if session.session_id is None:
+                    # expires it but this
+                    session.end()
 
     def serve_inbox(self):
-        """Answer what other instances carry here, each on a worker thread, for the life of
-        the instance: nothing in the inbox ends it."""
+        """Answer what other instances carry here, each on a worker thread, for
+        the life of the instance: nothing in the inbox ends it."""
         while not self.stopped.is_set():
             try:
                 message = self.store.next_request()
@@ -7422,8 +8291,9 @@ class SharedService:
                 self.store.reply(message["reply"], answer, message["wait"])
 
     def carry(self, instance, kind, wait, **fields):
-        """Ask `instance` to do `kind` -> its answer. OwnerGone if it stopped, before or while;
-        StoreError if Redis fails. `wait`: seconds it may take, while it lives."""
+        """Ask `instance` to do `kind` -> its answer. OwnerGone if it stopped,
+        before or while; StoreError if Redis fails. `wait`: seconds it may
+        take, while it lives."""
         if not self.store.alive(instance):
             raise OwnerGone(instance)
         reply = self.store.name("reply", os.urandom(12).hex())
@@ -7445,14 +8315,17 @@ class SharedService:
             if instance != INSTANCE:
                 self.store.send(instance, dict(fields, kind=kind, reply=None, wait=0))
 
-    # -- sessions --------------------------------------------------------------------
+    # -- sessions
+    # --------------------------------------------------------------------
     def session_hid(self, session):
-        """The hid that names a session everywhere (None: a stateless request)."""
+        """The hid that names a session everywhere (None: a stateless
+        request)."""
         if isinstance(session, SseSession):
             return self.store.hid("sse " + session.session_id)
         if getattr(session, "session_id", None):
             return self.store.hid(session.session_id)
-        return getattr(session, "shared_hid", None)     # an HttpSession; stdio has none
+        # an HttpSession; stdio has none
+        return getattr(session, "shared_hid", None)
 
     def remember(self, hid, session):
         session.shared_hid = hid
@@ -7460,21 +8333,23 @@ class SharedService:
             self.sessions[hid] = session
 
     def session_opened(self, server, session):
-        """The "session_opened" hook: the new session's record, for every instance."""
+        """The "session_opened" hook: the new session's record, for every
+        instance."""
         self.server = server
         hid = self.session_hid(session)
         self.remember(hid, session)
         record = {"owner": session.owner, "version": session.protocol_version,
                   "capabilities": json.dumps(session.client_capabilities),
-                  "client": session.client_name}       # its results' shape (section 9)
+                  # its results' shape (section 9)
+                  "client": session.client_name}
         try:
             self.store.put("session", hid, record, SESSION_IDLE_TIMEOUT)
         except StoreError as exc:
             log("%s: this session is known here only" % exc)
 
     def find_session(self, server, session_id):
-        """The "find_session" hook: a session opened on another instance -> HttpSession, None
-        (unknown anywhere), or a 503 naming the store."""
+        """The "find_session" hook: a session opened on another instance ->
+        HttpSession, None (unknown anywhere), or a 503 naming the store."""
         self.server = server
         hid = self.store.hid(session_id)
         try:
@@ -7493,11 +8368,13 @@ class SharedService:
         return session
 
     def session_deleted(self, session_id):
-        """The "session_deleted" hook: DELETE /mcp ends the session on every instance."""
+        """The "session_deleted" hook: DELETE /mcp ends the session on every
+        instance."""
         hid = self.store.hid(session_id)
         try:
             known = self.store.drop("session", hid)
-            for instance in self.store.instances():     # each ends it before DELETE answers
+            # each ends it before DELETE answers
+            for instance in self.store.instances():
                 if instance != INSTANCE:
                     with contextlib.suppress(OwnerGone):
                         self.carry(instance, "end", 5.0, hid=hid)
@@ -7509,8 +8386,9 @@ class SharedService:
         return known
 
     def copy(self, described):
-        """The session a carried request runs in here: the one this instance knows by its hid,
-        else a copy with the same owner (whose files, tasks and kernels it may use)."""
+        """The session a carried request runs in here: the one this instance
+        knows by its hid, else a copy with the same owner (whose files, tasks
+        and kernels it may use)."""
         hid = described["hid"]
         with self.lock:
             session = self.sessions.get(hid) if hid else None
@@ -7537,17 +8415,20 @@ class SharedService:
         session.end()
         return None
 
-    # -- /sse streams ----------------------------------------------------------------
+    # -- /sse streams
+    # ----------------------------------------------------------------
     def sse_opened(self, server, session):
         self.server = server
         hid = self.session_hid(session)
         with self.lock:
             self.streams[hid] = session
-        with contextlib.suppress(StoreError):       # else its POSTs must come here
+        # else its POSTs must come here
+        with contextlib.suppress(StoreError):
             self.store.beat([hid])
 
     def sse_elsewhere(self, session_id, body):
-        """The "sse_elsewhere" hook: carry a POST to the instance holding its stream."""
+        """The "sse_elsewhere" hook: carry a POST to the instance holding its
+        stream."""
         hid = self.store.hid("sse " + session_id)
         try:
             instance = self.store.owner_of_stream(hid)
@@ -7568,10 +8449,12 @@ class SharedService:
         return {"status": reply.status, "body": base64.b64encode(reply.body).decode(),
                 "content_type": reply.content_type}
 
-    # -- requests for what another instance holds ---------------------------------------
+    # -- requests for what another instance holds
+    # ---------------------------------------
     def route(self, request):
-        """The "route" hook: a request naming another instance's job, task, kernel or file is
-        carried there -> its response; tasks/list asks every instance. None: answer it here."""
+        """The "route" hook: a request naming another instance's job, task,
+        kernel or file is carried there -> its response; tasks/list asks every
+        instance. None: answer it here."""
         if request.method == "tasks/list" and protocol(request.version).tasks:
             return self.list_everywhere(request)
         handle = handle_named(request)
@@ -7615,7 +8498,8 @@ class SharedService:
         return [job.task(False) for job in JOBS.of(message["session"]["owner"])]
 
     def cancelled(self, session, request_id):
-        """The "cancelled" hook: the call may run on another instance (carried there)."""
+        """The "cancelled" hook: the call may run on another instance (carried
+        there)."""
         hid = self.session_hid(session)
         if hid is not None:
             with contextlib.suppress(StoreError):
@@ -7631,10 +8515,12 @@ class SharedService:
         return {"instance": INSTANCE, "shared": "redis down" if self.down_since else "redis",
                 "files_capacity": OUTPUTS.capacity}
 
-    # -- jobs and tasks: a record in Redis, from before the handle goes out ---------------
+    # -- jobs and tasks: a record in Redis, from before the handle goes out
+    # ---------------
     def job_published(self, job, request):
-        """The "job_published" hook: the job's record, before its handle is returned -> None,
-        or what failed. It names the owner, and, once the run ends, holds its result."""
+        """The "job_published" hook: the job's record, before its handle is
+        returned -> None, or what failed. It names the owner, and, once the run
+        ends, holds its result."""
         record = {"owner": INSTANCE, "status": "working", "created": str(job.created)}
         try:
             self.store.put("job", self.store.hid(job.handle), record,
@@ -7644,13 +8530,15 @@ class SharedService:
             return str(exc)
         with self.lock:
             self.published[job.handle] = PublishedJob(request.version, request.modern)
-        if job.done.is_set():           # it ended before it was published: job_ended skipped it
+        # it ended before it was published: job_ended skipped it
+        if job.done.is_set():
             self.job_ended(job)
         return None
 
     def job_ended(self, job):
-        """The "job_ended" hook: its status, Task and result go into its record (kept JOB_TTL),
-        with what no poll took yet: so they outlive this instance."""
+        """The "job_ended" hook: its status, Task and result go into its record
+        (kept JOB_TTL), with what no poll took yet: so they outlive this
+        instance."""
         published = self.published.get(job.handle)
         if published is None:
             return
@@ -7664,21 +8552,24 @@ class SharedService:
                   "modern_task": sealed(job.task(True)),
                   "result": sealed(tool_result(job.result, version)),
                   "done": sealed(tool_result(done, version))}
-        with published.lock:      # job_answered() waits: the tail it took is never put back
+        # job_answered() waits: the tail it took is never put back
+        with published.lock:
             record["tail"] = sealed(tool_result(job.answer(take=False), version))
             with contextlib.suppress(StoreError):
                 self.store.put("job", self.store.hid(job.handle), record, JOB_TTL)
 
     def job_answered(self, job):
-        """The "job_answered" hook: a poll here took the last output: the copy goes."""
+        """The "job_answered" hook: a poll here took the last output: the copy
+        goes."""
         published = self.published.get(job.handle)
         if published is not None:
             with published.lock, contextlib.suppress(StoreError):
                 self.store.take_field("job", self.store.hid(job.handle), "tail")
 
     def from_record(self, request, handle):
-        """A request for a job whose instance stopped after it ended -> the response its
-        record gives (each output line still once), or None: nothing was kept (lost)."""
+        """A request for a job whose instance stopped after it ended -> the
+        response its record gives (each output line still once), or None:
+        nothing was kept (lost)."""
         try:
             record = self.store.get("job", self.store.hid(handle)) if handle[:2] == "j-" else None
             if not record or "result" not in record:
@@ -7703,12 +8594,14 @@ CARRIED = {"request": SharedService.request_here, "sse_post": SharedService.sse_
            "end": SharedService.end_copy}
 
 
-HANDLE_MARK = "@handle@"      # stands for a job's handle in its record: no handle in clear
+# stands for a job's handle in its record: no handle in clear
+HANDLE_MARK = "@handle@"
 
 
 class PublishedJob:
-    """What the record of a job whose handle went out needs: the version its results are
-    written in, and a lock that orders its last output's copy against a poll that takes it."""
+    """What the record of a job whose handle went out needs: the version its
+    results are written in, and a lock that orders its last output's copy
+    against a poll that takes it."""
 
     def __init__(self, version, modern):
         self.version, self.modern = version, modern
@@ -7716,8 +8609,8 @@ class PublishedJob:
 
 
 def task_from_record(request, record, handle):
-    """tasks/get, tasks/result, tasks/cancel of an ended task, from its record -> the result,
-    or a ProtocolError (a 2025 cancel of an ended task)."""
+    """tasks/get, tasks/result, tasks/cancel of an ended task, from its record
+    -> the result, or a ProtocolError (a 2025 cancel of an ended task)."""
     result = json.loads(record["result"])
     if request.method == "tasks/result":
         return dict(result, _meta={RELATED_TASK: {"taskId": handle}})
@@ -7738,7 +8631,8 @@ def handle_named(request):
     if request.method == "tools/call":
         arguments = params.get("arguments")
         arguments = arguments if isinstance(arguments, dict) else {}
-        for name in ("job", "session", "end_session"):     # end_session: code_exec_job's
+        # end_session: code_exec_job's
+        for name in ("job", "session", "end_session"):
             if isinstance(arguments.get(name), str) and arguments[name] not in ("new", ""):
                 return arguments[name]
     if request.method in ("tasks/get", "tasks/result", "tasks/cancel"):
@@ -7755,7 +8649,8 @@ def request_message(request):
 
 
 def lost_response(request, handle, instance):
-    """What a request for something a stopped instance held is told: what was lost."""
+    """What a request for something a stopped instance held is told: what was
+    lost."""
     kind = {"j": "job", "s": "session (kernel)", "f": "file"}.get(handle[:1], "handle")
     if request.method.startswith("tasks/"):
         kind = "task"
@@ -7767,10 +8662,12 @@ def lost_response(request, handle, instance):
 
 
 def failed_response(request, text):
-    """A tool error for tools/call, else a JSON-RPC error: never a hang, never a bare 500."""
+    """A tool error for tools/call, else a JSON-RPC error: never a hang, never
+    a bare 500."""
     if request.method in ("tools/call", "tasks/get"):
         result = tool_result(Result.refusal(text), request.version)
-        if request.method == "tasks/get":        # tasks.mdx: a task that cannot finish failed
+        # tasks.mdx: a task that cannot finish failed
+        if request.method == "tasks/get":
             now = time.strftime(ISO_TIME, time.gmtime())
             result = {"taskId": request.params["taskId"], "status": "failed",
                       "statusMessage": text, "createdAt": now, "lastUpdatedAt": now}
@@ -7783,12 +8680,15 @@ def failed_response(request, text):
 
 
 def shared_setup():
-    """With REDIS_URL, for HTTP: this instance joins the service. Exit 2 if Redis cannot be
-    reached, or if the code could reach it (redis_reachable_by_code), saying what to set."""
+    """With REDIS_URL, for HTTP: this instance joins the service. Exit 2 if
+    Redis cannot be reached, or if the code could reach it
+    (redis_reachable_by_code), saying what to set."""
     global INSTANCE, SHARED
-    if not REDIS_URL or "flask" not in sys.modules:     # create_app() imported it: HTTP
+    # create_app() imported it: HTTP
+    if not REDIS_URL or "flask" not in sys.modules:
         return
-    INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())     # per boot: Heroku reuses web.1
+    # per boot: Heroku reuses web.1
+    INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())
     reachable = redis_reachable_by_code(REDIS_URL, EXEC_NETWORK == "off" and SANDBOX.active)
     if reachable:
         log("cannot start: the code this server runs could reach the Redis at %s (REDIS_URL), "
@@ -7810,8 +8710,9 @@ def shared_setup():
 
 
 def register_shared_hooks(shared):
-    """The core's and sections' hooks a shared service serves, each by its method of the same
-    name: where a request belongs, and what other instances must hear of."""
+    """The core's and sections' hooks a shared service serves, each by its
+    method of the same name: where a request belongs, and what other instances
+    must hear of."""
     register_hook("route", shared.route)
     register_hook("cancelled", shared.cancelled)
     register_hook("find_session", shared.find_session)
@@ -7825,7 +8726,8 @@ def register_shared_hooks(shared):
     register_hook("job_answered", shared.job_answered)
 
 
-SHARED = None             # the SharedService, with REDIS_URL over HTTP (shared_setup)
+# the SharedService, with REDIS_URL over HTTP (shared_setup)
+SHARED = None
 register_lifecycle(setup=shared_setup, shutdown=lambda: SHARED and SHARED.stop())
 
 
@@ -7864,7 +8766,8 @@ def show_version(args):
 
 
 def demo(args=()):
-    """Start `python mcp_exec.py` as a child and show a session with it, frame by frame."""
+    """Start `python mcp_exec.py` as a child and show a session with it, frame
+    by frame."""
     client = StdioClient([sys.executable, os.path.abspath(__file__)], trace=sys.stdout)
     code = "import sys\nprint(sys.version.split()[0])\nsum(range(101))"
     with contextlib.closing(client):
@@ -7881,15 +8784,17 @@ def demo(args=()):
 
 
 def import_command(args, options=()):
-    """-> the argv that runs this file as `python -m` would, sys.path as a script has it (its
-    folder first, never the current directory: -c puts it there, and a runpy.py there must not be
-    imported), or None where no bytecode cache can be written. Cached bytecode starts it in a third
-    of the time a script takes, which compiles 6,000 lines first."""
+    """-> the argv that runs this file as `python -m` would, sys.path as a
+    script has it (its folder first, never the current directory: -c puts it
+    there, and a runpy.py there must not be imported), or None where no
+    bytecode cache can be written. Cached bytecode starts it in a third of the
+    time a script takes, which compiles 6,000 lines first."""
     path = os.path.abspath(__file__)
     folder, module = os.path.split(path[:-3])
     if not (path.endswith(".py") and module.isidentifier() and _cache_bytecode()):
         return None
-    # The closing comment keeps the file's path in the command line: `ps`, `pkill -f` find it.
+    # The closing comment keeps the file's path in the command line: `ps`,
+    # `pkill -f` find it.
     run = ("import sys; sys.path[:] = [%r] + [p for p in sys.path if p]; import runpy; "
            "runpy.run_module(%r, run_name='__main__', alter_sys=True)  # %r"
            % (folder, module, path))
@@ -7897,19 +8802,24 @@ def import_command(args, options=()):
 
 
 def start_as_import():
-    """`python mcp_exec.py` about to serve: replace this process (same pid, descriptors, arguments)
-    by an import of this file (import_command). CPython's pyrun_file keeps a script's syntax tree
-    (12 MB here) until the script ends; an import keeps none: the server idles in 18 MB, not 31."""
+    """`python mcp_exec.py` about to serve: replace this process (same pid,
+    descriptors, arguments) by an import of this file (import_command).
+    CPython's pyrun_file keeps a script's syntax tree (12 MB here) until the
+    script ends; an import keeps none: the server idles in 18 MB, not 31."""
     if not hasattr(sys, "orig_argv"):
         return
-    options = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]     # -u, -X ...: kept
+    # -u, -X ...: kept
+    options = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]
     argv = import_command(sys.argv[1:], [option for option in options if option != "--"])
-    if argv is not None:                # else no bytecode cache here: serve on as a script
-        with contextlib.suppress(OSError):      # no interpreter to exec: serve on as a script
+    # else no bytecode cache here: serve on as a script
+    if argv is not None:
+        # no interpreter to exec: serve on as a script
+        with contextlib.suppress(OSError):
             os.execv(sys.executable, argv)
 
 
-# heroku/mcp-code-exec-python's variables that do nothing here: a mover hears so, once each.
+# heroku/mcp-code-exec-python's variables that do nothing here: a mover hears
+# so, once each.
 RETIRED = {"USE_TEMP_DIR": 'a call asks for an isolated environment: "use_temp_dir": true',
            "REMOTE_SERVER_TRANSPORT_MODULE": "one server serves /mcp and /sse at once"}
 
@@ -7924,8 +8834,10 @@ register_command(["-h", "--help", "help"], show_help)
 register_command(["-V", "--version"], show_version)
 register_command(["demo"], demo)
 register_command(["client"], client_main)
-build_parts()          # every section has registered: the server's long-lived objects, here
+# every section has registered: the server's long-lived objects, here
+build_parts()
 if __name__ == "__main__":
     if __spec__ is None and POSIX and sys.argv[1:2] in ([], ["--http"], ["http"]):
-        start_as_import()              # the servers, which live long, as an import
+        # the servers, which live long, as an import
+        start_as_import()
     sys.exit(main())
