@@ -23,7 +23,10 @@ travels:
 
 The second part makes that server faster, safer or richer, and only by
 registering with it (section 2's register_*()): it replaces a step, adds to a
-hook, a method, an era, a part.
+hook, a method, an era, a part. Each section's registrations sit in one
+function, install_fork_server() to install_command_line(), and compose(), the
+file's last function, calls them in order: the one place the full server is
+put together.
 
      6. Fork server       a template interpreter per environment forks each call (a faster child)
      7. Containment       Landlock, capabilities, seccomp, per-call totals, crash recovery
@@ -3795,8 +3798,11 @@ if core_alone():
 # The core ends here. What follows makes that server faster, safer and richer,
 # each section only through the core's register_*(): the fork server,
 # containment, cached environments, what the model sees, kernels, the
-# 2026-07-28 era, jobs and tasks, the client and the command line. the name
-# core_alone() looks for: this file goes on
+# 2026-07-28 era, jobs and tasks, the client and the command line. Each
+# section's registrations sit in its install_*() function, and compose(), at
+# the file's end, calls them in order.
+
+# the name core_alone() looks for: this file goes on
 SECTIONS_FOLLOW = True
 
 import importlib
@@ -4480,14 +4486,17 @@ def build_templates(part):
     TEMPLATES = part("TEMPLATES", lambda: Templates(FORK_SERVER))
 
 
-register_parts(build_templates)
-register_step("start_child", fork_child)
-register_child_mode("template", serve_template, before_setup=True)
-register_hook("inputs", hear_imports)
-register_hook("child_setup", reseed_preloaded)
-register_hook("child_report", modules_code_loaded)
-register_hook("health", lambda: {"templates": TEMPLATES.describe()})
-register_lifecycle(shutdown=lambda: TEMPLATES.close())
+def install_fork_server():
+    """What section 6 adds: the fork server: templates, and the step
+    that forks each call from one."""
+    register_parts(build_templates)
+    register_step("start_child", fork_child)
+    register_child_mode("template", serve_template, before_setup=True)
+    register_hook("inputs", hear_imports)
+    register_hook("child_setup", reseed_preloaded)
+    register_hook("child_report", modules_code_loaded)
+    register_hook("health", lambda: {"templates": TEMPLATES.describe()})
+    register_lifecycle(shutdown=lambda: TEMPLATES.close())
 
 
 # =============================================================================
@@ -4724,7 +4733,7 @@ def apply_sandbox(spec):
         if spec["abi"]:
             _apply_landlock(libc, spec)
         if spec["seccomp"]:
-            install_seccomp(libc, spec["network_off"], spec["remote"],
+            load_seccomp_filter(libc, spec["network_off"], spec["remote"],
                             bool(spec.get("own_uid") or spec.get("metadata")))
     except OSError as exc:
         sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n"
@@ -4987,7 +4996,7 @@ def _filter(arch, network_off, remote=False, own_uid=False):
     return ctypes.create_string_buffer(fprog, len(fprog)), instructions
 
 
-def install_seccomp(libc, network_off, remote=False, own_uid=False):
+def load_seccomp_filter(libc, network_off, remote=False, own_uid=False):
     """Install the deny-list filter on this process and all it starts (if
     Sandbox.seccomp). Unnamed syscalls load no argument, so the kernel's
     per-syscall cache (5.11+) passes them unfiltered."""
@@ -5571,16 +5580,19 @@ def build_containment(part):
     CGROUPS = part("CGROUPS", CallCgroups)
 
 
-register_parts(build_containment)
-register_hook("child_config", contain_child)
-register_hook("child_setup", sandbox_child)
-register_step("installer", confine_installer)
-register_child_mode("exec", exec_after_setup)
-register_lifecycle(setup=lambda: CGROUPS.start(), shutdown=lambda: CGROUPS.shutdown())
-register_hook("health", lambda: {"sandbox": SANDBOX.name()})
-register_step("watch", lambda pid, directory: MONITOR.watch(pid, directory))
-register_lifecycle(setup=server_setup)
-register_tool_feature(note=limits_note)
+def install_containment():
+    """What section 7 adds: containment: the sandbox in every child, the
+    per-call watch and cgroups, the installer's confinement."""
+    register_parts(build_containment)
+    register_hook("child_config", contain_child)
+    register_hook("child_setup", sandbox_child)
+    register_step("installer", confine_installer)
+    register_child_mode("exec", exec_after_setup)
+    register_lifecycle(setup=lambda: CGROUPS.start(), shutdown=lambda: CGROUPS.shutdown())
+    register_hook("health", lambda: {"sandbox": SANDBOX.name()})
+    register_step("watch", lambda pid, directory: MONITOR.watch(pid, directory))
+    register_lifecycle(setup=server_setup)
+    register_tool_feature(note=limits_note)
 
 
 # =============================================================================
@@ -5744,9 +5756,14 @@ def _exclusive_lease(venv):
 
 
 LEASE_FILE = ".mcp-exec-lease"
-# what the core's ENVIRONMENTS is
-register_step("environments", CachedEnvironments)
-register_lifecycle(setup=lambda: ENVIRONMENTS.recover())
+
+
+def install_environments():
+    """What section 8 adds: cached, leased environments in place of the
+    core's fresh ones."""
+    # what the core's ENVIRONMENTS is
+    register_step("environments", CachedEnvironments)
+    register_lifecycle(setup=lambda: ENVIRONMENTS.recover())
 
 
 # =============================================================================
@@ -6314,13 +6331,6 @@ def build_outputs(part):
     OUTPUTS = part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
 
 
-register_hook("decorate", shape_result)
-register_parts(build_outputs)
-register_hook("child_config", value_limits)
-register_hook("child_report", describe_value)
-register_hook("read_record", apply_record)
-register_hook("inputs", write_inputs)
-register_hook("outputs", take_outputs)
 FILES_ARGUMENT = {"type": "array", "maxItems": FILES_IN_MAX,
                   "description": "Files to put in the working directory first: [{\"path\": "
                                  "\"data.csv\", \"content\": \"...\"}], with \"encoding\": "
@@ -6340,11 +6350,23 @@ SEEN_RESULTS = {
     "files": {"type": "array", "description": "Files the code created or changed in its working "
               "directory; resources/read reads a uri.", "items": {"type": "object", "properties": {
                   "path": TEXT, "size": NUMBER, "uri": TEXT, "mimeType": TEXT, "note": TEXT}}}}
-register_tool_feature(check=check_files, note=lambda local: FILES_NOTE,
-                      capability={"resources": {}}, arguments={"files": FILES_ARGUMENT},
-                      results=SEEN_RESULTS)
-register_method("resources/read", handle_resources_read)
-register_method("resources/list", handle_resources_list)
+
+
+def install_outputs():
+    """What section 9 adds: what the model sees: values, images, files
+    in and out, each host's shape."""
+    register_hook("decorate", shape_result)
+    register_parts(build_outputs)
+    register_hook("child_config", value_limits)
+    register_hook("child_report", describe_value)
+    register_hook("read_record", apply_record)
+    register_hook("inputs", write_inputs)
+    register_hook("outputs", take_outputs)
+    register_tool_feature(check=check_files, note=lambda local: FILES_NOTE,
+                          capability={"resources": {}}, arguments={"files": FILES_ARGUMENT},
+                          results=SEEN_RESULTS)
+    register_method("resources/read", handle_resources_read)
+    register_method("resources/list", handle_resources_list)
 
 
 # =============================================================================
@@ -6692,20 +6714,24 @@ def build_kernels(part):
     KERNELS = part("KERNELS", Kernels)
 
 
-register_parts(build_kernels)
-register_step("run", run_call_or_kernel)
-register_child_mode("kernel", serve_kernel)
-register_lifecycle(shutdown=lambda: KERNELS.close())
-register_hook("session_ended", lambda session: KERNELS.end_session(session))
-register_hook("busy_owners", lambda: KERNELS.owners())
-register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
-    "session": {"type": "string", "description": '"new" starts a session, which keeps state '
-                "across calls; or the handle a result gave you."},
-    "end_session": {"type": "boolean", "description": "End the session after this code."},
-}, results={
-    "session": {"type": "string", "description": "The session this call ran in: pass it on."},
-    "session_ended": {"type": "boolean", "description": "The session ended: its state is gone."},
-})
+def install_kernels():
+    """What section 10 adds: kernels: the "session" argument, and the
+    run step that knows them."""
+    register_parts(build_kernels)
+    register_step("run", run_call_or_kernel)
+    register_child_mode("kernel", serve_kernel)
+    register_lifecycle(shutdown=lambda: KERNELS.close())
+    register_hook("session_ended", lambda session: KERNELS.end_session(session))
+    register_hook("busy_owners", lambda: KERNELS.owners())
+    register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
+        "session": {"type": "string", "description": '"new" starts a session, which keeps state '
+                    "across calls; or the handle a result gave you."},
+        "end_session": {"type": "boolean", "description": "End the session after this code."},
+    }, results={
+        "session": {"type": "string", "description": "The session this call ran in: pass it on."},
+        "session_ended": {"type": "boolean",
+                          "description": "The session ended: its state is gone."},
+    })
 
 
 # =============================================================================
@@ -6853,9 +6879,12 @@ def header_mismatch(message, headers):
     return None
 
 
-register_era(modern_request)
-register_method("server/discover", handle_discover, eras=("modern",))
-register_hook("http_post", modern_http_post)
+def install_modern_era():
+    """What section 11 adds: the 2026-07-28 era: stateless requests,
+    server/discover, their headers."""
+    register_era(modern_request)
+    register_method("server/discover", handle_discover, eras=("modern",))
+    register_hook("http_post", modern_http_post)
 
 
 # =============================================================================
@@ -7399,25 +7428,28 @@ def build_jobs(part):
     JOBS = part("JOBS", Jobs)
 
 
-register_parts(build_jobs)
-register_step("call", job_call_mode)
-register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
-                      capability=JOB_CAPABILITIES, results=JOB_RESULTS,
-                      code_optional_with="job", undeclared=("job", "cancel"))
-register_tool(JOB_TOOL, lambda version, local: {
-    "name": JOB_TOOL, "description": "Follow or stop a run of %s that is still going (a job), "
-    "or end a session." % TOOL_NAME, "inputSchema": JOB_TOOL_SCHEMA}, job_tool_arguments)
-register_hook("tool_fields", lambda version: {"execution": {"taskSupport": "optional"}}
-              # 2025-11-25 tasks.mdx, Tool-Level
-              if protocol(version).tasks else {})
-register_method("tasks/get", handle_tasks_get)
-register_method("tasks/cancel", handle_tasks_cancel)
-register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=True)
-register_method("tasks/list", handle_tasks_list, eras=("handshake",))
-register_lifecycle(shutdown=lambda: JOBS.close())
-register_hook("session_ended", lambda session: JOBS.end_session(session))
-register_hook("input_ended", lambda session: JOBS.end_followed(session))
-register_hook("busy_owners", lambda: JOBS.owners())
+def install_jobs():
+    """What section 12 adds: jobs and tasks: the call step that makes
+    runs outlive requests, code_exec_job, tasks/*."""
+    register_parts(build_jobs)
+    register_step("call", job_call_mode)
+    register_tool_feature(check=check_job, note=lambda local: JOB_NOTE if CALL_WAIT else "",
+                          capability=JOB_CAPABILITIES, results=JOB_RESULTS,
+                          code_optional_with="job", undeclared=("job", "cancel"))
+    register_tool(JOB_TOOL, lambda version, local: {
+        "name": JOB_TOOL, "description": "Follow or stop a run of %s that is still going (a job), "
+        "or end a session." % TOOL_NAME, "inputSchema": JOB_TOOL_SCHEMA}, job_tool_arguments)
+    register_hook("tool_fields", lambda version: {"execution": {"taskSupport": "optional"}}
+                  # 2025-11-25 tasks.mdx, Tool-Level
+                  if protocol(version).tasks else {})
+    register_method("tasks/get", handle_tasks_get)
+    register_method("tasks/cancel", handle_tasks_cancel)
+    register_method("tasks/result", handle_tasks_result, eras=("handshake",), slow=True)
+    register_method("tasks/list", handle_tasks_list, eras=("handshake",))
+    register_lifecycle(shutdown=lambda: JOBS.close())
+    register_hook("session_ended", lambda session: JOBS.end_session(session))
+    register_hook("input_ended", lambda session: JOBS.end_followed(session))
+    register_hook("busy_owners", lambda: JOBS.owners())
 
 
 # =============================================================================
@@ -8728,7 +8760,11 @@ def register_shared_hooks(shared):
 
 # the SharedService, with REDIS_URL over HTTP (shared_setup)
 SHARED = None
-register_lifecycle(setup=shared_setup, shutdown=lambda: SHARED and SHARED.stop())
+
+
+def install_shared():
+    """What section 14 adds: many instances as one service: REDIS_URL."""
+    register_lifecycle(setup=shared_setup, shutdown=lambda: SHARED and SHARED.stop())
 
 
 # =============================================================================
@@ -8829,13 +8865,40 @@ def retired_settings():
         log("%s is not read here: %s" % (name, RETIRED[name]))
 
 
-register_lifecycle(setup=retired_settings)
-register_command(["-h", "--help", "help"], show_help)
-register_command(["-V", "--version"], show_version)
-register_command(["demo"], demo)
-register_command(["client"], client_main)
-# every section has registered: the server's long-lived objects, here
-build_parts()
+def install_command_line():
+    """What section 15 adds: the full command line: --help, --version,
+    demo, client."""
+    register_lifecycle(setup=retired_settings)
+    register_command(["-h", "--help", "help"], show_help)
+    register_command(["-V", "--version"], show_version)
+    register_command(["demo"], demo)
+    register_command(["client"], client_main)
+
+
+# =============================================================================
+# Composition: the core, and what each section adds to it, in order
+# =============================================================================
+# The one place the full server is put together. Order matters where two
+# sections replace the same step: the later wins, and wraps what it finds
+# (jobs' "call" step runs the kernels' "run" step, which runs the core's).
+# Leave a line out and the server runs without that section.
+
+def compose():
+    """Register every section with the core, then build the server's
+    long-lived objects (build_parts()), once."""
+    install_fork_server()          # 6. a template per environment forks calls
+    install_containment()          # 7. Landlock, seccomp, cgroups, recovery
+    install_environments()         # 8. cached, leased venvs
+    install_outputs()              # 9. values, images, files; each host's shape
+    install_kernels()              # 10. state across calls
+    install_modern_era()           # 11. 2026-07-28 stateless requests
+    install_jobs()                 # 12. jobs and MCP Tasks
+    install_shared()               # 14. REDIS_URL: many instances as one
+    install_command_line()         # 15. --help, --version, demo, client
+    build_parts()
+
+
+compose()
 if __name__ == "__main__":
     if __spec__ is None and POSIX and sys.argv[1:2] in ([], ["--http"], ["http"]):
         # the servers, which live long, as an import
