@@ -478,12 +478,12 @@ def protocol(version):
     return PROTOCOLS.get(version) or Protocol(version)
 
 
-# --- Registration: how later sections add to the core
-# ------------------------------ These alone fill the core's tables; each is
-# called where its section ends (grep register_). The core registers its own
-# defaults the same way, so every table below starts full enough to serve: a
-# later section replaces a step, or adds to a hook, and never edits a table
-# itself.
+# --- Registration: how later sections add to the core ------------------------
+# These alone fill the core's tables; a later section calls them in its
+# install_*() function, which compose() calls at the file's end (grep
+# register_). The core registers its own defaults the same way, so every
+# table below starts full enough to serve: a later section replaces a step, or
+# adds to a hook, and never edits a table itself.
 #
 #   step (one function; the last registered does it)   hook (each registered function runs)
 #   call(request, call)          how tools/call runs   inputs(work, call) -> problem or None
@@ -641,8 +641,7 @@ def register_command(words, main):
         COMMANDS[word] = main
 
 
-# --- Sessions and requests
-# ---------------------------------------------------------
+# --- Sessions and requests ---------------------------------------------------
 
 class Session:
     """One conversation (a stdio process, an HTTP+SSE stream, a Streamable HTTP
@@ -857,8 +856,7 @@ def answer_request(request):
     return result_response(request.id, result)
 
 
-# --- The methods
-# ------------------------------------------------------------------
+# --- The methods -------------------------------------------------------------
 
 def server_info(version):
     info = {"name": SERVER_NAME, "version": SERVER_VERSION}
@@ -964,11 +962,10 @@ register_step("call", run_call)
 register_tool(TOOL_NAME, lambda version, local: tool_definition(version, local))
 
 
-# --- The tool: its contract
-# ------------------------------------------------------------- The core's
-# arguments and result fields, written once; a section that adds one declares
-# it with register_tool_feature(arguments=..., results=...), and checks it
-# there too. The core checks the four basic ones.
+# --- The tool: its contract --------------------------------------------------
+# The core's arguments and result fields, written once; a section that adds one
+# declares it with register_tool_feature(arguments=..., results=...), and
+# checks it there too. The core checks the four basic ones.
 
 # No property has a union of types ("type": ["integer", "null"]): single-type
 # dialects (Gemini's) and Inspector's --strict refuse them. "code" is required:
@@ -1106,8 +1103,7 @@ def validate_arguments(arguments):
     return call, None
 
 
-# --- The tool's result
-# ------------------------------------------------------------------
+# --- The tool's result -------------------------------------------------------
 
 class Result:
     """What one call produced. as_dict() is the tool's JSON result; `failed`
@@ -1165,8 +1161,7 @@ def tool_result(result, version):
     return reply
 
 
-# --- Batches
-# -------------------------------------------------------------------------------
+# --- Batches -----------------------------------------------------------------
 # JSON-RPC batches exist in MCP only in 2025-03-26, whose receivers MUST accept
 # them (2025-03-26 basic/index.mdx, Batching); we also accept them under
 # 2024-11-05, plain JSON-RPC 2.0. 2025-06-18 removed them (its changelog.mdx)
@@ -1455,8 +1450,7 @@ class Pipes:
             os.close(fd)
 
 
-# --- The child, as the server sees it
-# ----------------------------------------------------
+# --- The child, as the server sees it ----------------------------------------
 
 class Child:
     """What supervise() needs of a running child: `pid`, `pipes`, `directory`
@@ -1728,9 +1722,9 @@ class OutputBuffer:
         return self.head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
 
 
-# --- Starting, finding and killing processes
-# --------------------------------------------- spawn() records what the server
-# starts; its other children are calls' orphans, for reap_orphans().
+# --- Starting, finding and killing processes ---------------------------------
+# spawn() records what the server starts; its other children are calls'
+# orphans, for reap_orphans().
 
 # Popen objects of the server's own children
 _SPAWNED = weakref.WeakSet()
@@ -1807,9 +1801,9 @@ def _signal(pid, signum):
 def reap_orphans():
     """Kill and reap the server's children that it did not start itself
     (Linux)."""
-    # asked after the children are listed: a spawn() under
+    # Asked after the children are listed: a spawn() under way then is waited
+    # for, and its child is ours.
     def ours():
-        # way then is waited for, and its child is ours
         with _SPAWN_LOCK:
             return {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
     if LINUX:
@@ -1854,10 +1848,10 @@ def reap_within(pids, seconds):
             return reaped
         time.sleep(0.001)
 
-# --- Directories: the server's, each call's, and removing them
-# -------------------------- Every call gets a fresh directory under the
-# server's own, STATE_DIR/run/<pid>-<random>/, and leaves nothing there. What a
-# crash leaves, the next server removes (section 7, recovery).
+# --- Directories: the server's, each call's, and removing them ---------------
+# Every call gets a fresh directory under the server's own,
+# STATE_DIR/run/<pid>-<random>/, and leaves nothing there. What a crash leaves,
+# the next server removes (section 7, recovery).
 
 
 # _IOR/_IOW('f', 1|2, long)
@@ -2048,10 +2042,10 @@ def _start_time(pid):
     return fields[19] if len(fields) > 19 else ""
 
 
-# --- Packages: the shared workspace and fresh isolated environments
-# --------------------- A package is a plain requirement: name, optional
-# [extras], optional version specifiers. Nothing else reaches pip: no options,
-# URLs, paths, "@ url", markers or shell characters.
+# --- Packages: the shared workspace and fresh isolated environments ----------
+# A package is a plain requirement: name, optional [extras], optional version
+# specifiers. Nothing else reaches pip: no options, URLs, paths, "@ url",
+# markers or shell characters.
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
 REQUIREMENT_RE = re.compile(
@@ -2401,14 +2395,14 @@ def _waiting(try_lock, cancel, deadline, release=None):
         if got and release:
             release()
 
-# --- The child's side: one call's life in the child process
-# ---------------------------- Every child starts isolated (child_argv) with
-# CHILD_COMMAND: it imports `site` without running it, then this file by path
-# (appended to sys.path, so no file beside it hides a standard module), and
-# calls child_main(). The server's settings mean nothing there: all the child
-# needs is its config. The code finds the interpreter as `python -c` leaves it:
-# this file's imports are forgotten first, and finish_startup() runs site and
-# puts '' first on sys.path, once the sandbox is in place.
+# --- The child's side: one call's life in the child process ------------------
+# Every child starts isolated (child_argv) with CHILD_COMMAND: it imports
+# `site` without running it, then this file by path (appended to sys.path, so
+# no file beside it hides a standard module), and calls child_main(). The
+# server's settings mean nothing there: all the child needs is its config. The
+# code finds the interpreter as `python -c` leaves it: this file's imports are
+# forgotten first, and finish_startup() runs site and puts '' first on
+# sys.path, once the sandbox is in place.
 
 
 try:
@@ -3849,8 +3843,7 @@ def lives_elsewhere(handle, shown=None):
 # EXEC_PRELOAD), each call getting a fresh copy-on-write copy of them; one that
 # learned more is replaced in the background.
 #
-# --- The template's side: its loop, in the child process
-# ---------------------------------
+# --- The template's side: its loop, in the child process ---------------------
 
 def use_as_stdio(fds):
     """fds[0], fds[1], fds[2] become this process's stdin, stdout and
@@ -4058,8 +4051,7 @@ def _rlimits():
             "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")]
 
 
-# --- The server's side: a Template per interpreter
-# ----------------------------------------
+# --- The server's side: a Template per interpreter ---------------------------
 
 class Template:
     """The server's side of one template process."""
@@ -4543,11 +4535,10 @@ PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 
 
-# --- 7.1 The sandbox (Landlock)
-# -------------------------------------------------------- Landlock (Linux
-# 5.13+, unprivileged, kernel Documentation/userspace-api/landlock.rst): a
-# process restricts itself and all it starts for good; each ABI adds rights;
-# alpha's syscall numbers differ.
+# --- 7.1 The sandbox (Landlock) ----------------------------------------------
+# Landlock (Linux 5.13+, unprivileged, kernel Documentation/userspace-
+# api/landlock.rst): a process restricts itself and all it starts for good;
+# each ABI adds rights; alpha's syscall numbers differ.
 
 LANDLOCK_CREATE_RULESET = 444
 LANDLOCK_ADD_RULE = 445
@@ -4799,12 +4790,11 @@ def _landlock_rule(libc, ruleset, path, access):
         os.close(fd)
 
 
-# --- 7.2 Capabilities and seccomp
-# ---------------------------------------------------------- Landlock does not
-# cover what a process does to others (prlimit, sched_*, ptrace ...), raw and
-# packet sockets, UDP, or what capabilities allow (a root server's children
-# would keep them): so no capabilities, and a seccomp-BPF filter checking
-# arguments where a call is harmless only on itself.
+# --- 7.2 Capabilities and seccomp --------------------------------------------
+# Landlock does not cover what a process does to others (prlimit, sched_*,
+# ptrace ...), raw and packet sockets, UDP, or what capabilities allow (a root
+# server's children would keep them): so no capabilities, and a seccomp-BPF
+# filter checking arguments where a call is harmless only on itself.
 
 def _prctl(libc, option, *args):
     _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)" % option)
@@ -5006,10 +4996,9 @@ def load_seccomp_filter(libc, network_off, remote=False, own_uid=False):
     _prctl(libc, 22, 2, ctypes.addressof(fprog))
 
 
-# --- 7.3 Per-call totals
-# ---------------------------------------------------------------- setrlimit
-# bounds each process; these bound a call's processes together (over: ended,
-# saying why).
+# --- 7.3 Per-call totals -----------------------------------------------------
+# setrlimit bounds each process; these bound a call's processes together (over:
+# ended, saying why).
 
 MONITOR_INTERVAL = 0.25
 
@@ -5398,11 +5387,10 @@ def _write_text(path, text):
         f.write(text)
 
 
-# --- 7.4 Recovery after a crash
-# ---------------------------------------------------------- A server that dies
-# (kill -9, a dyno restart) leaves its run directory and perhaps processes. Its
-# lock file is flocked while it lives: the next server to start finds it free,
-# and cleans up.
+# --- 7.4 Recovery after a crash ----------------------------------------------
+# A server that dies (kill -9, a dyno restart) leaves its run directory and
+# perhaps processes. Its lock file is flocked while it lives: the next server
+# to start finds it free, and cleans up.
 
 def recover_dead_servers(run_dir):
     """Kill and remove what dead servers sharing STATE_DIR (their lock free)
@@ -5902,8 +5890,7 @@ def apply_record(result, record):
         result.note(str(note)[:300])
 
 
-# --- Files in
-# -----------------------------------------------------------------------------
+# --- Files in ----------------------------------------------------------------
 
 def check_files(arguments, call):
     """The "files" argument -> call.files = [(relative path, bytes)], or the
@@ -6018,8 +6005,7 @@ def write_input_files(work, files):
     return None
 
 
-# --- Files out
-# ----------------------------------------------------------------------------
+# --- Files out ---------------------------------------------------------------
 
 def snapshot_files(work):
     """{relative path: (kind, size, mtime, inode)} of the files and links in a
@@ -6258,13 +6244,12 @@ def value_limits(config, environ, directory, local):
                   image_max_bytes=IMAGE_MAX_BYTES)
 
 
-# --- Shapes: what each host hands its model
-# -------------------------------------------- Hosts that see structuredContent
-# hand the model only it (Claude Code 2.1, Codex): so it holds everything. But
-# Codex then drops the images too; without it, Codex keeps the content, only if
-# every block is text or an image (codex-rs/protocol/src/models.rs,
-# from_call_tool_result). So Codex gets the "text" shape: no outputSchema, no
-# structuredContent, the JSON as text, images.
+# --- Shapes: what each host hands its model ----------------------------------
+# Hosts that see structuredContent hand the model only it (Claude Code 2.1,
+# Codex): so it holds everything. But Codex then drops the images too; without
+# it, Codex keeps the content, only if every block is text or an image (codex-
+# rs/protocol/src/models.rs, from_call_tool_result). So Codex gets the "text"
+# shape: no outputSchema, no structuredContent, the JSON as text, images.
 
 ORIGINAL_SCHEMA = {"type": "object", "required": ["result"], "properties": {"result": {}}}
 
@@ -6816,8 +6801,7 @@ def declares_extension(request, name):
     return isinstance(extensions, dict) and name in extensions
 
 
-# --- Over HTTP: a request stands alone, and its headers mirror its body
-# ------------------
+# --- Over HTTP: a request stands alone, and its headers mirror its body ------
 
 def modern_http_post(server, payload, headers, client_disconnected):
     """The "http_post" hook: a 2026-07-28 POST /mcp -> its reply, or None (not
@@ -6908,8 +6892,7 @@ def install_modern_era():
 # session may poll it (one API key is one principal), but tasks/list shows a
 # session only its own.
 
-# --- Progress (basic/utilities/progress.mdx)
-# --------------------------------------------
+# --- Progress (basic/utilities/progress.mdx) ---------------------------------
 
 class LatestLine:
     """A stream's latest full, non-blank line, for progress. Output comes in
@@ -6969,8 +6952,7 @@ class Progress:
         self.notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
 
-# --- Jobs
-# ------------------------------------------------------------------------------
+# --- Jobs --------------------------------------------------------------------
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 # 2025-11-25
@@ -7324,8 +7306,7 @@ def check_job(arguments, call):
     return None
 
 
-# --- Task methods: one handler each, for both eras
-# --------------------------------------
+# --- Task methods: one handler each, for both eras ---------------------------
 
 def task_of(request):
     """The job a tasks/* request names -> Job, or a ProtocolError."""
@@ -8294,9 +8275,8 @@ class SharedService:
             elif now - session.last_used > SESSION_IDLE_TIMEOUT:
                 with self.lock:
                     self.sessions.pop(hid, None)
-                # a copy for carried requests: no server
+                # a copy for carried requests: no server expires it but this
                 if session.session_id is None:
-                    # expires it but this
                     session.end()
 
     def serve_inbox(self):
