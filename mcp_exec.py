@@ -491,8 +491,9 @@ def protocol(version):
 #   start_child(env, config, pipes, extra_fds)         child_config(config, environ, dir, local)
 #   watch(pid, directory) -> a watch, or None          child_setup(config), in the child
 #   installer(argv, env, python) -> argv: how pip/uv start
-#   environments(root) -> the ENVIRONMENTS part
-#                                                      child_report(value, config) -> dict
+#   environments(root) -> the ENVIRONMENTS part        child_killed(): a spawned child's
+#   run_dir(state_dir) -> the RUN_DIR part               tree was killed
+#   remove_tree(path): never raises                    child_report(value, config) -> dict
 #                                                      read_record(result, record)
 #                                                      http_post(server, payload, headers, gone)
 #                                                      health() -> dict for GET /health
@@ -1535,8 +1536,9 @@ class SpawnedChild(Child):
     def kill(self):
         kill_tree(self.proc.pid)
         self.proc.wait()
-        # what left the tree became the server's: kill it and reap it
-        reap_orphans()
+        # what left the tree (section 6 makes the server their reaper)
+        for reap in HOOKS["child_killed"]:
+            reap()
 
 
 def run_process(argv, *, env, cwd, timeout, cancel=None, on_output=None):
@@ -1798,153 +1800,21 @@ def _signal(pid, signum):
         os.kill(pid, signum)
 
 
-def reap_orphans():
-    """Kill and reap the server's children that it did not start itself
-    (Linux)."""
-    # Asked after the children are listed: a spawn() under way then is waited
-    # for, and its child is ours.
-    def ours():
-        with _SPAWN_LOCK:
-            return {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
-    if LINUX:
-        kill_orphans(ours)
-
-
-def kill_orphans(ours):
-    """Kill and reap every child of this process that ours() does not claim,
-    with all it started. As a subreaper we get the children of orphans that
-    exit: all are stopped first (stop_all), then killed, again while any is
-    left. Not yet reaped, their pids cannot be reused meanwhile.
-
-    It never waits long for one: a process stuck in the kernel (D state, an I/O
-    that will not end) dies only when that I/O does, and the caller (a
-    template, serving every other call) must not stop with it. Such a process
-    is kept in _DYING and reaped by a later call, without waiting."""
-    for _ in range(100):
-        _DYING.difference_update(reap_within(set(_DYING), 0))
-        stopped = stop_all(lambda: set(children_of(os.getpid())) - ours() - _DYING, 1000)
-        if not stopped:
-            return
-        for pid in stopped:
-            kill_tree(pid)
-        _DYING.update(stopped - reap_within(stopped, 1.0))
-
-
-_DYING = set()        # children killed but not yet reaped: stuck in the kernel
-
-
-def reap_within(pids, seconds):
-    """Reap those of `pids` (this process's children, killed) that end within
-    `seconds` -> the pids reaped (or not ours to reap)."""
-    deadline = time.monotonic() + seconds
-    reaped = set()
-    while True:
-        for pid in pids - reaped:
-            with contextlib.suppress(ChildProcessError):
-                if not os.waitpid(pid, os.WNOHANG)[0]:
-                    continue                                  # alive still
-            reaped.add(pid)
-        if reaped == pids or time.monotonic() >= deadline:
-            return reaped
-        time.sleep(0.001)
-
 # --- Directories: the server's, each call's, and removing them ---------------
 # Every call gets a fresh directory under the server's own,
 # STATE_DIR/run/<pid>-<random>/, and leaves nothing there. What a crash leaves,
 # the next server removes (section 7, recovery).
 
 
-# _IOR/_IOW('f', 1|2, long)
-FS_IOC_GETFLAGS = 0x80086601
-FS_IOC_SETFLAGS = 0x40086602
-# FS_IMMUTABLE_FL, FS_APPEND_FL
-UNDELETABLE_FLAGS = 0x10 | 0x20
-
-
 def remove_tree(path):
-    """Remove a tree whatever code did to it: any depth (each directory is
-    first moved to the top: no long paths, no recursion), no write or search
-    permission, immutable or append-only flags (cleared where we may), links
-    never followed. Never raises: what cannot go stays, logged."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    try:
-        top = os.open(path, flags)
-    except FileNotFoundError:
-        return
-    except OSError:
-        # a file or a link where a directory was
-        _remove_at(os.unlink, None, path)
-        return
-    # read-only (a cached venv): its entries must go
-    with contextlib.suppress(OSError):
-        os.fchmod(top, stat.S_IRWXU)
-    # None: the top itself; else a name under it
-    pending = [None]
-    moved = 0
-    left = 0
-    try:
-        while pending:
-            name = pending.pop()
-            try:
-                fd = top if name is None else os.open(name, flags, dir_fd=top)
-            except OSError:
-                left += 1
-                continue
-            try:
-                entries = list(os.scandir(fd))
-            except OSError:
-                entries = []
-            for entry in entries:
-                moved += 1
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        # to move, list and empty it: its owner's rights back,
-                        # no undeletable flag
-                        with contextlib.suppress(OSError):
-                            os.chmod(entry.name, stat.S_IRWXU, dir_fd=fd)
-                        _clear_flags(entry.name, fd)
-                        os.rename(entry.name, ".rm-%d" % moved, src_dir_fd=fd, dst_dir_fd=top)
-                        pending.append(".rm-%d" % moved)
-                    else:
-                        left += not _remove_at(os.unlink, fd, entry.name)
-                except OSError:
-                    left += 1
-            if name is not None:                  # fd is not top
-                os.close(fd)
-                left += not _remove_at(os.rmdir, top, name)
-    finally:
-        os.close(top)
-    if not _remove_at(os.rmdir, None, path) or left:
-        log("could not remove all of %s (%d entries left)" % (path, left))
+    """Remove a directory tree; never raises. The "remove_tree" step does it:
+    shutil.rmtree() here; section 7.4 registers one that nothing the code did
+    to the tree (depth, permissions, undeletable flags) defeats."""
+    STEPS["remove_tree"](path)
 
 
-def _clear_flags(name, parent):
-    """Clear immutable and append-only (needs CAP_LINUX_IMMUTABLE: a root
-    server has it)."""
-    import fcntl     # POSIX only
-    with contextlib.suppress(OSError):
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=parent)
-        try:
-            flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8))[0]
-            if flags & UNDELETABLE_FLAGS:
-                fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("l", flags & ~UNDELETABLE_FLAGS))
-        finally:
-            os.close(fd)
-
-
-def _remove_at(remove, parent, name):
-    """remove(name) in `parent`, clearing once the flags that forbid it -> True
-    if it is gone."""
-    for attempt in (1, 2):
-        try:
-            remove(name, dir_fd=parent)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            if attempt == 2 or exc.errno not in (errno.EPERM, errno.EACCES):
-                return False
-            _clear_flags(name, parent)
+def plain_remove_tree(path):
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class CallDir:
@@ -1969,12 +1839,12 @@ class CallDir:
 
 class RunDir:
     """This server's directory, STATE_DIR/run/<pid>-<random>/, with the calls'
-    directories. `lock` is flocked while the server lives; `pids` lists all it
-    started (pid, start time)."""
+    directories; made on first use, removed at exit. Section 7.4's
+    RecordedRunDir adds what the next server needs if this one crashes."""
 
     def __init__(self, state_dir):
         self.base = os.path.join(state_dir, "run")
-        self.root = self.lock = self.pids = None
+        self.root = None
         self.guard = threading.Lock()
         # CallDirs that discard() was given
         self.to_remove = queue.SimpleQueue()
@@ -1987,18 +1857,12 @@ class RunDir:
                 os.makedirs(self.base, exist_ok=True)
                 root = os.path.join(self.base, "%d-%s" % (os.getpid(), os.urandom(4).hex()))
                 os.mkdir(root)
-                # The lock file appears only locked and signed (who holds it: a
-                # lock a call's process took too says nothing of the server): a
-                # recovery that starts meanwhile finds no lock file, or this
-                # server's.
-                self.lock = open(os.path.join(root, "lock.new"), "w")
-                _flock(self.lock, shared=False)
-                self.lock.write("%d %s\n" % (os.getpid(), _start_time(os.getpid())))
-                self.lock.flush()
-                os.rename(os.path.join(root, "lock.new"), os.path.join(root, "lock"))
-                self.pids = open(os.path.join(root, "pids"), "a")
+                self.made(root)
                 self.root = root
             return self.root
+
+    def made(self, root):
+        """The server's directory was just made (under the guard)."""
 
     def new_call(self):
         return CallDir(os.path.join(self.path(), "call-" + os.urandom(6).hex()))
@@ -2018,28 +1882,13 @@ class RunDir:
             self.to_remove.get().remove()
 
     def record(self, pid):
-        """Note a process this server started, for the next server if this one
-        crashes."""
-        self.path()
-        with self.guard:
-            self.pids.write("%d %s\n" % (pid, _start_time(pid)))
-            self.pids.flush()
+        """Note a process this server started (section 7.4 keeps the list)."""
 
     def close(self):
         with self.guard:
             root, self.root = self.root, None
         if root:
             remove_tree(root)
-            self.lock.close()
-            self.pids.close()
-
-
-def _start_time(pid):
-    """A process's start time (clock ticks since boot): with the pid, it names
-    one process."""
-    # after (comm)
-    fields = (_read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else ""
 
 
 # --- Packages: the shared workspace and fresh isolated environments ----------
@@ -2516,7 +2365,6 @@ def forget_modules(fresh_modules):
 def child_setup(config):
     """Limits, then containment (section 7), before any code of the user's
     runs."""
-    become_subreaper()                  # orphans of the code stay ours to kill
     if not POSIX:
         return                          # no limits here, nor a sandbox
     import resource
@@ -2581,9 +2429,6 @@ def child_report(fd, config, status, value):
         f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
 
 
-PR_SET_CHILD_SUBREAPER = 36
-
-
 @functools.lru_cache(maxsize=None)
 def _libc():
     """The C library through ctypes (Linux), loaded once; None elsewhere."""
@@ -2599,20 +2444,8 @@ def _libc():
     return lib
 
 
-def become_subreaper():
-    """Become the reaper of the orphans of what this process starts (a process
-    whose parent exits is handed to its nearest subreaper, Linux 3.4+): the
-    server, once, before its first child; each child and template, for what the
-    code starts."""
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
 def executor_shutdown():
-    """At exit: kill and reap what is left of the calls, and remove the run
-    directory."""
-    reap_orphans()
+    """At exit: remove the run directory."""
     RUN_DIR.close()
 
 
@@ -2623,7 +2456,7 @@ EXEC_SLOTS = RUN_DIR = ENVIRONMENTS = None
 def build_core_parts(part):
     global EXEC_SLOTS, RUN_DIR, ENVIRONMENTS
     EXEC_SLOTS = part("EXEC_SLOTS", lambda: CallSlots(EXEC_CONCURRENCY, EXEC_QUEUE))
-    RUN_DIR = part("RUN_DIR", lambda: RunDir(STATE_DIR))
+    RUN_DIR = part("RUN_DIR", lambda: STEPS["run_dir"](STATE_DIR))
     ENVIRONMENTS = part("ENVIRONMENTS", lambda: STEPS["environments"](STATE_DIR))
 
 
@@ -2631,13 +2464,15 @@ register_parts(build_core_parts)
 # section 8 caches isolated venvs
 register_step("environments", Environments)
 register_step("run", run_stateless)
+register_step("run_dir", RunDir)
+register_step("remove_tree", plain_remove_tree)
 register_step("start_child", spawn_child)
 # section 7 confines it
 register_step("installer", lambda argv, env, python: argv)
 # section 7 watches each call's totals
 register_step("watch", lambda pid, directory: None)
 register_tool_feature(check=check_packages)
-register_lifecycle(setup=become_subreaper, shutdown=executor_shutdown)
+register_lifecycle(shutdown=executor_shutdown)
 
 
 # =============================================================================
@@ -3843,6 +3678,77 @@ def lives_elsewhere(handle, shown=None):
 # EXEC_PRELOAD), each call getting a fresh copy-on-write copy of them; one that
 # learned more is replaced in the background.
 #
+# --- Orphans: what the code leaves behind is the server's to kill ------------
+# Code may start a process that outlives it (a double fork, a daemon). A
+# subreaper (Linux 3.4+) inherits the orphans of everything it started: the
+# server, every template and every child become one, so that nothing the code
+# starts can slip out from under kill_tree() to init. The core alone kills the
+# code's process group and descendants; these catch what left both.
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper():
+    """Become the reaper of the orphans of what this process starts (a process
+    whose parent exits is handed to its nearest subreaper, Linux 3.4+): the
+    server, once, before its first child; each child and template, for what the
+    code starts."""
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_orphans():
+    """Kill and reap the server's children that it did not start itself
+    (Linux)."""
+    # Asked after the children are listed: a spawn() under way then is waited
+    # for, and its child is ours.
+    def ours():
+        with _SPAWN_LOCK:
+            return {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
+    if LINUX:
+        kill_orphans(ours)
+
+
+def kill_orphans(ours):
+    """Kill and reap every child of this process that ours() does not claim,
+    with all it started. As a subreaper we get the children of orphans that
+    exit: all are stopped first (stop_all), then killed, again while any is
+    left. Not yet reaped, their pids cannot be reused meanwhile.
+
+    It never waits long for one: a process stuck in the kernel (D state, an I/O
+    that will not end) dies only when that I/O does, and the caller (a
+    template, serving every other call) must not stop with it. Such a process
+    is kept in _DYING and reaped by a later call, without waiting."""
+    for _ in range(100):
+        _DYING.difference_update(reap_within(set(_DYING), 0))
+        stopped = stop_all(lambda: set(children_of(os.getpid())) - ours() - _DYING, 1000)
+        if not stopped:
+            return
+        for pid in stopped:
+            kill_tree(pid)
+        _DYING.update(stopped - reap_within(stopped, 1.0))
+
+
+_DYING = set()        # children killed but not yet reaped: stuck in the kernel
+
+
+def reap_within(pids, seconds):
+    """Reap those of `pids` (this process's children, killed) that end within
+    `seconds` -> the pids reaped (or not ours to reap)."""
+    deadline = time.monotonic() + seconds
+    reaped = set()
+    while True:
+        for pid in pids - reaped:
+            with contextlib.suppress(ChildProcessError):
+                if not os.waitpid(pid, os.WNOHANG)[0]:
+                    continue                                  # alive still
+            reaped.add(pid)
+        if reaped == pids or time.monotonic() >= deadline:
+            return reaped
+        time.sleep(0.001)
+
+
 # --- The template's side: its loop, in the child process ---------------------
 
 def use_as_stdio(fds):
@@ -4481,6 +4387,9 @@ def build_templates(part):
 def install_fork_server():
     """What section 6 adds: the fork server: templates, and the step
     that forks each call from one."""
+    register_lifecycle(setup=become_subreaper, shutdown=reap_orphans)
+    register_hook("child_setup", lambda config: become_subreaper())
+    register_hook("child_killed", reap_orphans)
     register_parts(build_templates)
     register_step("start_child", fork_child)
     register_child_mode("template", serve_template, before_setup=True)
@@ -5392,6 +5301,141 @@ def _write_text(path, text):
 # perhaps processes. Its lock file is flocked while it lives: the next server
 # to start finds it free, and cleans up.
 
+class RecordedRunDir(RunDir):
+    """The core's RunDir, and what the next server needs if this one crashes:
+    `lock`, flocked while the server lives, and `pids`, every process it
+    started (pid, start time)."""
+
+    def made(self, root):
+        # The lock file appears only locked and signed (who holds it: a lock a
+        # call's process took too says nothing of the server): a recovery that
+        # starts meanwhile finds no lock file, or this server's.
+        self.lock = open(os.path.join(root, "lock.new"), "w")
+        _flock(self.lock, shared=False)
+        self.lock.write("%d %s\n" % (os.getpid(), _start_time(os.getpid())))
+        self.lock.flush()
+        os.rename(os.path.join(root, "lock.new"), os.path.join(root, "lock"))
+        self.pids = open(os.path.join(root, "pids"), "a")
+
+    def record(self, pid):
+        self.path()
+        with self.guard:
+            self.pids.write("%d %s\n" % (pid, _start_time(pid)))
+            self.pids.flush()
+
+    def close(self):
+        root = self.root
+        super().close()
+        if root:
+            self.lock.close()
+            self.pids.close()
+
+
+def _start_time(pid):
+    """A process's start time (clock ticks since boot): with the pid, it names
+    one process."""
+    # after (comm)
+    fields = (_read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+# A call's code may leave its directory as no plain removal can: 10,000 levels
+# deep, without write or search permission, or (as root) immutable. The
+# "remove_tree" step is this, then.
+
+# _IOR/_IOW('f', 1|2, long)
+FS_IOC_GETFLAGS = 0x80086601
+FS_IOC_SETFLAGS = 0x40086602
+# FS_IMMUTABLE_FL, FS_APPEND_FL
+UNDELETABLE_FLAGS = 0x10 | 0x20
+
+
+def hardened_remove_tree(path):
+    """Remove a tree whatever code did to it: any depth (each directory is
+    first moved to the top: no long paths, no recursion), no write or search
+    permission, immutable or append-only flags (cleared where we may), links
+    never followed. Never raises: what cannot go stays, logged."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        top = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    except OSError:
+        # a file or a link where a directory was
+        _remove_at(os.unlink, None, path)
+        return
+    # read-only (a cached venv): its entries must go
+    with contextlib.suppress(OSError):
+        os.fchmod(top, stat.S_IRWXU)
+    # None: the top itself; else a name under it
+    pending = [None]
+    moved = 0
+    left = 0
+    try:
+        while pending:
+            name = pending.pop()
+            try:
+                fd = top if name is None else os.open(name, flags, dir_fd=top)
+            except OSError:
+                left += 1
+                continue
+            try:
+                entries = list(os.scandir(fd))
+            except OSError:
+                entries = []
+            for entry in entries:
+                moved += 1
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        # to move, list and empty it: its owner's rights back,
+                        # no undeletable flag
+                        with contextlib.suppress(OSError):
+                            os.chmod(entry.name, stat.S_IRWXU, dir_fd=fd)
+                        _clear_flags(entry.name, fd)
+                        os.rename(entry.name, ".rm-%d" % moved, src_dir_fd=fd, dst_dir_fd=top)
+                        pending.append(".rm-%d" % moved)
+                    else:
+                        left += not _remove_at(os.unlink, fd, entry.name)
+                except OSError:
+                    left += 1
+            if name is not None:                  # fd is not top
+                os.close(fd)
+                left += not _remove_at(os.rmdir, top, name)
+    finally:
+        os.close(top)
+    if not _remove_at(os.rmdir, None, path) or left:
+        log("could not remove all of %s (%d entries left)" % (path, left))
+
+
+def _clear_flags(name, parent):
+    """Clear immutable and append-only (needs CAP_LINUX_IMMUTABLE: a root
+    server has it)."""
+    import fcntl     # POSIX only
+    with contextlib.suppress(OSError):
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=parent)
+        try:
+            flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8))[0]
+            if flags & UNDELETABLE_FLAGS:
+                fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("l", flags & ~UNDELETABLE_FLAGS))
+        finally:
+            os.close(fd)
+
+
+def _remove_at(remove, parent, name):
+    """remove(name) in `parent`, clearing once the flags that forbid it -> True
+    if it is gone."""
+    for attempt in (1, 2):
+        try:
+            remove(name, dir_fd=parent)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if attempt == 2 or exc.errno not in (errno.EPERM, errno.EACCES):
+                return False
+            _clear_flags(name, parent)
+
+
 def recover_dead_servers(run_dir):
     """Kill and remove what dead servers sharing STATE_DIR (their lock free)
     left, never a live server's. A failure is logged, no more: whatever a call
@@ -5579,6 +5623,8 @@ def install_containment():
     register_lifecycle(setup=lambda: CGROUPS.start(), shutdown=lambda: CGROUPS.shutdown())
     register_hook("health", lambda: {"sandbox": SANDBOX.name()})
     register_step("watch", lambda pid, directory: MONITOR.watch(pid, directory))
+    register_step("run_dir", RecordedRunDir)
+    register_step("remove_tree", hardened_remove_tree)
     register_lifecycle(setup=server_setup)
     register_tool_feature(note=limits_note)
 
