@@ -3272,6 +3272,17 @@ class HttpServer:
             session.end()
         return text_reply(204)
 
+    def adopt_session(self, session):
+        """Keep a session another instance began (section 14) -> the one kept:
+        `session`, or the copy a concurrent request adopted first."""
+        with self.lock:
+            return self.http_sessions.setdefault(session.session_id, session)
+
+    def forget_session(self, session_id):
+        """Drop a session from this instance's table (ended elsewhere)."""
+        with self.lock:
+            self.http_sessions.pop(session_id, None)
+
     def new_http_session(self):
         """A new Streamable HTTP session, or None when every session is busy.
         Idle sessions expire (SESSION_IDLE_TIMEOUT, their work with them); at
@@ -6134,6 +6145,11 @@ class OutputStore:
         # bytes; several instances share it (section 14)
         self.capacity = OUTPUT_STORE_MB << 20
 
+    def share_store(self, instances):
+        """`instances` servers keep files under one OUTPUT_STORE_MB: this one
+        keeps its share."""
+        self.capacity = (OUTPUT_STORE_MB << 20) // max(1, instances)
+
     def keep(self, token, work, rel, move, session):
         """Keep work/rel (moved, or copied from a kernel's directory) -> its
         URI, or None. The file is `session`'s alone if it has an identity
@@ -8293,7 +8309,7 @@ class SharedService:
                 self.follow_idle_clocks(known)
                 # Returned files stay on their instance; OUTPUT_STORE_MB bounds
                 # them all.
-                OUTPUTS.capacity = (OUTPUT_STORE_MB << 20) // max(1, len(self.store.instances()))
+                OUTPUTS.share_store(len(self.store.instances()))
             except StoreError as exc:
                 if self.down_since is None:
                     log("%s; plain calls go on, requests for other instances fail" % exc)
@@ -8420,8 +8436,7 @@ class SharedService:
         session.owner, session.protocol_version = record["owner"], record["version"]
         session.client_capabilities = json.loads(record["capabilities"])
         session.client_name = record.get("client", "")
-        with server.lock:
-            session = server.http_sessions.setdefault(session_id, session)
+        session = server.adopt_session(session)
         self.remember(hid, session)
         return session
 
@@ -8468,8 +8483,7 @@ class SharedService:
         if session is None:
             return None
         if self.server is not None and getattr(session, "session_id", None):
-            with self.server.lock:
-                self.server.http_sessions.pop(session.session_id, None)
+            self.server.forget_session(session.session_id)
         session.end()
         return None
 
