@@ -2254,12 +2254,6 @@ def _waiting(try_lock, cancel, deadline, release=None):
 # sys.path, once the sandbox is in place.
 
 
-try:
-    # prctl, capabilities, Landlock, seccomp: imported before the forgetting
-    import ctypes
-except ImportError:
-    ctypes = None
-
 CHILD_COMMAND = ("import sys, site; fresh = set(sys.modules); sys.path.append(%r); "
                  "import %s as m; del sys.path[-1]; m.child_main(fresh)"
                  % (os.path.dirname(os.path.abspath(__file__)),
@@ -2427,21 +2421,6 @@ def child_report(fd, config, status, value):
         sys.stderr.flush()
     with os.fdopen(fd, "wb") as f:
         f.write(json.dumps(record).encode("utf-8", "surrogatepass"))
-
-
-@functools.lru_cache(maxsize=None)
-def _libc():
-    """The C library through ctypes (Linux), loaded once; None elsewhere."""
-    try:
-        lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
-        if lib is not None:
-            lib.syscall.restype = ctypes.c_long
-            # prctl's arguments are unsigned longs: declared, ints pass whole
-            # (not half-undefined)
-            lib.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
-    except (OSError, AttributeError):
-        lib = None
-    return lib
 
 
 def executor_shutdown():
@@ -2646,10 +2625,6 @@ def serve_stdio():
             "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
             "call 'print(1)'`; Ctrl-D ends it.")
     run_lifecycle("setup")
-    # Give back what compiling and setting up left free (glibc keeps it); not
-    # glibc: nothing to do.
-    with contextlib.suppress(AttributeError):
-        _libc().malloc_trim(0)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
@@ -3689,7 +3664,39 @@ def lives_elsewhere(handle, shown=None):
 # EXEC_PRELOAD), each call getting a fresh copy-on-write copy of them; one that
 # learned more is replaced in the background.
 #
-# --- Orphans: what the code leaves behind is the server's to kill ------------
+# --- The C library, and orphans: what the code leaves is the server's to kill
+# ctypes reaches the kernel's prctl(), Landlock and seccomp (section 7), and
+# glibc's malloc_trim().
+
+try:
+    # prctl, capabilities, Landlock, seccomp: imported before the forgetting
+    import ctypes
+except ImportError:
+    ctypes = None
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    """The C library through ctypes (Linux), loaded once; None elsewhere."""
+    try:
+        lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
+        if lib is not None:
+            lib.syscall.restype = ctypes.c_long
+            # prctl's arguments are unsigned longs: declared, ints pass whole
+            # (not half-undefined)
+            lib.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
+    except (OSError, AttributeError):
+        lib = None
+    return lib
+
+
+def give_back_memory():
+    """Give back what compiling and setting up left free (glibc keeps it); not
+    glibc: nothing to do."""
+    with contextlib.suppress(AttributeError):
+        _libc().malloc_trim(0)
+
+
 # Code may start a process that outlives it (a double fork, a daemon). A
 # subreaper (Linux 3.4+) inherits the orphans of everything it started: the
 # server, every template and every child become one, so that nothing the code
@@ -4399,6 +4406,7 @@ def install_fork_server():
     """What section 6 adds: the fork server: templates, and the step
     that forks each call from one."""
     register_lifecycle(setup=become_subreaper, shutdown=reap_orphans)
+    register_lifecycle(setup=give_back_memory)
     register_hook("child_setup", lambda config: become_subreaper())
     register_hook("child_killed", reap_orphans)
     register_parts(build_templates)
