@@ -127,6 +127,22 @@ TOOL_NAME = "code_exec_python"
 POSIX = os.name == "posix"
 LINUX = sys.platform.startswith("linux")
 
+
+def given(value, default):
+    """`value`, or `default` where it is None: a setting not set, a JSON null,
+    an argument not given."""
+    if value is None:
+        return default
+    return value
+
+
+def json_object(value):
+    """A JSON object as it came, anything else as {}: a malformed field reads
+    as absent."""
+    if isinstance(value, dict):
+        return value
+    return {}
+
 # =============================================================================
 # 1. Settings
 # =============================================================================
@@ -142,7 +158,7 @@ class Setting:
     def __init__(self, group, name, kind, default, meaning, shown=None, minimum=None):
         self.group, self.name, self.kind, self.default = group, name, kind, default
         self.meaning, self.minimum = meaning, minimum
-        self.shown = shown if shown is not None else ("" if default in (None, "", []) else default)
+        self.shown = given(shown, "" if default in (None, "", []) else default)
 
     def read(self, env, earlier):
         default = self.default(earlier) if callable(self.default) else self.default
@@ -164,7 +180,9 @@ class Setting:
             # only HTTP needs it: --http refuses to start
             HTTP_PROBLEMS.append(problem)
             return default
-        return value if self.minimum is None else max(self.minimum, value)
+        if self.minimum is not None:
+            value = max(self.minimum, value)
+        return value
 
 
 _CACHE_HOME = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
@@ -587,15 +605,18 @@ def register_tool(name, define, arguments=lambda arguments: arguments):
 
 def register_lifecycle(setup=None, shutdown=None):
     """setup() runs once before a server serves; shutdown() when it stops."""
-    LIFECYCLE["setup"] += [setup] if setup else []
-    LIFECYCLE["shutdown"] += [shutdown] if shutdown else []
+    for stage, step in (("setup", setup), ("shutdown", shutdown)):
+        if step:
+            LIFECYCLE[stage].append(step)
 
 
 def run_lifecycle(stage):
     """Set up in registration order, shut down in reverse (like atexit):
     foundations stop last."""
     steps = LIFECYCLE[stage]
-    for step in steps if stage == "setup" else reversed(steps):
+    if stage == "shutdown":
+        steps = steps[::-1]
+    for step in steps:
         step()
 
 
@@ -630,7 +651,9 @@ def build_parts(**fakes):
     stand in for their factories."""
     def part(name, factory):
         PARTS[name] = factory
-        return fakes[name] if name in fakes else factory()
+        if name in fakes:
+            return fakes[name]
+        return factory()
     for build in PART_BUILDERS:
         build(part)
 
@@ -879,8 +902,8 @@ def handle_initialize(request):
     version = requested if requested in HANDSHAKE_VERSIONS else LATEST_HANDSHAKE_VERSION
     session.protocol_version = version
     capabilities = params.get("capabilities")
-    session.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
-    info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
+    session.client_capabilities = json_object(capabilities)
+    info = json_object(params.get("clientInfo"))
     session.client_name = str(info.get("name", ""))[:100]
     return {"protocolVersion": version, "capabilities": server_capabilities(version),
             "serverInfo": server_info(version), "instructions": instructions(session)}
@@ -919,7 +942,7 @@ def handle_tools_call(request):
         raise ProtocolError(INVALID_PARAMS, "Unknown tool: %s. Code execution is disabled over "
                             "HTTP on this server (STDIO_MODE_ONLY=true); it runs only over stdio."
                             % name)
-    arguments = {} if params.get("arguments") is None else params["arguments"]
+    arguments = given(params.get("arguments"), {})
     if not isinstance(arguments, dict):
         raise ProtocolError(INVALID_PARAMS, 'Invalid params: "arguments" must be an object')
     # A strict schema converter (OpenAI's) makes the model fill every property:
@@ -1083,19 +1106,19 @@ def validate_arguments(arguments):
     if not isinstance(code, str) and not optional:
         return None, ('"code" is required and must be a string of Python source, e.g. '
                       '{"code": "print(1 + 1)"}')
-    packages = [] if arguments.get("packages") is None else arguments["packages"]
+    packages = given(arguments.get("packages"), [])
     if not isinstance(packages, list) or len(packages) > MAX_PACKAGES:
         return None, ('"packages" must be a list of at most %d requirement strings, e.g. '
                       '["numpy", "requests>=2.31"]' % MAX_PACKAGES)
     use_temp_dir = arguments.get("use_temp_dir", False)
     if not isinstance(use_temp_dir, bool):
         return None, '"use_temp_dir" must be true or false'
-    timeout = EXEC_TIMEOUT if arguments.get("timeout") is None else arguments["timeout"]
+    timeout = given(arguments.get("timeout"), EXEC_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         return None, ('"timeout" must be a positive number of seconds (at most %g)'
                       % EXEC_TIMEOUT_MAX)
     # no float() of 10**400
-    timeout = EXEC_TIMEOUT_MAX if timeout > EXEC_TIMEOUT_MAX else float(timeout)
+    timeout = float(min(timeout, EXEC_TIMEOUT_MAX))
     call = Call(code, packages, use_temp_dir, timeout)
     for check in ARGUMENT_CHECKS:
         problem = check(arguments, call)
@@ -1250,7 +1273,9 @@ def share_of(session):
     which has no share to keep."""
     if session.local:
         return None
-    return session.owner if session.identified else "sessionless"
+    if session.identified:
+        return session.owner
+    return "sessionless"
 
 
 def run_stateless(call, session, cancel, on_output):
@@ -1320,7 +1345,9 @@ class CallSlots:
         """-> "ok" (a slot is ours), "busy" (refused) or "cancelled" (while
         waiting)."""
         turn = self.enqueue(owner)
-        return "busy" if turn is None else self.wait(turn, cancel, owner)
+        if turn is None:
+            return "busy"
+        return self.wait(turn, cancel, owner)
 
     def may_take(self, owner):
         return owner is None or self.held[owner] < max(1, self.max_running - 1)
@@ -1370,10 +1397,10 @@ class CallSlots:
 
     def refusal(self, slot):
         """The Result of a call that got no slot ("busy" or "cancelled")."""
+        if slot == "cancelled":
+            return Result.refusal("cancelled", returncode=-1, cancelled=True)
         return Result.refusal("Server busy: %d calls are running and %d waiting; try again "
-                              "shortly." % (self.max_running, self.max_waiting)
-                              if slot == "busy" else "cancelled",
-                              returncode=-1, cancelled=slot == "cancelled")
+                              "shortly." % (self.max_running, self.max_waiting), returncode=-1)
 
 
 def child_config(mode, env, directory, local):
@@ -1577,10 +1604,11 @@ def supervise(child, code, timeout, cancel, on_output):
     try:
         while True:
             step = min(0.05, max(0.0, deadline - time.monotonic()))
-            if not names:
+            if names:
+                code = pump(poller, names, step, code, (out, err, results), on_output)
+            else:
                 # every pipe is closed: wait for the exit itself
                 child.wait(step)
-            code = pump(poller, names, step, code, (out, err, results), on_output)
             reading = [name for name in names.values() if name != "code"]
             if child.call_over(reading):
                 finished_at = finished_at or time.monotonic()
@@ -1611,8 +1639,9 @@ def pump(poller, names, step, code, sinks, on_output):
     """One poll() of a call's pipes, up to `step` seconds: write what the code
     pipe has room for, read what the others hold -> the code not yet written.
     `sinks` are the stdout and stderr OutputBuffers and the results bytearray."""
-    out, err, results = sinks
-    for fd, _ in poller.poll(step * 1000) if names else ():
+    buffers = dict(zip(("stdout", "stderr"), sinks))
+    results = sinks[2]
+    for fd, _ in poller.poll(step * 1000):
         if names[fd] == "code":
             code = code[_write_fd(fd, code):]
             if not code:
@@ -1626,7 +1655,7 @@ def pump(poller, names, step, code, sinks, on_output):
             if len(results) < RESULTS_LIMIT:
                 results += chunk
         else:
-            (out if names[fd] == "stdout" else err).add(chunk)
+            buffers[names[fd]].add(chunk)
             if on_output:
                 on_output(names[fd], chunk)
     return code
@@ -1639,7 +1668,7 @@ def finish(child, stop, interrupted, out, err, results, timeout):
     # none, cut, not JSON, too deep
     with contextlib.suppress(ValueError, RecursionError):
         record = json.loads(bytes(results))
-    record = record if isinstance(record, dict) else {}
+    record = json_object(record)
     if stop or child.needs_kill(record):
         # nothing is left of a child that exited: this kills what escaped
         child.kill()
@@ -1906,7 +1935,7 @@ REQUIREMENT_RE = re.compile(
 def normalize_requirement(text):
     """'Foo_Bar [X] >= 1.0' -> 'foo-bar[x]>=1.0', or None if it is not a plain
     requirement."""
-    m = REQUIREMENT_RE.match(text) if isinstance(text, str) and len(text) <= 200 else None
+    m = isinstance(text, str) and len(text) <= 200 and REQUIREMENT_RE.match(text)
     if not m:
         return None
     name = re.sub(r"[-_.]+", "-", m.group("name")).lower()
@@ -1942,8 +1971,9 @@ def check_packages(arguments, call):
 
 
 def _venv_python(venv):
-    return (os.path.join(venv, "Scripts", "python.exe") if os.name == "nt"
-            else os.path.join(venv, "bin", "python"))
+    if os.name == "nt":
+        return os.path.join(venv, "Scripts", "python.exe")
+    return os.path.join(venv, "bin", "python")
 
 
 def _installer():
@@ -2011,7 +2041,8 @@ def _install(python, requirements, deadline, cancel, report):
         # uv 0.1.32+
         argv = [uv, "pip", "install", "--compile-bytecode", "--python", python]
         # uv has no variable for pip's PIP_NO_INDEX
-        argv += ["--no-index"] if no_index else []
+        if no_index:
+            argv.append("--no-index")
     else:
         # The server's pip, run by `python` (our environments have no pip of
         # their own). pip's --python (22.3+) starts pip here to run it there
@@ -2224,7 +2255,9 @@ def _flock(file, shared, wait=True):
         import fcntl   # POSIX only
     except ImportError:
         return True
-    flags = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+    flags = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    if not wait:
+        flags |= fcntl.LOCK_NB
     try:
         fcntl.flock(file, flags)
         return True
@@ -2366,7 +2399,8 @@ def child_setup(config):
         with contextlib.suppress(AttributeError, ValueError, OSError):
             kind = getattr(resource, name)
             hard = resource.getrlimit(kind)[1]
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            if hard != resource.RLIM_INFINITY:
+                value = min(value, hard)
             resource.setrlimit(kind, (value, value))
     # containment (section 7)
     for setup in HOOKS["child_setup"]:
@@ -3025,10 +3059,10 @@ class HttpServer:
             return error_reply(400, "Missing session_id query parameter")
         with self.lock:
             session = self.sse_sessions.get(session_id)
-        for elsewhere in HOOKS["sse_elsewhere"] if session is None else ():
-            # its stream is on another instance
-            reply = elsewhere(session_id, body)
-            if reply is not None:
+        # its stream may be on another instance
+        for elsewhere in HOOKS["sse_elsewhere"]:
+            reply = session is None and elsewhere(session_id, body)
+            if reply:
                 return reply
         if session is None or session.closed:
             return error_reply(404, "Unknown or closed session: open a new stream with GET /sse")
@@ -3050,7 +3084,7 @@ class HttpServer:
         # the error stdio would send, with 400 (it names no request to answer)
         if error:
             return json_reply(error, 400)
-        first = payload if isinstance(payload, dict) else {}
+        first = json_object(payload)
         header_version = headers.get("MCP-Protocol-Version")
         if header_version is not None and header_version not in SUPPORTED_VERSIONS:
             # transports.mdx, Protocol Version Header: an unsupported one MUST
@@ -3108,9 +3142,9 @@ class HttpServer:
             session = self.http_sessions.get(session_id)
             if session is not None:
                 session.last_used = time.monotonic()
-        for find in HOOKS["find_session"] if session is None else ():
-            # opened on another instance
-            session = find(self, session_id)
+        # it may have been opened on another instance
+        for find in HOOKS["find_session"]:
+            session = session or find(self, session_id)
             if isinstance(session, HttpReply):
                 return session
         return session or error_reply(404, "Unknown or ended session: initialize again")
@@ -3121,7 +3155,9 @@ class HttpServer:
         request = parse_request(message, session)
         if isinstance(request, Request):
             return self.answer(request, accept, client_disconnected)
-        return text_reply(202) if request is None else self.quick_reply(request, accept)
+        if request is None:
+            return text_reply(202)
+        return self.quick_reply(request, accept)
 
     def batch_post(self, batch, session, accept):
         """A batch (2025-03-26) is answered whole, holding a budget thread to
@@ -3273,7 +3309,8 @@ class HttpServer:
                 if not full and not expired:
                     # this one and all younger ones stay
                     break
-                busy = Session.busy_owners() if busy is None and not expired else busy
+                if busy is None and not expired:
+                    busy = Session.busy_owners()
                 if old.running() or (not expired and old.owner in busy):
                     # room is never made by ending live work
                     continue
@@ -3313,7 +3350,7 @@ def create_app(host=None, threads=None):
     from flask import Flask, Response, request
 
     if not API_KEY or HTTP_PROBLEMS:
-        raise SystemExit(HTTP_PROBLEMS[0] if HTTP_PROBLEMS else NO_API_KEY)
+        raise SystemExit((HTTP_PROBLEMS + [NO_API_KEY])[0])
     run_lifecycle("setup")
     server = HttpServer(host, threads)
     if concurrency_warning(server.budget.threads):
@@ -3345,7 +3382,9 @@ def create_app(host=None, threads=None):
         if refusal is None and TRACE and request.method == "POST":
             log("--> %s %s %s" % (request.method, request.full_path.rstrip("?"),
                                   request.get_data()[:2000].decode("utf-8", "replace")))
-        return respond(refusal) if refusal else None
+        if refusal:
+            return respond(refusal)
+        return None
 
     add_error_pages(app, respond)
     add_routes(app, server, request, respond)
@@ -3575,8 +3614,8 @@ def core_help(args):
 
 def main(argv=None):
     """Run the command the first word names (COMMANDS) -> its exit status."""
-    args = sys.argv[1:] if argv is None else argv
-    command = COMMANDS.get(args[0] if args else "")
+    args = given(argv, sys.argv[1:])
+    command = COMMANDS.get((args or [""])[0])
     if command is None:
         serving = args[0] in ("--port", "--host")
         hint = " (to serve HTTP on a port: --http --port N)" if serving else ""
