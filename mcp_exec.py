@@ -16,9 +16,9 @@ travels:
 
      1. Settings          one table: every environment variable, its default and meaning
      2. The wire format   framing, sessions, initialize, ping, tools/list, tools/call, the tool
-     3. The executor      one subprocess per call: slot, environment, directory, child, result
-     4. stdio             the transport MCP clients launch
-     5. HTTP              a Flask app on waitress: Streamable HTTP (/mcp) and HTTP+SSE (/sse)
+     3. stdio             the transport MCP clients launch
+     4. HTTP              a Flask app on waitress: Streamable HTTP (/mcp) and HTTP+SSE (/sse)
+     5. The executor      one subprocess per call: slot, environment, directory, child, result
         --- the core ends here ---
 
 The second part makes that server faster, safer or richer, and only by
@@ -1237,7 +1237,1094 @@ def needs_worker(payload):
     return any(isinstance(m, dict) and "id" in m and isinstance(m.get("method"), str)
                and registered_method(m["method"]).slow for m in messages)
 # =============================================================================
-# 3. The executor: one call's life, on the server and in the child
+# 3. stdio transport
+# =============================================================================
+
+class StdioServer:
+    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio);
+    serialized writes."""
+
+    def __init__(self, infile, outfile):
+        self.infile, self.outfile = infile, outfile
+        self.session = Session()
+        self.write_lock = threading.Lock()
+        self.workers = Workers()
+
+    def send(self, message):
+        line = encode_message(message)
+        with self.write_lock:
+            if TRACE:
+                log("<-- " + line.decode("utf-8", "replace"))
+            # the client left: EOF follows
+            with contextlib.suppress(OSError, ValueError):
+                self.outfile.write(line + b"\n")
+                self.outfile.flush()
+
+    def read_lines(self):
+        """Yield input lines; one over MAX_MESSAGE_BYTES is discarded and
+        answered with an error."""
+        while True:
+            line = self.infile.readline(MAX_MESSAGE_BYTES + 1)
+            if not line:
+                return
+            if len(line) <= MAX_MESSAGE_BYTES or line.endswith(b"\n"):
+                yield line
+                continue
+            while line and not line.endswith(b"\n"):
+                line = self.infile.readline(1 << 20)
+            message = "Invalid Request: message larger than %d bytes" % MAX_MESSAGE_BYTES
+            self.send(error_response(None, INVALID_REQUEST, message))
+
+    def serve(self):
+        try:
+            for line in self.read_lines():
+                if TRACE:
+                    log("--> " + line.decode("utf-8", "replace").rstrip())
+                if not line.strip():
+                    continue
+                payload, error = parse_frame(line)
+                if error:
+                    self.send(error)
+                    continue
+                try:
+                    dispatch(payload, self.session, self.send, self.workers)
+                except Exception:   # no input line can kill the server
+                    log("error handling a line:\n" + traceback.format_exc())
+            # what no request can follow now ends (12: jobs)
+            for ended in HOOKS["input_ended"]:
+                ended(self.session)
+            # stdin closed: let running calls finish briefly
+            self.workers.wait(EOF_GRACE)
+        finally:
+            # then kill what is still running
+            self.session.close()
+            self.workers.wait(KILL_GRACE + 1)
+
+
+def dispatch(payload, session, send, workers):
+    """Handle a parsed frame and send() its reply: inline if quick, on a worker
+    thread if it holds a tools/call, so that reading goes on while calls run
+    (ping, cancel, more calls). A request not in a batch may be answered from
+    another thread too (Request.answer_later): a tools/call runs its code on
+    this worker, and the thread that waits beside it answers at CALL_WAIT."""
+    def work():
+        if isinstance(payload, list):
+            reply = handle_payload(payload, session, send)
+        else:
+            reply = parse_request(payload, session, send)
+        if isinstance(reply, Request):
+            reply.answer_later = functools.partial(answer_later, reply, send)
+            reply = answer_request(reply)
+        if reply is not None:
+            send(reply)
+    if needs_worker(payload):
+        workers.start(work)
+    else:
+        work()
+
+
+class Workers:
+    """Threads for work that may take long (a tools/call, a job), counted so
+    that shutdown can wait for them. A thread whose work is done waits `linger`
+    seconds for more: handing work to a waiting thread costs a quarter of
+    starting one, and both hold the GIL (0.04 vs 0.15 ms)."""
+
+    def __init__(self, linger=10.0):
+        self.linger = linger
+        # work given and not yet done
+        self.running = 0
+        # threads waiting for work
+        self.waiting = 0
+        # (work, Event set once a thread took it), oldest first
+        self.queued = []
+        lock = threading.Lock()
+        self.changed = threading.Condition(lock)      # running changed
+        self.has_work = threading.Condition(lock)     # queued grew
+
+    def start(self, target, in_order=True):
+        """Run target() on a thread. Like Thread.start(), return once a thread
+        has taken it: work given in order is taken in order (a kernel's calls
+        line up as they came). in_order False: return at once (work that may
+        start after what is given later)."""
+        taken = threading.Event()
+        with self.changed:
+            self.running += 1
+            self.queued.append((target, taken))
+            # a waiting thread will take it
+            spare = self.waiting >= len(self.queued)
+            if spare:
+                self.has_work.notify()
+        if not spare:
+            threading.Thread(target=self._serve, daemon=True).start()
+        if in_order:
+            taken.wait()
+
+    def _serve(self):
+        """Run the oldest work, then wait up to `linger` s for more; none came:
+        the thread ends."""
+        while True:
+            with self.has_work:
+                self.waiting += 1
+                self.has_work.wait_for(lambda: self.queued, self.linger)
+                self.waiting -= 1
+                if not self.queued:
+                    return
+                target, taken = self.queued.pop(0)
+            taken.set()
+            try:
+                target()
+            except Exception:
+                log("error in a worker thread:\n" + traceback.format_exc())
+            finally:
+                # what it holds is not kept while the thread waits
+                target = taken = None
+                with self.changed:
+                    self.running -= 1
+                    self.changed.notify_all()
+
+    def wait(self, seconds):
+        """Wait until no work runs, `seconds` at most -> True if none runs."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.running == 0, seconds)
+
+
+def answer_later(request, send, answer):
+    """Send a request's answer (a result, or a ProtocolError) from a thread
+    other than its handler's, as answer_request() would have."""
+    if isinstance(answer, ProtocolError):
+        send(error_response(request.id, answer.code, answer.message, answer.data))
+        return
+    request.decorate(answer)
+    send({"jsonrpc": "2.0", "id": request.id, "result": answer})
+
+
+def serve_stdio():
+    """Serve one client on stdin/stdout until stdin closes or SIGTERM comes."""
+    if POSIX:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    if sys.stdin.isatty():
+        log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on "
+            "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
+            "call 'print(1)'`; Ctrl-D ends it.")
+    run_lifecycle("setup")
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
+    finally:
+        run_lifecycle("shutdown")
+    return 0
+
+
+# =============================================================================
+# 4. HTTP: Streamable HTTP and HTTP+SSE, on Flask and waitress
+# =============================================================================
+# HttpServer holds the state and answers every route with an HttpReply;
+# create_app() wires Flask routes to its methods. Flask and waitress are
+# imported in create_app() and serve_http(), so the stdio server never pays for
+# them. Settings are section 1's constants, read where used.
+#
+#   POST   /mcp  (and /mcp/)             Streamable HTTP (2025-03-26 and later)
+#   DELETE /mcp                          end a Streamable HTTP session
+#   GET    /sse  (and /sse/)             HTTP+SSE (2024-11-05): the event stream of one session
+#   POST   /messages/?session_id=...     its client-to-server messages -> 202
+#   GET    /health                       liveness, without auth; reveals nothing
+#
+# Both transports share one protocol (section 2) and one set of workers: only
+# the framing differs. A request that may run code holds a waitress thread
+# while it streams (Streamable HTTP) or while its stream is open (HTTP+SSE):
+# ThreadBudget keeps a reserve of threads free.
+
+NO_API_KEY = """mcp-exec: refusing to serve HTTP without API_KEY.
+Executed code can do anything this user can; every HTTP request must carry the key.
+Make one and start again:
+    export API_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
+Clients then send "Authorization: Bearer $API_KEY" (or "X-API-Key: $API_KEY")."""
+
+NO_FLASK = ("mcp-exec: --http needs flask and waitress: python3 -m pip install -r "
+            "requirements.txt (or use a venv: python3 -m venv .venv && .venv/bin/pip install "
+            "-r requirements.txt)")
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+# OAuth's defaults without metadata
+OAUTH_PATHS = ("/register", "/authorize", "/token")
+SEND_KEY = ("send the server's API_KEY as Authorization: Bearer <API_KEY> or X-API-Key: "
+            "<API_KEY>, no OAuth")
+# Bytes of messages that may wait for one HTTP+SSE stream whose client does not
+# read: past it the session ends. Above the largest message (a result with
+# IMAGE_LIMIT images of IMAGE_MAX_BYTES, embedded files, two outputs), so a
+# client that reads never meets it.
+SSE_BACKLOG_BYTES = 16 << 20
+# one open /sse stream, one running call, and a thread for all the rest
+MIN_THREADS = 4
+
+
+class HttpReply(collections.namedtuple("HttpReply", "status body headers content_type on_close",
+                                       defaults=(b"", None, "application/json", None))):
+    """What a route answers, independent of Flask: create_app() turns it into a
+    Response. `body` is bytes, or an iterator of str for an event stream;
+    `on_close` runs when it is sent."""
+
+
+def json_reply(message, status=200, headers=None):
+    return HttpReply(status, encode_message(message), headers)
+
+
+def error_reply(status, message, code=INVALID_REQUEST, headers=None):
+    # Errors are JSON-RPC error objects without an id, never HTML pages.
+    return json_reply(error_response(None, code, message), status, headers)
+
+
+# no JSON-RPC message: 202 Accepted, 204 No Content
+def text_reply(status, body=b""):
+    return HttpReply(status, body, content_type="text/plain")
+
+
+def sse_reply(first, messages=(), on_close=None):
+    """An event stream: `first`, then an event per message (a dict, or an event
+    already written: a str), a keep-alive comment per None."""
+    def stream():
+        yield first
+        for message in messages:
+            if message is None:
+                yield ": keep-alive\n\n"
+            else:
+                yield message if isinstance(message, str) else sse_event(message)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return HttpReply(200, stream(), headers, "text/event-stream", on_close)
+
+
+def sse_event(message):
+    return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
+
+
+def json_blanks(messages):
+    """The body of a JSON answer that is late: a blank now, one per keep-alive,
+    then the message (whitespace before a JSON value is JSON). A router that
+    cuts a silent response (Heroku after 30 s) sees bytes. A cancelled
+    request's body stays blank."""
+    yield " "
+    for message in messages:
+        if message is None or "id" in message:
+            yield " " if message is None else encode_message(message).decode("utf-8")
+
+
+def accepts_json(accept):
+    """Leniently, as clients differ: no Accept header, or */*, admits JSON
+    too."""
+    return not accept or "application/json" in accept or "*/*" in accept
+
+
+def drain(outbox, client_disconnected, done=None):
+    """Yield `outbox`'s messages until `done` (or None, where `done` is not
+    given) comes or the client leaves, and None per SSE_KEEPALIVE s of silence
+    (a keep-alive comment). A client that left is seen within 0.25 s by
+    waitress's client_disconnected (channel_request_lookahead), else at the
+    keep-alive that fails."""
+    last_write = time.monotonic()
+    while True:
+        try:
+            message = outbox.get(timeout=0.25)
+            if message is done:
+                return
+        except queue.Empty:
+            if client_disconnected is not None and client_disconnected():
+                return
+            if time.monotonic() - last_write < SSE_KEEPALIVE:
+                continue
+            message = None                  # a keep-alive
+        last_write = time.monotonic()
+        yield message
+
+
+class HttpSession(Session):
+    """A Streamable HTTP session, identified by the Mcp-Session-Id header
+    (None: stateless)."""
+
+    def __init__(self, allow_exec, session_id=None):
+        super().__init__(allow_exec, local=False)
+        # notify() writes to one POST's response stream
+        self.lasting_channel = False
+        self.identified, self.session_id = session_id is not None, session_id
+        self.last_used = time.monotonic()
+        # the name other instances know it by (section 14)
+        self.shared_hid = None
+
+
+class SseSession(Session):
+    """An HTTP+SSE conversation (2024-11-05 transports.mdx, HTTP with SSE): the
+    messages for the client wait in `outbox`, as written events, for the GET
+    /sse stream. At most SSE_BACKLOG_BYTES wait: a client that stops reading
+    loses its session, not our memory."""
+
+    def __init__(self, allow_exec, hang_up=None):
+        # A handshake-era transport: a modern probe (server/discover) gets a
+        # legacy answer, and a dual-era client falls back to initialize
+        # (2026-07-28 basic/versioning.mdx).
+        super().__init__(allow_exec, local=False, modern=False)
+        # unguessable (transports.mdx, Security)
+        self.session_id = os.urandom(16).hex()
+        self.outbox = queue.Queue()
+        # bytes in outbox
+        self.backlog = 0
+        # closes the client's connection, if it can
+        self.hang_up = hang_up
+
+    def deliver(self, message):
+        """Queue a message for the stream; past SSE_BACKLOG_BYTES, end the
+        session."""
+        event = sse_event(message)
+        with self.lock:
+            if self.closed:
+                return
+            # One message may pass the bound (a big batch's answer) if none
+            # waits before it.
+            if not self.backlog or self.backlog + len(event) <= SSE_BACKLOG_BYTES:
+                self.backlog += len(event)
+                self.outbox.put(event)
+                return
+            # this thread alone ends it (close() below, once)
+            self.closed = True
+        log("an HTTP+SSE client stopped reading its stream: %d bytes wait, %d more came; its "
+            "session ends" % (self.backlog, len(event)))
+        self.close()
+        # the stream's thread waits in waitress for it to read:
+        if self.hang_up:
+            # closing the connection frees it, and ends the response
+            self.hang_up()
+
+    def events(self, client_disconnected):
+        """The stream's messages, each counted off the backlog as it goes to
+        waitress."""
+        for event in drain(self.outbox, client_disconnected):
+            if event is not None:
+                with self.lock:
+                    self.backlog -= len(event)
+            yield event
+
+    def close(self):
+        """End the session and its stream (drain() stops at None): at shutdown
+        waitress then has no stream thread left to wait for, and the client
+        reads the stream's end."""
+        super().close()
+        self.outbox.put(None)
+
+
+def _host_name(value):
+    """'example.com:8000' -> 'example.com', '[::1]:80' -> '[::1]'."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[:value.find("]") + 1]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class ThreadBudget:
+    """How many waitress threads long requests (open /sse streams, streamed
+    tools/call) may hold: all but a reserve that keeps /health, initialize,
+    ping, the POSTs that feed the streams and DELETE answering under any load.
+    Beyond it: refused at once, not queued."""
+
+    def __init__(self, threads):
+        self.lock = threading.Lock()
+        # token -> the holder's client_disconnected (or None)
+        self.held = {}
+        self.resize(threads)
+
+    def resize(self, threads):
+        self.threads, self.size = threads, max(1, threads - 2 - threads // 8)
+
+    def take(self, client_disconnected=None):
+        """-> a token to give back with release(), or None when the budget is
+        spent."""
+        with self.lock:
+            # first free what departed clients still hold
+            if len(self.held) >= self.size:
+                self.held = {t: gone for t, gone in self.held.items()
+                             if gone is None or not gone()}
+            if len(self.held) >= self.size:
+                return None
+            token = object()
+            self.held[token] = client_disconnected
+            return token
+
+    def release(self, token):
+        with self.lock:
+            self.held.pop(token, None)
+
+    def refusal(self):
+        return ("Server busy: all %d of the threads that open SSE streams and running calls may "
+                "hold are in use (WEB_CONCURRENCY=%d). Retry shortly; an operator can raise "
+                "WEB_CONCURRENCY." % (self.size, self.threads))
+
+
+def concurrency_warning(threads):
+    """The one line that says WEB_CONCURRENCY is too low here, or None."""
+    if threads >= MIN_THREADS:
+        return None
+    return ("WEB_CONCURRENCY=%d: here it counts waitress threads, not processes (as uvicorn's "
+            "workers did), and %d thread%s cannot serve one open /sse stream beside one running "
+            "call%s; set WEB_CONCURRENCY=32 (the default), %d at least"
+            % (threads, threads, "" if threads == 1 else "s",
+               " (with 1, /sse is refused and calls run one at a time)" if threads == 1 else "",
+               MIN_THREADS))
+
+
+class HttpServer:
+    """The state behind the routes (the sessions of both transports, the thread
+    budget) and their answers. `host` and `threads` are serve_http()'s flags;
+    by default HOST and WEB_CONCURRENCY. Each kind of POST has a handler of its
+    own: initialize_post(), session_post(), batch_post() on /mcp, sse_post() on
+    /messages/, and the "http_post" hooks (the 2026-07-28 era's, section 11)
+    before them."""
+
+    def __init__(self, host=None, threads=None):
+        self.loopback = (host or HOST) in LOCAL_NAMES
+        self.budget = ThreadBudget(threads or WEB_CONCURRENCY)
+        self.allow_exec, self.lock = not STDIO_MODE_ONLY, threading.Lock()
+        self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
+        self.sse_sessions = {}      # session_id -> SseSession
+        self.waitress_checked = False
+        self.closing = False        # the server is shutting down (close())
+        self.workers = Workers()
+
+    def check_waitress(self, environ):
+        """At the first request: size the budget from waitress's real thread
+        count (which waitress-serve --threads sets, whatever WEB_CONCURRENCY
+        says), and say what is off."""
+        self.waitress_checked = True
+        channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
+        adj = getattr(getattr(channel, "server", None), "adj", None)
+        if adj is None:
+            # not waitress: WEB_CONCURRENCY it is
+            return
+        wanted = self.budget.threads
+        self.budget.resize(adj.threads)
+        if adj.threads != wanted:
+            log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress "
+                "(%d)" % (adj.threads, wanted, self.budget.size))
+            if concurrency_warning(adj.threads):
+                log(concurrency_warning(adj.threads))
+        if adj.max_request_body_size > MAX_BODY_BYTES:
+            log("waitress accepts bodies of %d bytes, MAX_BODY_BYTES says %d: start it with "
+                "--max-request-body-size=%d"
+                % (adj.max_request_body_size, MAX_BODY_BYTES, MAX_BODY_BYTES))
+        if not adj.channel_request_lookahead:
+            log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed "
+                "only when a keep-alive fails; start it with --channel-request-lookahead=1 "
+                "(python mcp_exec.py --http does)")
+
+    def guard(self, path, headers, environ):
+        """Before every route: None to go on, or the refusal (an HttpReply)."""
+        if not self.waitress_checked:
+            self.check_waitress(environ)
+        if path == "/health":
+            return None
+        if path.startswith("/.well-known/") or path in OAUTH_PATHS:
+            # No OAuth here: a 404 tells clients that probe after a 401
+            # (metadata, then the default /register, /authorize, /token) to
+            # stop, not to wait for a browser login.
+            return error_reply(404, "Not found: this server uses a static API key, not OAuth: "
+                               + SEND_KEY)
+        return self.check_request(headers)
+
+    def check_request(self, headers):
+        """-> None if the request may proceed, else the refusal (an
+        HttpReply)."""
+        host = _host_name(headers.get("Host", ""))
+        # DNS rebinding: evil.example resolving to 127.0.0.1 still sends "Host:
+        # evil.example".
+        local = self.loopback and host in LOCAL_NAMES
+        if not local and host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
+            if ALLOWED_HOSTS:
+                return error_reply(421, "Host %r is not allowed (ALLOWED_HOSTS)" % host)
+            if self.loopback:
+                return error_reply(421, "Host %r is not allowed: this server is bound to loopback "
+                                   "(set ALLOWED_HOSTS)" % host)
+        # A present Origin that is not allowed -> 403 (2025-11-25
+        # transports.mdx, Security Warning).
+        origin = headers.get("Origin")
+        if origin is not None and not ("*" in ALLOWED_ORIGINS
+                                       or origin.rstrip("/") in ALLOWED_ORIGINS):
+            try:
+                origin_host = (urlsplit(origin).hostname or "").lower()
+            except ValueError:
+                origin_host = ""
+            if not (self.loopback and origin_host in LOCAL_NAMES):
+                return error_reply(403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin)
+        # Every request needs the API key: missing or wrong is 401
+        # (authorization.mdx).
+        supplied = headers.get("X-API-Key", "")
+        scheme, _, token = headers.get("Authorization", "").partition(" ")
+        if not supplied and scheme.lower() == "bearer":
+            supplied = token.strip()
+        # here: it loads OpenSSL, which the stdio server never needs
+        import hmac
+        if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
+            problem = "the API key sent is wrong" if supplied else "no API key was sent"
+            return error_reply(401, "Unauthorized: %s; %s" % (problem, SEND_KEY), headers={
+                "WWW-Authenticate": 'Bearer realm="mcp-exec", error_description="%s; %s"'
+                                    % (problem, SEND_KEY)})
+        return None
+
+    # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE)
+    # ----------------------------
+    def sse_open(self, script_root, client_disconnected, hang_up=None):
+        """GET /sse: the endpoint event, then the session's messages, until the
+        client leaves or the session ends. The stream holds a waitress thread
+        (from the budget) while open. hang_up() closes the client's connection
+        (one that stopped reading)."""
+        # the stream would hold the thread its POSTs need
+        if self.budget.threads < 2:
+            return error_reply(503, concurrency_warning(1), headers={"Retry-After": "2"})
+        token = self.budget.take(client_disconnected)
+        if token is None:
+            return error_reply(503, self.budget.refusal() + " Streamable HTTP at /mcp holds no "
+                               "thread between calls.", headers={"Retry-After": "2"})
+        session = SseSession(self.allow_exec, hang_up)
+        with self.lock:
+            self.sse_sessions[session.session_id] = session
+        for opened in HOOKS["sse_opened"]:
+            opened(self, session)
+
+        # when waitress closes the response, however it ended (idempotent)
+        def on_close():
+            with self.lock:
+                self.sse_sessions.pop(session.session_id, None)
+            # its running executions, jobs and kernels are ended
+            session.end()
+            self.budget.release(token)
+        # The first event tells the client where to POST: a relative URI, which
+        # clients resolve against the stream's URL (and they refuse another
+        # origin).
+        endpoint = "%s/messages/?session_id=%s" % (script_root, session.session_id)
+        return sse_reply("event: endpoint\ndata: %s\n\n" % endpoint,
+                         session.events(client_disconnected), on_close)
+
+    def sse_post(self, session_id, body):
+        """POST /messages/?session_id=...: 202 at once; the answers travel on
+        the stream. A frame that is not JSON is answered 400 here, with the
+        error stdio would send."""
+        if not session_id:
+            return error_reply(400, "Missing session_id query parameter")
+        with self.lock:
+            session = self.sse_sessions.get(session_id)
+        # its stream may be on another instance
+        for elsewhere in HOOKS["sse_elsewhere"]:
+            reply = session is None and elsewhere(session_id, body)
+            if reply:
+                return reply
+        if session is None or session.closed:
+            return error_reply(404, "Unknown or closed session: open a new stream with GET /sse")
+        payload, error = parse_frame(body)
+        if error:
+            return json_reply(error, 400)
+        dispatch(payload, session, session.deliver, self.workers)
+        return text_reply(202, b"Accepted")
+
+    # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP)
+    # -------------------
+    def mcp_post(self, headers, body, client_disconnected):
+        """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) -> JSON, SSE
+        or 202. The "http_post" hooks may claim it first (a 2026-07-28 request,
+        section 11)."""
+        payload, error = parse_frame(body)
+        if not error and not isinstance(payload, list):
+            error = envelope_error(payload)
+        # the error stdio would send, with 400 (it names no request to answer)
+        if error:
+            return json_reply(error, 400)
+        first = json_object(payload)
+        header_version = headers.get("MCP-Protocol-Version")
+        if header_version is not None and header_version not in SUPPORTED_VERSIONS:
+            # transports.mdx, Protocol Version Header: an unsupported one MUST
+            # get 400.
+            first_id = first.get("id") if valid_id(first.get("id")) else None
+            return json_reply(error_response(first_id, UNSUPPORTED_VERSION,
+                                             "Unsupported protocol version",
+                                             {"supported": list(SUPPORTED_VERSIONS),
+                                              "requested": header_version}), 400)
+        for claim in HOOKS["http_post"]:
+            reply = claim(self, payload, headers, client_disconnected)
+            if reply is not None:
+                return reply
+        if first.get("method") == "initialize" and "id" in first:
+            return self.initialize_post(first)
+        session = self.session_for(headers.get("Mcp-Session-Id"), header_version)
+        if isinstance(session, HttpReply):
+            return session
+        if isinstance(payload, list):
+            return self.batch_post(payload, session, headers.get("Accept", ""))
+        return self.session_post(payload, session, headers.get("Accept", ""),
+                                 client_disconnected)
+
+    def initialize_post(self, message):
+        """initialize opens a session, named in the Mcp-Session-Id header of
+        the answer."""
+        session = HttpSession(self.allow_exec) if MCP_STATELESS else self.new_http_session()
+        if session is None:
+            return error_reply(503, "Too many busy sessions (running code, a job or a kernel: "
+                               "MAX_SESSIONS); retry shortly",
+                               headers={"Retry-After": "5"})
+        reply = handle_message(message, session)
+        if "error" in reply or not session.session_id:
+            # a failed initialize leaves no session behind
+            with self.lock:
+                self.http_sessions.pop(session.session_id, None)
+            return json_reply(reply)
+        for opened in HOOKS["session_opened"]:
+            opened(self, session)
+        return json_reply(reply, 200, {"Mcp-Session-Id": session.session_id})
+
+    def session_for(self, session_id, header_version):
+        """The session a POST belongs to -> HttpSession, or the refusal (an
+        HttpReply). A POST without Mcp-Session-Id stands alone: this server
+        does not require sessions, and only "Servers that require a session ID
+        SHOULD respond to requests without an Mcp-Session-Id header (other than
+        initialization) with HTTP 400 Bad Request" (transports.mdx, Session
+        Management). Its version comes from the header, else 2025-03-26
+        (transports.mdx, Protocol Version Header)."""
+        if MCP_STATELESS or not session_id:
+            session = HttpSession(self.allow_exec)
+            session.protocol_version = header_version or "2025-03-26"
+            return session
+        with self.lock:
+            session = self.http_sessions.get(session_id)
+            if session is not None:
+                session.last_used = time.monotonic()
+        # it may have been opened on another instance
+        for find in HOOKS["find_session"]:
+            session = session or find(self, session_id)
+            if isinstance(session, HttpReply):
+                return session
+        return session or error_reply(404, "Unknown or ended session: initialize again")
+
+    def session_post(self, message, session, accept, client_disconnected):
+        """One message of a session (or standing alone): a request is answered,
+        the rest accepted (202)."""
+        request = parse_request(message, session)
+        if isinstance(request, Request):
+            return self.answer(request, accept, client_disconnected)
+        if request is None:
+            return text_reply(202)
+        return self.quick_reply(request, accept)
+
+    def batch_post(self, batch, session, accept):
+        """A batch (2025-03-26) is answered whole, holding a budget thread to
+        the end if it runs code; a refused batch, or one with no request, gets
+        400."""
+        token = self.budget.take() if needs_worker(batch) else None
+        if needs_worker(batch) and token is None:
+            return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
+        try:
+            reply = handle_payload(batch, session)
+        finally:
+            self.budget.release(token)
+        if reply is None:
+            return text_reply(202)   # notifications and responses: accepted
+        asked = [m for m in batch if isinstance(m, dict) and "method" in m and "id" in m]
+        # one error for the whole batch
+        refused = isinstance(reply, dict)
+        return self.quick_reply(reply, accept, 400 if refused or not asked else 200)
+
+    def answer(self, request, accept, client_disconnected):
+        """A request of either era, answered at once; or, if it may wait for
+        code and the thread budget allows (else a tool error says so, at once),
+        run by watch(): with SSE (preferred) progress and keep-alives flow. A
+        handshake-era JSON reply is not cancelled by a disconnect (2025-11-25
+        transports.mdx, Sending Messages to the Server): it holds its token to
+        the end, client or not. A JSON reply later than JSON_KEEPALIVE starts
+        its body with blanks (json_blanks), so that no router's first-byte
+        timeout cuts it."""
+        if not METHODS[request.method].slow:
+            return self.quick_reply(answer_request(request), accept)
+        sse = "text/event-stream" in accept or not accepts_json(accept)
+        inline = not sse and not request.modern
+        token = self.budget.take(None if inline else client_disconnected)
+        if token is None:
+            result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1),
+                                 request.version)
+            request.decorate(result)
+            return json_reply(result_response(request.id, result))
+        if sse:
+            def on_close():
+                self.budget.release(token)
+                if request.modern:
+                    request.session.close()
+            # A comment first, so headers reach the client at once (waitress
+            # sends them with the first chunk) and Heroku's router sees bytes
+            # within its 30 s window.
+            return sse_reply(": stream open\n\n", self.watch(request, client_disconnected),
+                             on_close)
+        messages, started = self.watch(request, None if inline else client_disconnected), \
+            time.monotonic()
+        try:
+            # the response is the message with an id (progress has none)
+            for message in messages:
+                if message is not None and "id" in message:
+                    return json_reply(message)
+                if JSON_KEEPALIVE and time.monotonic() - started >= JSON_KEEPALIVE:
+                    # handed to the reply, which releases it
+                    token, late = None, token
+                    return HttpReply(200, json_blanks(messages), on_close=functools.partial(
+                        self.budget.release, late))
+        finally:
+            self.budget.release(token)
+        # cancelled: no response
+        return text_reply(202)
+
+    def watch(self, request, client_disconnected):
+        """Run the request on a worker -> its messages as they come, None per
+        SSE_KEEPALIVE s of silence (a keep-alive), until it ends or the client
+        leaves (drain()). A departure cancels a 2026-07-28 request
+        (cancellation.mdx); a 2025-x one runs on, unanswered."""
+        outbox, done = queue.Queue(), object()
+        request.notify = outbox.put
+
+        def run():
+            try:
+                reply = self.answered(request)
+                if reply is not None:
+                    outbox.put(reply)
+            finally:
+                outbox.put(done)
+        self.workers.start(run)
+        for message in drain(outbox, client_disconnected, done):
+            yield message
+        if request.modern and client_disconnected is not None and client_disconnected():
+            request.session.close()
+
+    def answered(self, request):
+        """answer_request(); but a request cut short by the end of its session
+        (DELETE /mcp, expiry) is told so: that is no cancellation, which goes
+        unanswered (as does what a shutdown cuts short: the stream then
+        ends)."""
+        reply = answer_request(request)
+        ended = request.session.closed and request.session.identified and not self.closing
+        if reply is None and ended:
+            reply = error_response(request.id, INVALID_REQUEST, "Session ended while the "
+                                   "request ran (DELETE /mcp, or idle past "
+                                   "SESSION_IDLE_TIMEOUT): initialize again")
+        return reply
+
+    def quick_reply(self, reply, accept, status=200):
+        """A request answered at once: JSON, or one SSE event for a client
+        accepting only that."""
+        if status != 200 or accepts_json(accept):
+            return json_reply(reply, status)
+        return sse_reply(sse_event(reply))
+
+    def mcp_delete(self, session_id):
+        """DELETE /mcp: the client ends its session (transports.mdx, Session
+        Management)."""
+        if MCP_STATELESS:
+            return error_reply(405, "Stateless mode has no sessions to end",
+                               headers={"Allow": "POST"})
+        if not session_id:
+            return error_reply(400, "Missing Mcp-Session-Id header")
+        with self.lock:
+            session = self.http_sessions.pop(session_id, None)
+        # everywhere
+        known = [deleted(session_id) for deleted in HOOKS["session_deleted"]]
+        if session is None and not any(known):
+            return error_reply(404, "Unknown or ended session")
+        if session is not None:
+            # its running executions, jobs and kernels are ended
+            session.end()
+        return text_reply(204)
+
+    def adopt_session(self, session):
+        """Keep a session another instance began (section 14) -> the one kept:
+        `session`, or the copy a concurrent request adopted first."""
+        with self.lock:
+            return self.http_sessions.setdefault(session.session_id, session)
+
+    def forget_session(self, session_id):
+        """Drop a session from this instance's table (ended elsewhere)."""
+        with self.lock:
+            self.http_sessions.pop(session_id, None)
+
+    def new_http_session(self):
+        """A new Streamable HTTP session, or None when every session is busy.
+        Idle sessions expire (SESSION_IDLE_TIMEOUT, their work with them); at
+        MAX_SESSIONS the oldest one without work (no request running, no job or
+        kernel alive) makes room."""
+        now = time.monotonic()
+        doomed = []
+        busy = None                          # asked once, when first needed
+        with self.lock:
+            for old in sorted(self.http_sessions.values(), key=lambda x: x.last_used):
+                full = len(self.http_sessions) >= MAX_SESSIONS
+                expired = now - old.last_used > SESSION_IDLE_TIMEOUT
+                if not full and not expired:
+                    # this one and all younger ones stay
+                    break
+                if busy is None and not expired:
+                    busy = Session.busy_owners()
+                if old.running() or (not expired and old.owner in busy):
+                    # room is never made by ending live work
+                    continue
+                del self.http_sessions[old.session_id]
+                doomed.append(old)
+            session = None
+            if len(self.http_sessions) < MAX_SESSIONS:
+                session = HttpSession(self.allow_exec,
+                                      base64.urlsafe_b64encode(os.urandom(24)).decode())
+                self.http_sessions[session.session_id] = session
+        # outside the lock: ending kills processes
+        for old in doomed:
+            old.end()
+        # None: every session is busy; nothing was killed
+        return session
+
+    def close(self):
+        """End every session of both transports: their running executions are
+        killed, and a stream waiting in waitress for a client that stopped
+        reading is hung up."""
+        # what it cuts short goes unanswered, as a cancel does
+        self.closing = True
+        with self.lock:
+            sessions = list(self.sse_sessions.values()) + list(self.http_sessions.values())
+        for session in sessions:
+            if isinstance(session, SseSession) and session.hang_up and session.backlog:
+                session.hang_up()
+        for session in sessions:
+            session.close()
+        self.workers.wait(KILL_GRACE + 1)
+        run_lifecycle("shutdown")
+
+
+def create_app(host=None, threads=None):
+    """The Flask app: routes wired to an HttpServer(host, threads); SystemExit
+    without API_KEY."""
+    from flask import Flask, Response, request
+
+    if not API_KEY or HTTP_PROBLEMS:
+        raise SystemExit((HTTP_PROBLEMS + [NO_API_KEY])[0])
+    run_lifecycle("setup")
+    server = HttpServer(host, threads)
+    if concurrency_warning(server.budget.threads):
+        log(concurrency_warning(server.budget.threads))
+    # Kill running code, sessions, templates at exit and on SIGTERM: waitress
+    # has no shutdown hook.
+    atexit.register(server.close)
+
+    def on_sigterm(signum, frame):
+        server.close()
+        raise SystemExit(0)
+    # signal() works only there
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.extensions["mcp_exec"] = server
+
+    def respond(reply):
+        response = Response(reply.body, reply.status, reply.headers,
+                            content_type=reply.content_type)
+        if reply.on_close is not None:
+            response.call_on_close(reply.on_close)
+        return response
+
+    @app.before_request
+    def guard():
+        refusal = server.guard(request.path, request.headers, request.environ)
+        if refusal is None and TRACE and request.method == "POST":
+            log("--> %s %s %s" % (request.method, request.full_path.rstrip("?"),
+                                  request.get_data()[:2000].decode("utf-8", "replace")))
+        if refusal:
+            return respond(refusal)
+        return None
+
+    add_error_pages(app, respond)
+    add_routes(app, server, request, respond)
+    return app
+
+
+def add_error_pages(app, respond):
+    """Every error is a JSON-RPC error object, never an HTML page."""
+    app.register_error_handler(404, lambda exc: respond(error_reply(
+        404, "Not found: the endpoints are /mcp (Streamable HTTP), /sse and /messages/ "
+        "(HTTP+SSE)")))
+    app.register_error_handler(405, lambda exc: respond(error_reply(
+        405, "Method not allowed", headers={"Allow": ", ".join(exc.valid_methods or [])})))
+    app.register_error_handler(413, lambda exc: respond(error_reply(
+        413, "Request body larger than %d bytes (MAX_BODY_BYTES)" % MAX_BODY_BYTES)))
+    app.register_error_handler(500, lambda exc: respond(error_reply(
+        500, "Internal error (details are in the server's log)", INTERNAL_ERROR)))
+
+
+def add_routes(app, server, request, respond):
+    """The routes: each hands the request's parts to an HttpServer method (the
+    table above). /mcp/ and /sse/ are served as /mcp and /sse: clients of older
+    SDKs use them."""
+    def disconnected():
+        return request.environ.get("waitress.client_disconnected")
+
+    def health():
+        # nothing secret: no auth on this route
+        status = {"status": "ok"}
+        for add in HOOKS["health"]:
+            status.update(add())
+        return respond(json_reply(status))
+
+    def mcp_post():
+        return respond(server.mcp_post(request.headers, request.get_data(), disconnected()))
+
+    def mcp_delete():
+        return respond(server.mcp_delete(request.headers.get("Mcp-Session-Id")))
+
+    def mcp_get():
+        # GET and HEAD: 405, as we offer no standalone stream (transports.mdx,
+        # Listening for Messages); a client that falls back to HTTP+SSE on 405
+        # finds it at /sse.
+        return respond(error_reply(405, "This server sends no unsolicited messages on /mcp: GET "
+                                   "is not offered (HTTP+SSE is at /sse)",
+                                   headers={"Allow": "POST, DELETE"}))
+
+    def sse_get():
+        return respond(server.sse_open(request.script_root, disconnected(),
+                                       _hang_up(request.environ)))
+
+    def sse_post():
+        return respond(server.sse_post(request.args.get("session_id"), request.get_data()))
+    app.add_url_rule("/health", "health", health)
+    for path in ("/mcp", "/mcp/"):
+        app.add_url_rule(path, "mcp_post" + path, mcp_post, methods=["POST"])
+        app.add_url_rule(path, "mcp_delete" + path, mcp_delete, methods=["DELETE"])
+        app.add_url_rule(path, "mcp_get" + path, mcp_get, methods=["GET"])
+    for path in ("/sse", "/sse/"):
+        app.add_url_rule(path, "sse" + path, sse_get, methods=["GET"])
+    for path in ("/messages", "/messages/"):
+        app.add_url_rule(path, "messages" + path, sse_post, methods=["POST"])
+
+
+def _hang_up(environ):
+    """-> a function that closes this request's connection under waitress, or
+    None elsewhere. A thread that waitress holds in a write, for a client that
+    stopped reading, is freed only so: shutdown() makes its channel close, and
+    the write raise ClientDisconnected."""
+    channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
+    sock = getattr(channel, "socket", None)
+    if sock is None:
+        return None
+
+    def hang_up():
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    return hang_up
+
+
+def __getattr__(name):
+    """`mcp_exec:app` for waitress-serve: the Flask app is built on first
+    access only."""
+    if name == "app":
+        global app
+        app = create_app()
+        return app
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def serve_http(args):
+    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`:
+    waitress; the flags win over HOST, PORT, WEB_CONCURRENCY. -> 2 after one
+    stderr line (nothing before) if it can't serve."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
+    parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
+    parser.add_argument("--port", type=int, default=PORT, help="port (PORT) [8000]")
+    parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [32]")
+    options = parser.parse_args(args)
+    # A WEB_CONCURRENCY below MIN_THREADS is a leftover: uvicorn's processes
+    # (heroku/mcp-code- exec-python's app.json set 1), which as threads could
+    # not serve /sse. --threads is obeyed.
+    leftover = options.threads is None and WEB_CONCURRENCY < MIN_THREADS
+    threads = max(1, 32 if leftover else options.threads or WEB_CONCURRENCY)
+    problem = _cannot_serve(options.host, options.port)
+    if problem:
+        sys.stderr.write(problem + "\n")
+        return 2
+    app = create_app(options.host, threads)
+    import waitress
+    if leftover:
+        log("WEB_CONCURRENCY=%d counted uvicorn's processes; here it counts threads, and so few "
+            "cannot serve /sse: running 32 (--threads %d would insist)" % ((WEB_CONCURRENCY,) * 2))
+    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
+        "of which open streams and running calls may hold %d%s%s" % (
+            options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
+            ", stateless" if MCP_STATELESS else "",
+            ", STDIO_MODE_ONLY: no code execution over HTTP" if STDIO_MODE_ONLY else ""))
+    _raise_open_files_limit()
+    # the app's objects live forever: the collector need not walk them per call
+    gc.freeze()
+    # waitress answers 413 from Content-Length before it reads a byte of the
+    # body, key or no key: what it buffers for unseen requests is at most
+    # connection_limit x MAX_BODY_BYTES.
+    waitress.serve(app, host=options.host, port=options.port, threads=threads,
+                   max_request_body_size=MAX_BODY_BYTES, **WAITRESS_OPTIONS)
+    return 0
+
+
+def _raise_open_files_limit():
+    """Every connection is a file descriptor: lift the soft limit towards the
+    hard (POSIX)."""
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = WAITRESS_OPTIONS["connection_limit"] + 256
+        if hard != resource.RLIM_INFINITY:
+            wanted = min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def _cannot_serve(host, port):
+    """Why `--http` cannot start (no flask or waitress, no API_KEY, the port
+    taken) -> the message, or None. It binds the address once, as waitress
+    will, and lets it go."""
+    from importlib.util import find_spec
+    if find_spec("flask") is None or find_spec("waitress") is None:
+        return NO_FLASK
+    if HTTP_PROBLEMS:
+        return HTTP_PROBLEMS[0]
+    if not API_KEY:
+        return NO_API_KEY
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+            with socket.socket(family, kind, proto) as probe:
+                # as waitress does
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return "mcp-exec: port %d on %s is in use; pick another with --port N or PORT=N" % (
+                port, host)
+        return ("mcp-exec: cannot listen on %s port %d (%s); check --host/HOST and --port/PORT"
+                % (host, port, exc.strerror or exc))
+    return None
+
+
+# How waitress must run for this app (the Procfile repeats it); measured on 2
+# cores, waitress 3.0.2:
+WAITRESS_OPTIONS = {
+    # waitress sees a client leave mid-stream (client_disconnected), not just
+    # at a failed keep-alive
+    "channel_request_lookahead": 1,
+    # 100 (the default) slow connections starve everyone, key or no key; 1,000
+    # idle or trickling ones cost ~2.6 MB and kept /health under 40 ms
+    "connection_limit": 1000,
+    # select() fails past fd 1024, taking the server down
+    "asyncore_use_poll": True,
+    # drop connections silent for 95 s: above the 90 s idle time Heroku's
+    # router keeps (it must close first), below waitress's 120 s; checked every
+    # 10 s, not 30
+    "channel_timeout": 95,
+    "cleanup_interval": 10,
+    "ident": "mcp-exec",
+}
+
+
+# =============================================================================
+# 5. The executor: one call's life, on the server and in the child
 # =============================================================================
 # run_code() is the whole tool. It runs the "run" step: run_stateless() waits
 # for a slot and an environment; run_once() makes a fresh directory,
@@ -2486,1093 +3573,6 @@ register_step("installer", lambda argv, env, python: argv)
 register_step("watch", lambda pid, directory: None)
 register_tool_feature(check=check_packages)
 register_lifecycle(shutdown=executor_shutdown)
-
-
-# =============================================================================
-# 4. stdio transport
-# =============================================================================
-
-class StdioServer:
-    """Newline-delimited JSON-RPC on binary streams (transports.mdx, stdio);
-    serialized writes."""
-
-    def __init__(self, infile, outfile):
-        self.infile, self.outfile = infile, outfile
-        self.session = Session()
-        self.write_lock = threading.Lock()
-        self.workers = Workers()
-
-    def send(self, message):
-        line = encode_message(message)
-        with self.write_lock:
-            if TRACE:
-                log("<-- " + line.decode("utf-8", "replace"))
-            # the client left: EOF follows
-            with contextlib.suppress(OSError, ValueError):
-                self.outfile.write(line + b"\n")
-                self.outfile.flush()
-
-    def read_lines(self):
-        """Yield input lines; one over MAX_MESSAGE_BYTES is discarded and
-        answered with an error."""
-        while True:
-            line = self.infile.readline(MAX_MESSAGE_BYTES + 1)
-            if not line:
-                return
-            if len(line) <= MAX_MESSAGE_BYTES or line.endswith(b"\n"):
-                yield line
-                continue
-            while line and not line.endswith(b"\n"):
-                line = self.infile.readline(1 << 20)
-            message = "Invalid Request: message larger than %d bytes" % MAX_MESSAGE_BYTES
-            self.send(error_response(None, INVALID_REQUEST, message))
-
-    def serve(self):
-        try:
-            for line in self.read_lines():
-                if TRACE:
-                    log("--> " + line.decode("utf-8", "replace").rstrip())
-                if not line.strip():
-                    continue
-                payload, error = parse_frame(line)
-                if error:
-                    self.send(error)
-                    continue
-                try:
-                    dispatch(payload, self.session, self.send, self.workers)
-                except Exception:   # no input line can kill the server
-                    log("error handling a line:\n" + traceback.format_exc())
-            # what no request can follow now ends (12: jobs)
-            for ended in HOOKS["input_ended"]:
-                ended(self.session)
-            # stdin closed: let running calls finish briefly
-            self.workers.wait(EOF_GRACE)
-        finally:
-            # then kill what is still running
-            self.session.close()
-            self.workers.wait(KILL_GRACE + 1)
-
-
-def dispatch(payload, session, send, workers):
-    """Handle a parsed frame and send() its reply: inline if quick, on a worker
-    thread if it holds a tools/call, so that reading goes on while calls run
-    (ping, cancel, more calls). A request not in a batch may be answered from
-    another thread too (Request.answer_later): a tools/call runs its code on
-    this worker, and the thread that waits beside it answers at CALL_WAIT."""
-    def work():
-        if isinstance(payload, list):
-            reply = handle_payload(payload, session, send)
-        else:
-            reply = parse_request(payload, session, send)
-        if isinstance(reply, Request):
-            reply.answer_later = functools.partial(answer_later, reply, send)
-            reply = answer_request(reply)
-        if reply is not None:
-            send(reply)
-    if needs_worker(payload):
-        workers.start(work)
-    else:
-        work()
-
-
-class Workers:
-    """Threads for work that may take long (a tools/call, a job), counted so
-    that shutdown can wait for them. A thread whose work is done waits `linger`
-    seconds for more: handing work to a waiting thread costs a quarter of
-    starting one, and both hold the GIL (0.04 vs 0.15 ms)."""
-
-    def __init__(self, linger=10.0):
-        self.linger = linger
-        # work given and not yet done
-        self.running = 0
-        # threads waiting for work
-        self.waiting = 0
-        # (work, Event set once a thread took it), oldest first
-        self.queued = []
-        lock = threading.Lock()
-        self.changed = threading.Condition(lock)      # running changed
-        self.has_work = threading.Condition(lock)     # queued grew
-
-    def start(self, target, in_order=True):
-        """Run target() on a thread. Like Thread.start(), return once a thread
-        has taken it: work given in order is taken in order (a kernel's calls
-        line up as they came). in_order False: return at once (work that may
-        start after what is given later)."""
-        taken = threading.Event()
-        with self.changed:
-            self.running += 1
-            self.queued.append((target, taken))
-            # a waiting thread will take it
-            spare = self.waiting >= len(self.queued)
-            if spare:
-                self.has_work.notify()
-        if not spare:
-            threading.Thread(target=self._serve, daemon=True).start()
-        if in_order:
-            taken.wait()
-
-    def _serve(self):
-        """Run the oldest work, then wait up to `linger` s for more; none came:
-        the thread ends."""
-        while True:
-            with self.has_work:
-                self.waiting += 1
-                self.has_work.wait_for(lambda: self.queued, self.linger)
-                self.waiting -= 1
-                if not self.queued:
-                    return
-                target, taken = self.queued.pop(0)
-            taken.set()
-            try:
-                target()
-            except Exception:
-                log("error in a worker thread:\n" + traceback.format_exc())
-            finally:
-                # what it holds is not kept while the thread waits
-                target = taken = None
-                with self.changed:
-                    self.running -= 1
-                    self.changed.notify_all()
-
-    def wait(self, seconds):
-        """Wait until no work runs, `seconds` at most -> True if none runs."""
-        with self.changed:
-            return self.changed.wait_for(lambda: self.running == 0, seconds)
-
-
-def answer_later(request, send, answer):
-    """Send a request's answer (a result, or a ProtocolError) from a thread
-    other than its handler's, as answer_request() would have."""
-    if isinstance(answer, ProtocolError):
-        send(error_response(request.id, answer.code, answer.message, answer.data))
-        return
-    request.decorate(answer)
-    send({"jsonrpc": "2.0", "id": request.id, "result": answer})
-
-
-def serve_stdio():
-    """Serve one client on stdin/stdout until stdin closes or SIGTERM comes."""
-    if POSIX:
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    if sys.stdin.isatty():
-        log("this is a stdio MCP server: it reads JSON-RPC lines on stdin and answers on "
-            "stdout. To try it, run `python mcp_exec.py demo` or `python mcp_exec.py client "
-            "call 'print(1)'`; Ctrl-D ends it.")
-    run_lifecycle("setup")
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            StdioServer(sys.stdin.buffer, sys.stdout.buffer).serve()
-    finally:
-        run_lifecycle("shutdown")
-    return 0
-
-
-# =============================================================================
-# 5. HTTP: Streamable HTTP and HTTP+SSE, on Flask and waitress
-# =============================================================================
-# HttpServer holds the state and answers every route with an HttpReply;
-# create_app() wires Flask routes to its methods. Flask and waitress are
-# imported in create_app() and serve_http(), so the stdio server never pays for
-# them. Settings are section 1's constants, read where used.
-#
-#   POST   /mcp  (and /mcp/)             Streamable HTTP (2025-03-26 and later)
-#   DELETE /mcp                          end a Streamable HTTP session
-#   GET    /sse  (and /sse/)             HTTP+SSE (2024-11-05): the event stream of one session
-#   POST   /messages/?session_id=...     its client-to-server messages -> 202
-#   GET    /health                       liveness, without auth; reveals nothing
-#
-# Both transports share one protocol (section 2) and one set of workers: only
-# the framing differs. A request that may run code holds a waitress thread
-# while it streams (Streamable HTTP) or while its stream is open (HTTP+SSE):
-# ThreadBudget keeps a reserve of threads free.
-
-NO_API_KEY = """mcp-exec: refusing to serve HTTP without API_KEY.
-Executed code can do anything this user can; every HTTP request must carry the key.
-Make one and start again:
-    export API_KEY=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
-Clients then send "Authorization: Bearer $API_KEY" (or "X-API-Key: $API_KEY")."""
-
-NO_FLASK = ("mcp-exec: --http needs flask and waitress: python3 -m pip install -r "
-            "requirements.txt (or use a venv: python3 -m venv .venv && .venv/bin/pip install "
-            "-r requirements.txt)")
-
-LOCAL_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
-# OAuth's defaults without metadata
-OAUTH_PATHS = ("/register", "/authorize", "/token")
-SEND_KEY = ("send the server's API_KEY as Authorization: Bearer <API_KEY> or X-API-Key: "
-            "<API_KEY>, no OAuth")
-# Bytes of messages that may wait for one HTTP+SSE stream whose client does not
-# read: past it the session ends. Above the largest message (a result with
-# IMAGE_LIMIT images of IMAGE_MAX_BYTES, embedded files, two outputs), so a
-# client that reads never meets it.
-SSE_BACKLOG_BYTES = 16 << 20
-# one open /sse stream, one running call, and a thread for all the rest
-MIN_THREADS = 4
-
-
-class HttpReply(collections.namedtuple("HttpReply", "status body headers content_type on_close",
-                                       defaults=(b"", None, "application/json", None))):
-    """What a route answers, independent of Flask: create_app() turns it into a
-    Response. `body` is bytes, or an iterator of str for an event stream;
-    `on_close` runs when it is sent."""
-
-
-def json_reply(message, status=200, headers=None):
-    return HttpReply(status, encode_message(message), headers)
-
-
-def error_reply(status, message, code=INVALID_REQUEST, headers=None):
-    # Errors are JSON-RPC error objects without an id, never HTML pages.
-    return json_reply(error_response(None, code, message), status, headers)
-
-
-# no JSON-RPC message: 202 Accepted, 204 No Content
-def text_reply(status, body=b""):
-    return HttpReply(status, body, content_type="text/plain")
-
-
-def sse_reply(first, messages=(), on_close=None):
-    """An event stream: `first`, then an event per message (a dict, or an event
-    already written: a str), a keep-alive comment per None."""
-    def stream():
-        yield first
-        for message in messages:
-            if message is None:
-                yield ": keep-alive\n\n"
-            else:
-                yield message if isinstance(message, str) else sse_event(message)
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return HttpReply(200, stream(), headers, "text/event-stream", on_close)
-
-
-def sse_event(message):
-    return "event: message\ndata: %s\n\n" % encode_message(message).decode("utf-8")
-
-
-def json_blanks(messages):
-    """The body of a JSON answer that is late: a blank now, one per keep-alive,
-    then the message (whitespace before a JSON value is JSON). A router that
-    cuts a silent response (Heroku after 30 s) sees bytes. A cancelled
-    request's body stays blank."""
-    yield " "
-    for message in messages:
-        if message is None or "id" in message:
-            yield " " if message is None else encode_message(message).decode("utf-8")
-
-
-def accepts_json(accept):
-    """Leniently, as clients differ: no Accept header, or */*, admits JSON
-    too."""
-    return not accept or "application/json" in accept or "*/*" in accept
-
-
-def drain(outbox, client_disconnected, done=None):
-    """Yield `outbox`'s messages until `done` (or None, where `done` is not
-    given) comes or the client leaves, and None per SSE_KEEPALIVE s of silence
-    (a keep-alive comment). A client that left is seen within 0.25 s by
-    waitress's client_disconnected (channel_request_lookahead), else at the
-    keep-alive that fails."""
-    last_write = time.monotonic()
-    while True:
-        try:
-            message = outbox.get(timeout=0.25)
-            if message is done:
-                return
-        except queue.Empty:
-            if client_disconnected is not None and client_disconnected():
-                return
-            if time.monotonic() - last_write < SSE_KEEPALIVE:
-                continue
-            message = None                  # a keep-alive
-        last_write = time.monotonic()
-        yield message
-
-
-class HttpSession(Session):
-    """A Streamable HTTP session, identified by the Mcp-Session-Id header
-    (None: stateless)."""
-
-    def __init__(self, allow_exec, session_id=None):
-        super().__init__(allow_exec, local=False)
-        # notify() writes to one POST's response stream
-        self.lasting_channel = False
-        self.identified, self.session_id = session_id is not None, session_id
-        self.last_used = time.monotonic()
-        # the name other instances know it by (section 14)
-        self.shared_hid = None
-
-
-class SseSession(Session):
-    """An HTTP+SSE conversation (2024-11-05 transports.mdx, HTTP with SSE): the
-    messages for the client wait in `outbox`, as written events, for the GET
-    /sse stream. At most SSE_BACKLOG_BYTES wait: a client that stops reading
-    loses its session, not our memory."""
-
-    def __init__(self, allow_exec, hang_up=None):
-        # A handshake-era transport: a modern probe (server/discover) gets a
-        # legacy answer, and a dual-era client falls back to initialize
-        # (2026-07-28 basic/versioning.mdx).
-        super().__init__(allow_exec, local=False, modern=False)
-        # unguessable (transports.mdx, Security)
-        self.session_id = os.urandom(16).hex()
-        self.outbox = queue.Queue()
-        # bytes in outbox
-        self.backlog = 0
-        # closes the client's connection, if it can
-        self.hang_up = hang_up
-
-    def deliver(self, message):
-        """Queue a message for the stream; past SSE_BACKLOG_BYTES, end the
-        session."""
-        event = sse_event(message)
-        with self.lock:
-            if self.closed:
-                return
-            # One message may pass the bound (a big batch's answer) if none
-            # waits before it.
-            if not self.backlog or self.backlog + len(event) <= SSE_BACKLOG_BYTES:
-                self.backlog += len(event)
-                self.outbox.put(event)
-                return
-            # this thread alone ends it (close() below, once)
-            self.closed = True
-        log("an HTTP+SSE client stopped reading its stream: %d bytes wait, %d more came; its "
-            "session ends" % (self.backlog, len(event)))
-        self.close()
-        # the stream's thread waits in waitress for it to read:
-        if self.hang_up:
-            # closing the connection frees it, and ends the response
-            self.hang_up()
-
-    def events(self, client_disconnected):
-        """The stream's messages, each counted off the backlog as it goes to
-        waitress."""
-        for event in drain(self.outbox, client_disconnected):
-            if event is not None:
-                with self.lock:
-                    self.backlog -= len(event)
-            yield event
-
-    def close(self):
-        """End the session and its stream (drain() stops at None): at shutdown
-        waitress then has no stream thread left to wait for, and the client
-        reads the stream's end."""
-        super().close()
-        self.outbox.put(None)
-
-
-def _host_name(value):
-    """'example.com:8000' -> 'example.com', '[::1]:80' -> '[::1]'."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        return value[:value.find("]") + 1]
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
-class ThreadBudget:
-    """How many waitress threads long requests (open /sse streams, streamed
-    tools/call) may hold: all but a reserve that keeps /health, initialize,
-    ping, the POSTs that feed the streams and DELETE answering under any load.
-    Beyond it: refused at once, not queued."""
-
-    def __init__(self, threads):
-        self.lock = threading.Lock()
-        # token -> the holder's client_disconnected (or None)
-        self.held = {}
-        self.resize(threads)
-
-    def resize(self, threads):
-        self.threads, self.size = threads, max(1, threads - 2 - threads // 8)
-
-    def take(self, client_disconnected=None):
-        """-> a token to give back with release(), or None when the budget is
-        spent."""
-        with self.lock:
-            # first free what departed clients still hold
-            if len(self.held) >= self.size:
-                self.held = {t: gone for t, gone in self.held.items()
-                             if gone is None or not gone()}
-            if len(self.held) >= self.size:
-                return None
-            token = object()
-            self.held[token] = client_disconnected
-            return token
-
-    def release(self, token):
-        with self.lock:
-            self.held.pop(token, None)
-
-    def refusal(self):
-        return ("Server busy: all %d of the threads that open SSE streams and running calls may "
-                "hold are in use (WEB_CONCURRENCY=%d). Retry shortly; an operator can raise "
-                "WEB_CONCURRENCY." % (self.size, self.threads))
-
-
-def concurrency_warning(threads):
-    """The one line that says WEB_CONCURRENCY is too low here, or None."""
-    if threads >= MIN_THREADS:
-        return None
-    return ("WEB_CONCURRENCY=%d: here it counts waitress threads, not processes (as uvicorn's "
-            "workers did), and %d thread%s cannot serve one open /sse stream beside one running "
-            "call%s; set WEB_CONCURRENCY=32 (the default), %d at least"
-            % (threads, threads, "" if threads == 1 else "s",
-               " (with 1, /sse is refused and calls run one at a time)" if threads == 1 else "",
-               MIN_THREADS))
-
-
-class HttpServer:
-    """The state behind the routes (the sessions of both transports, the thread
-    budget) and their answers. `host` and `threads` are serve_http()'s flags;
-    by default HOST and WEB_CONCURRENCY. Each kind of POST has a handler of its
-    own: initialize_post(), session_post(), batch_post() on /mcp, sse_post() on
-    /messages/, and the "http_post" hooks (the 2026-07-28 era's, section 11)
-    before them."""
-
-    def __init__(self, host=None, threads=None):
-        self.loopback = (host or HOST) in LOCAL_NAMES
-        self.budget = ThreadBudget(threads or WEB_CONCURRENCY)
-        self.allow_exec, self.lock = not STDIO_MODE_ONLY, threading.Lock()
-        self.http_sessions = {}     # Mcp-Session-Id -> HttpSession
-        self.sse_sessions = {}      # session_id -> SseSession
-        self.waitress_checked = False
-        self.closing = False        # the server is shutting down (close())
-        self.workers = Workers()
-
-    def check_waitress(self, environ):
-        """At the first request: size the budget from waitress's real thread
-        count (which waitress-serve --threads sets, whatever WEB_CONCURRENCY
-        says), and say what is off."""
-        self.waitress_checked = True
-        channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
-        adj = getattr(getattr(channel, "server", None), "adj", None)
-        if adj is None:
-            # not waitress: WEB_CONCURRENCY it is
-            return
-        wanted = self.budget.threads
-        self.budget.resize(adj.threads)
-        if adj.threads != wanted:
-            log("waitress runs %d threads, WEB_CONCURRENCY says %d: the budget follows waitress "
-                "(%d)" % (adj.threads, wanted, self.budget.size))
-            if concurrency_warning(adj.threads):
-                log(concurrency_warning(adj.threads))
-        if adj.max_request_body_size > MAX_BODY_BYTES:
-            log("waitress accepts bodies of %d bytes, MAX_BODY_BYTES says %d: start it with "
-                "--max-request-body-size=%d"
-                % (adj.max_request_body_size, MAX_BODY_BYTES, MAX_BODY_BYTES))
-        if not adj.channel_request_lookahead:
-            log("waitress runs with channel_request_lookahead=0: a client that leaves is noticed "
-                "only when a keep-alive fails; start it with --channel-request-lookahead=1 "
-                "(python mcp_exec.py --http does)")
-
-    def guard(self, path, headers, environ):
-        """Before every route: None to go on, or the refusal (an HttpReply)."""
-        if not self.waitress_checked:
-            self.check_waitress(environ)
-        if path == "/health":
-            return None
-        if path.startswith("/.well-known/") or path in OAUTH_PATHS:
-            # No OAuth here: a 404 tells clients that probe after a 401
-            # (metadata, then the default /register, /authorize, /token) to
-            # stop, not to wait for a browser login.
-            return error_reply(404, "Not found: this server uses a static API key, not OAuth: "
-                               + SEND_KEY)
-        return self.check_request(headers)
-
-    def check_request(self, headers):
-        """-> None if the request may proceed, else the refusal (an
-        HttpReply)."""
-        host = _host_name(headers.get("Host", ""))
-        # DNS rebinding: evil.example resolving to 127.0.0.1 still sends "Host:
-        # evil.example".
-        local = self.loopback and host in LOCAL_NAMES
-        if not local and host not in ALLOWED_HOSTS and "*" not in ALLOWED_HOSTS:
-            if ALLOWED_HOSTS:
-                return error_reply(421, "Host %r is not allowed (ALLOWED_HOSTS)" % host)
-            if self.loopback:
-                return error_reply(421, "Host %r is not allowed: this server is bound to loopback "
-                                   "(set ALLOWED_HOSTS)" % host)
-        # A present Origin that is not allowed -> 403 (2025-11-25
-        # transports.mdx, Security Warning).
-        origin = headers.get("Origin")
-        if origin is not None and not ("*" in ALLOWED_ORIGINS
-                                       or origin.rstrip("/") in ALLOWED_ORIGINS):
-            try:
-                origin_host = (urlsplit(origin).hostname or "").lower()
-            except ValueError:
-                origin_host = ""
-            if not (self.loopback and origin_host in LOCAL_NAMES):
-                return error_reply(403, "Origin %r is not allowed (ALLOWED_ORIGINS)" % origin)
-        # Every request needs the API key: missing or wrong is 401
-        # (authorization.mdx).
-        supplied = headers.get("X-API-Key", "")
-        scheme, _, token = headers.get("Authorization", "").partition(" ")
-        if not supplied and scheme.lower() == "bearer":
-            supplied = token.strip()
-        # here: it loads OpenSSL, which the stdio server never needs
-        import hmac
-        if not supplied or not hmac.compare_digest(supplied.encode(), API_KEY.encode()):
-            problem = "the API key sent is wrong" if supplied else "no API key was sent"
-            return error_reply(401, "Unauthorized: %s; %s" % (problem, SEND_KEY), headers={
-                "WWW-Authenticate": 'Bearer realm="mcp-exec", error_description="%s; %s"'
-                                    % (problem, SEND_KEY)})
-        return None
-
-    # -- HTTP+SSE (2024-11-05 transports.mdx, HTTP with SSE)
-    # ----------------------------
-    def sse_open(self, script_root, client_disconnected, hang_up=None):
-        """GET /sse: the endpoint event, then the session's messages, until the
-        client leaves or the session ends. The stream holds a waitress thread
-        (from the budget) while open. hang_up() closes the client's connection
-        (one that stopped reading)."""
-        # the stream would hold the thread its POSTs need
-        if self.budget.threads < 2:
-            return error_reply(503, concurrency_warning(1), headers={"Retry-After": "2"})
-        token = self.budget.take(client_disconnected)
-        if token is None:
-            return error_reply(503, self.budget.refusal() + " Streamable HTTP at /mcp holds no "
-                               "thread between calls.", headers={"Retry-After": "2"})
-        session = SseSession(self.allow_exec, hang_up)
-        with self.lock:
-            self.sse_sessions[session.session_id] = session
-        for opened in HOOKS["sse_opened"]:
-            opened(self, session)
-
-        # when waitress closes the response, however it ended (idempotent)
-        def on_close():
-            with self.lock:
-                self.sse_sessions.pop(session.session_id, None)
-            # its running executions, jobs and kernels are ended
-            session.end()
-            self.budget.release(token)
-        # The first event tells the client where to POST: a relative URI, which
-        # clients resolve against the stream's URL (and they refuse another
-        # origin).
-        endpoint = "%s/messages/?session_id=%s" % (script_root, session.session_id)
-        return sse_reply("event: endpoint\ndata: %s\n\n" % endpoint,
-                         session.events(client_disconnected), on_close)
-
-    def sse_post(self, session_id, body):
-        """POST /messages/?session_id=...: 202 at once; the answers travel on
-        the stream. A frame that is not JSON is answered 400 here, with the
-        error stdio would send."""
-        if not session_id:
-            return error_reply(400, "Missing session_id query parameter")
-        with self.lock:
-            session = self.sse_sessions.get(session_id)
-        # its stream may be on another instance
-        for elsewhere in HOOKS["sse_elsewhere"]:
-            reply = session is None and elsewhere(session_id, body)
-            if reply:
-                return reply
-        if session is None or session.closed:
-            return error_reply(404, "Unknown or closed session: open a new stream with GET /sse")
-        payload, error = parse_frame(body)
-        if error:
-            return json_reply(error, 400)
-        dispatch(payload, session, session.deliver, self.workers)
-        return text_reply(202, b"Accepted")
-
-    # -- Streamable HTTP (2025-11-25 transports.mdx, Streamable HTTP)
-    # -------------------
-    def mcp_post(self, headers, body, client_disconnected):
-        """POST /mcp: one JSON-RPC message (or a 2025-03-26 batch) -> JSON, SSE
-        or 202. The "http_post" hooks may claim it first (a 2026-07-28 request,
-        section 11)."""
-        payload, error = parse_frame(body)
-        if not error and not isinstance(payload, list):
-            error = envelope_error(payload)
-        # the error stdio would send, with 400 (it names no request to answer)
-        if error:
-            return json_reply(error, 400)
-        first = json_object(payload)
-        header_version = headers.get("MCP-Protocol-Version")
-        if header_version is not None and header_version not in SUPPORTED_VERSIONS:
-            # transports.mdx, Protocol Version Header: an unsupported one MUST
-            # get 400.
-            first_id = first.get("id") if valid_id(first.get("id")) else None
-            return json_reply(error_response(first_id, UNSUPPORTED_VERSION,
-                                             "Unsupported protocol version",
-                                             {"supported": list(SUPPORTED_VERSIONS),
-                                              "requested": header_version}), 400)
-        for claim in HOOKS["http_post"]:
-            reply = claim(self, payload, headers, client_disconnected)
-            if reply is not None:
-                return reply
-        if first.get("method") == "initialize" and "id" in first:
-            return self.initialize_post(first)
-        session = self.session_for(headers.get("Mcp-Session-Id"), header_version)
-        if isinstance(session, HttpReply):
-            return session
-        if isinstance(payload, list):
-            return self.batch_post(payload, session, headers.get("Accept", ""))
-        return self.session_post(payload, session, headers.get("Accept", ""),
-                                 client_disconnected)
-
-    def initialize_post(self, message):
-        """initialize opens a session, named in the Mcp-Session-Id header of
-        the answer."""
-        session = HttpSession(self.allow_exec) if MCP_STATELESS else self.new_http_session()
-        if session is None:
-            return error_reply(503, "Too many busy sessions (running code, a job or a kernel: "
-                               "MAX_SESSIONS); retry shortly",
-                               headers={"Retry-After": "5"})
-        reply = handle_message(message, session)
-        if "error" in reply or not session.session_id:
-            # a failed initialize leaves no session behind
-            with self.lock:
-                self.http_sessions.pop(session.session_id, None)
-            return json_reply(reply)
-        for opened in HOOKS["session_opened"]:
-            opened(self, session)
-        return json_reply(reply, 200, {"Mcp-Session-Id": session.session_id})
-
-    def session_for(self, session_id, header_version):
-        """The session a POST belongs to -> HttpSession, or the refusal (an
-        HttpReply). A POST without Mcp-Session-Id stands alone: this server
-        does not require sessions, and only "Servers that require a session ID
-        SHOULD respond to requests without an Mcp-Session-Id header (other than
-        initialization) with HTTP 400 Bad Request" (transports.mdx, Session
-        Management). Its version comes from the header, else 2025-03-26
-        (transports.mdx, Protocol Version Header)."""
-        if MCP_STATELESS or not session_id:
-            session = HttpSession(self.allow_exec)
-            session.protocol_version = header_version or "2025-03-26"
-            return session
-        with self.lock:
-            session = self.http_sessions.get(session_id)
-            if session is not None:
-                session.last_used = time.monotonic()
-        # it may have been opened on another instance
-        for find in HOOKS["find_session"]:
-            session = session or find(self, session_id)
-            if isinstance(session, HttpReply):
-                return session
-        return session or error_reply(404, "Unknown or ended session: initialize again")
-
-    def session_post(self, message, session, accept, client_disconnected):
-        """One message of a session (or standing alone): a request is answered,
-        the rest accepted (202)."""
-        request = parse_request(message, session)
-        if isinstance(request, Request):
-            return self.answer(request, accept, client_disconnected)
-        if request is None:
-            return text_reply(202)
-        return self.quick_reply(request, accept)
-
-    def batch_post(self, batch, session, accept):
-        """A batch (2025-03-26) is answered whole, holding a budget thread to
-        the end if it runs code; a refused batch, or one with no request, gets
-        400."""
-        token = self.budget.take() if needs_worker(batch) else None
-        if needs_worker(batch) and token is None:
-            return error_reply(503, self.budget.refusal(), headers={"Retry-After": "2"})
-        try:
-            reply = handle_payload(batch, session)
-        finally:
-            self.budget.release(token)
-        if reply is None:
-            return text_reply(202)   # notifications and responses: accepted
-        asked = [m for m in batch if isinstance(m, dict) and "method" in m and "id" in m]
-        # one error for the whole batch
-        refused = isinstance(reply, dict)
-        return self.quick_reply(reply, accept, 400 if refused or not asked else 200)
-
-    def answer(self, request, accept, client_disconnected):
-        """A request of either era, answered at once; or, if it may wait for
-        code and the thread budget allows (else a tool error says so, at once),
-        run by watch(): with SSE (preferred) progress and keep-alives flow. A
-        handshake-era JSON reply is not cancelled by a disconnect (2025-11-25
-        transports.mdx, Sending Messages to the Server): it holds its token to
-        the end, client or not. A JSON reply later than JSON_KEEPALIVE starts
-        its body with blanks (json_blanks), so that no router's first-byte
-        timeout cuts it."""
-        if not METHODS[request.method].slow:
-            return self.quick_reply(answer_request(request), accept)
-        sse = "text/event-stream" in accept or not accepts_json(accept)
-        inline = not sse and not request.modern
-        token = self.budget.take(None if inline else client_disconnected)
-        if token is None:
-            result = tool_result(Result.refusal(self.budget.refusal(), returncode=-1),
-                                 request.version)
-            request.decorate(result)
-            return json_reply(result_response(request.id, result))
-        if sse:
-            def on_close():
-                self.budget.release(token)
-                if request.modern:
-                    request.session.close()
-            # A comment first, so headers reach the client at once (waitress
-            # sends them with the first chunk) and Heroku's router sees bytes
-            # within its 30 s window.
-            return sse_reply(": stream open\n\n", self.watch(request, client_disconnected),
-                             on_close)
-        messages, started = self.watch(request, None if inline else client_disconnected), \
-            time.monotonic()
-        try:
-            # the response is the message with an id (progress has none)
-            for message in messages:
-                if message is not None and "id" in message:
-                    return json_reply(message)
-                if JSON_KEEPALIVE and time.monotonic() - started >= JSON_KEEPALIVE:
-                    # handed to the reply, which releases it
-                    token, late = None, token
-                    return HttpReply(200, json_blanks(messages), on_close=functools.partial(
-                        self.budget.release, late))
-        finally:
-            self.budget.release(token)
-        # cancelled: no response
-        return text_reply(202)
-
-    def watch(self, request, client_disconnected):
-        """Run the request on a worker -> its messages as they come, None per
-        SSE_KEEPALIVE s of silence (a keep-alive), until it ends or the client
-        leaves (drain()). A departure cancels a 2026-07-28 request
-        (cancellation.mdx); a 2025-x one runs on, unanswered."""
-        outbox, done = queue.Queue(), object()
-        request.notify = outbox.put
-
-        def run():
-            try:
-                reply = self.answered(request)
-                if reply is not None:
-                    outbox.put(reply)
-            finally:
-                outbox.put(done)
-        self.workers.start(run)
-        for message in drain(outbox, client_disconnected, done):
-            yield message
-        if request.modern and client_disconnected is not None and client_disconnected():
-            request.session.close()
-
-    def answered(self, request):
-        """answer_request(); but a request cut short by the end of its session
-        (DELETE /mcp, expiry) is told so: that is no cancellation, which goes
-        unanswered (as does what a shutdown cuts short: the stream then
-        ends)."""
-        reply = answer_request(request)
-        ended = request.session.closed and request.session.identified and not self.closing
-        if reply is None and ended:
-            reply = error_response(request.id, INVALID_REQUEST, "Session ended while the "
-                                   "request ran (DELETE /mcp, or idle past "
-                                   "SESSION_IDLE_TIMEOUT): initialize again")
-        return reply
-
-    def quick_reply(self, reply, accept, status=200):
-        """A request answered at once: JSON, or one SSE event for a client
-        accepting only that."""
-        if status != 200 or accepts_json(accept):
-            return json_reply(reply, status)
-        return sse_reply(sse_event(reply))
-
-    def mcp_delete(self, session_id):
-        """DELETE /mcp: the client ends its session (transports.mdx, Session
-        Management)."""
-        if MCP_STATELESS:
-            return error_reply(405, "Stateless mode has no sessions to end",
-                               headers={"Allow": "POST"})
-        if not session_id:
-            return error_reply(400, "Missing Mcp-Session-Id header")
-        with self.lock:
-            session = self.http_sessions.pop(session_id, None)
-        # everywhere
-        known = [deleted(session_id) for deleted in HOOKS["session_deleted"]]
-        if session is None and not any(known):
-            return error_reply(404, "Unknown or ended session")
-        if session is not None:
-            # its running executions, jobs and kernels are ended
-            session.end()
-        return text_reply(204)
-
-    def adopt_session(self, session):
-        """Keep a session another instance began (section 14) -> the one kept:
-        `session`, or the copy a concurrent request adopted first."""
-        with self.lock:
-            return self.http_sessions.setdefault(session.session_id, session)
-
-    def forget_session(self, session_id):
-        """Drop a session from this instance's table (ended elsewhere)."""
-        with self.lock:
-            self.http_sessions.pop(session_id, None)
-
-    def new_http_session(self):
-        """A new Streamable HTTP session, or None when every session is busy.
-        Idle sessions expire (SESSION_IDLE_TIMEOUT, their work with them); at
-        MAX_SESSIONS the oldest one without work (no request running, no job or
-        kernel alive) makes room."""
-        now = time.monotonic()
-        doomed = []
-        busy = None                          # asked once, when first needed
-        with self.lock:
-            for old in sorted(self.http_sessions.values(), key=lambda x: x.last_used):
-                full = len(self.http_sessions) >= MAX_SESSIONS
-                expired = now - old.last_used > SESSION_IDLE_TIMEOUT
-                if not full and not expired:
-                    # this one and all younger ones stay
-                    break
-                if busy is None and not expired:
-                    busy = Session.busy_owners()
-                if old.running() or (not expired and old.owner in busy):
-                    # room is never made by ending live work
-                    continue
-                del self.http_sessions[old.session_id]
-                doomed.append(old)
-            session = None
-            if len(self.http_sessions) < MAX_SESSIONS:
-                session = HttpSession(self.allow_exec,
-                                      base64.urlsafe_b64encode(os.urandom(24)).decode())
-                self.http_sessions[session.session_id] = session
-        # outside the lock: ending kills processes
-        for old in doomed:
-            old.end()
-        # None: every session is busy; nothing was killed
-        return session
-
-    def close(self):
-        """End every session of both transports: their running executions are
-        killed, and a stream waiting in waitress for a client that stopped
-        reading is hung up."""
-        # what it cuts short goes unanswered, as a cancel does
-        self.closing = True
-        with self.lock:
-            sessions = list(self.sse_sessions.values()) + list(self.http_sessions.values())
-        for session in sessions:
-            if isinstance(session, SseSession) and session.hang_up and session.backlog:
-                session.hang_up()
-        for session in sessions:
-            session.close()
-        self.workers.wait(KILL_GRACE + 1)
-        run_lifecycle("shutdown")
-
-
-def create_app(host=None, threads=None):
-    """The Flask app: routes wired to an HttpServer(host, threads); SystemExit
-    without API_KEY."""
-    from flask import Flask, Response, request
-
-    if not API_KEY or HTTP_PROBLEMS:
-        raise SystemExit((HTTP_PROBLEMS + [NO_API_KEY])[0])
-    run_lifecycle("setup")
-    server = HttpServer(host, threads)
-    if concurrency_warning(server.budget.threads):
-        log(concurrency_warning(server.budget.threads))
-    # Kill running code, sessions, templates at exit and on SIGTERM: waitress
-    # has no shutdown hook.
-    atexit.register(server.close)
-
-    def on_sigterm(signum, frame):
-        server.close()
-        raise SystemExit(0)
-    # signal() works only there
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_sigterm)
-    app = Flask(__name__)
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.extensions["mcp_exec"] = server
-
-    def respond(reply):
-        response = Response(reply.body, reply.status, reply.headers,
-                            content_type=reply.content_type)
-        if reply.on_close is not None:
-            response.call_on_close(reply.on_close)
-        return response
-
-    @app.before_request
-    def guard():
-        refusal = server.guard(request.path, request.headers, request.environ)
-        if refusal is None and TRACE and request.method == "POST":
-            log("--> %s %s %s" % (request.method, request.full_path.rstrip("?"),
-                                  request.get_data()[:2000].decode("utf-8", "replace")))
-        if refusal:
-            return respond(refusal)
-        return None
-
-    add_error_pages(app, respond)
-    add_routes(app, server, request, respond)
-    return app
-
-
-def add_error_pages(app, respond):
-    """Every error is a JSON-RPC error object, never an HTML page."""
-    app.register_error_handler(404, lambda exc: respond(error_reply(
-        404, "Not found: the endpoints are /mcp (Streamable HTTP), /sse and /messages/ "
-        "(HTTP+SSE)")))
-    app.register_error_handler(405, lambda exc: respond(error_reply(
-        405, "Method not allowed", headers={"Allow": ", ".join(exc.valid_methods or [])})))
-    app.register_error_handler(413, lambda exc: respond(error_reply(
-        413, "Request body larger than %d bytes (MAX_BODY_BYTES)" % MAX_BODY_BYTES)))
-    app.register_error_handler(500, lambda exc: respond(error_reply(
-        500, "Internal error (details are in the server's log)", INTERNAL_ERROR)))
-
-
-def add_routes(app, server, request, respond):
-    """The routes: each hands the request's parts to an HttpServer method (the
-    table above). /mcp/ and /sse/ are served as /mcp and /sse: clients of older
-    SDKs use them."""
-    def disconnected():
-        return request.environ.get("waitress.client_disconnected")
-
-    def health():
-        # nothing secret: no auth on this route
-        status = {"status": "ok"}
-        for add in HOOKS["health"]:
-            status.update(add())
-        return respond(json_reply(status))
-
-    def mcp_post():
-        return respond(server.mcp_post(request.headers, request.get_data(), disconnected()))
-
-    def mcp_delete():
-        return respond(server.mcp_delete(request.headers.get("Mcp-Session-Id")))
-
-    def mcp_get():
-        # GET and HEAD: 405, as we offer no standalone stream (transports.mdx,
-        # Listening for Messages); a client that falls back to HTTP+SSE on 405
-        # finds it at /sse.
-        return respond(error_reply(405, "This server sends no unsolicited messages on /mcp: GET "
-                                   "is not offered (HTTP+SSE is at /sse)",
-                                   headers={"Allow": "POST, DELETE"}))
-
-    def sse_get():
-        return respond(server.sse_open(request.script_root, disconnected(),
-                                       _hang_up(request.environ)))
-
-    def sse_post():
-        return respond(server.sse_post(request.args.get("session_id"), request.get_data()))
-    app.add_url_rule("/health", "health", health)
-    for path in ("/mcp", "/mcp/"):
-        app.add_url_rule(path, "mcp_post" + path, mcp_post, methods=["POST"])
-        app.add_url_rule(path, "mcp_delete" + path, mcp_delete, methods=["DELETE"])
-        app.add_url_rule(path, "mcp_get" + path, mcp_get, methods=["GET"])
-    for path in ("/sse", "/sse/"):
-        app.add_url_rule(path, "sse" + path, sse_get, methods=["GET"])
-    for path in ("/messages", "/messages/"):
-        app.add_url_rule(path, "messages" + path, sse_post, methods=["POST"])
-
-
-def _hang_up(environ):
-    """-> a function that closes this request's connection under waitress, or
-    None elsewhere. A thread that waitress holds in a write, for a client that
-    stopped reading, is freed only so: shutdown() makes its channel close, and
-    the write raise ClientDisconnected."""
-    channel = getattr(environ.get("waitress.client_disconnected"), "__self__", None)
-    sock = getattr(channel, "socket", None)
-    if sock is None:
-        return None
-
-    def hang_up():
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-    return hang_up
-
-
-def __getattr__(name):
-    """`mcp_exec:app` for waitress-serve: the Flask app is built on first
-    access only."""
-    if name == "app":
-        global app
-        app = create_app()
-        return app
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
-
-
-def serve_http(args):
-    """`python mcp_exec.py --http [--host H] [--port P] [--threads N]`:
-    waitress; the flags win over HOST, PORT, WEB_CONCURRENCY. -> 2 after one
-    stderr line (nothing before) if it can't serve."""
-    import argparse
-    parser = argparse.ArgumentParser(prog="mcp_exec.py --http")
-    parser.add_argument("--host", default=HOST, help="interface to bind (HOST) [127.0.0.1]")
-    parser.add_argument("--port", type=int, default=PORT, help="port (PORT) [8000]")
-    parser.add_argument("--threads", type=int, help="waitress threads (WEB_CONCURRENCY) [32]")
-    options = parser.parse_args(args)
-    # A WEB_CONCURRENCY below MIN_THREADS is a leftover: uvicorn's processes
-    # (heroku/mcp-code- exec-python's app.json set 1), which as threads could
-    # not serve /sse. --threads is obeyed.
-    leftover = options.threads is None and WEB_CONCURRENCY < MIN_THREADS
-    threads = max(1, 32 if leftover else options.threads or WEB_CONCURRENCY)
-    problem = _cannot_serve(options.host, options.port)
-    if problem:
-        sys.stderr.write(problem + "\n")
-        return 2
-    app = create_app(options.host, threads)
-    import waitress
-    if leftover:
-        log("WEB_CONCURRENCY=%d counted uvicorn's processes; here it counts threads, and so few "
-            "cannot serve /sse: running 32 (--threads %d would insist)" % ((WEB_CONCURRENCY,) * 2))
-    log("serving HTTP on http://%s:%d (Streamable HTTP at /mcp, HTTP+SSE at /sse), %d threads, "
-        "of which open streams and running calls may hold %d%s%s" % (
-            options.host, options.port, threads, app.extensions["mcp_exec"].budget.size,
-            ", stateless" if MCP_STATELESS else "",
-            ", STDIO_MODE_ONLY: no code execution over HTTP" if STDIO_MODE_ONLY else ""))
-    _raise_open_files_limit()
-    # the app's objects live forever: the collector need not walk them per call
-    gc.freeze()
-    # waitress answers 413 from Content-Length before it reads a byte of the
-    # body, key or no key: what it buffers for unseen requests is at most
-    # connection_limit x MAX_BODY_BYTES.
-    waitress.serve(app, host=options.host, port=options.port, threads=threads,
-                   max_request_body_size=MAX_BODY_BYTES, **WAITRESS_OPTIONS)
-    return 0
-
-
-def _raise_open_files_limit():
-    """Every connection is a file descriptor: lift the soft limit towards the
-    hard (POSIX)."""
-    with contextlib.suppress(ImportError, ValueError, OSError):
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        wanted = WAITRESS_OPTIONS["connection_limit"] + 256
-        if hard != resource.RLIM_INFINITY:
-            wanted = min(wanted, hard)
-        if soft != resource.RLIM_INFINITY and soft < wanted:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-
-
-def _cannot_serve(host, port):
-    """Why `--http` cannot start (no flask or waitress, no API_KEY, the port
-    taken) -> the message, or None. It binds the address once, as waitress
-    will, and lets it go."""
-    from importlib.util import find_spec
-    if find_spec("flask") is None or find_spec("waitress") is None:
-        return NO_FLASK
-    if HTTP_PROBLEMS:
-        return HTTP_PROBLEMS[0]
-    if not API_KEY:
-        return NO_API_KEY
-    try:
-        for family, kind, proto, _, address in socket.getaddrinfo(
-                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
-            with socket.socket(family, kind, proto) as probe:
-                # as waitress does
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind(address)
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            return "mcp-exec: port %d on %s is in use; pick another with --port N or PORT=N" % (
-                port, host)
-        return ("mcp-exec: cannot listen on %s port %d (%s); check --host/HOST and --port/PORT"
-                % (host, port, exc.strerror or exc))
-    return None
-
-
-# How waitress must run for this app (the Procfile repeats it); measured on 2
-# cores, waitress 3.0.2:
-WAITRESS_OPTIONS = {
-    # waitress sees a client leave mid-stream (client_disconnected), not just
-    # at a failed keep-alive
-    "channel_request_lookahead": 1,
-    # 100 (the default) slow connections starve everyone, key or no key; 1,000
-    # idle or trickling ones cost ~2.6 MB and kept /health under 40 ms
-    "connection_limit": 1000,
-    # select() fails past fd 1024, taking the server down
-    "asyncore_use_poll": True,
-    # drop connections silent for 95 s: above the 90 s idle time Heroku's
-    # router keeps (it must close first), below waitress's 120 s; checked every
-    # 10 s, not 30
-    "channel_timeout": 95,
-    "cleanup_interval": 10,
-    "ident": "mcp-exec",
-}
 
 
 # =============================================================================

@@ -1731,7 +1731,7 @@ def test_non_ascii_output_round_trips(server):
     assert out["stdout"] == "h\u00e9llo \u2603 \U0001f600\n"
 
 
-# ===== 4. stdio transport =====
+# ===== 3. stdio transport =====
 
 
 def test_inprocess_workers_reuse_a_waiting_thread_and_wait_for_work_not_threads():
@@ -1829,7 +1829,7 @@ def test_trace_writes_frames_to_stderr_and_keeps_stdout_clean(start_initialized)
     assert '<-- {"jsonrpc":"2.0","id":"traced-ping","result":{}}' in stderr
 
 
-# ===== 3. The executor: one call's life, on the server and in the child =====
+# ===== 5. The executor: one call's life, on the server and in the child =====
 
 # The grandchild says it runs (on a pipe of its own: it keeps the call's stdout and stderr),
 # then the code prints and leaves `printed`: a line printed before the timeout.
@@ -5292,7 +5292,7 @@ def test_a_job_whose_install_fails_after_call_wait_still_says_why(start_initiali
     assert "Dependency install failed" in out["stderr"], out
 
 
-# ===== 5. HTTP: Streamable HTTP and HTTP+SSE, on Flask and waitress =====
+# ===== 4. HTTP: Streamable HTTP and HTTP+SSE, on Flask and waitress =====
 # A real waitress (python mcp_exec.py --http) on a free loopback port, spoken to with
 # http.client: the bytes on the wire are what we assert.
 
@@ -6416,7 +6416,7 @@ def test_departed_json_clients_cannot_take_the_threads_health_needs(start_http, 
     assert server.request("GET", "/health", headers={}, timeout=5)[0] == 200
 
 
-# ===== 5. HTTP (continued): liveness under load =====
+# ===== 4. HTTP (continued): liveness under load =====
 
 def health_times(server, stop, times):
     """Poll /health until `stop` is set, recording how long each answer took."""
