@@ -383,7 +383,10 @@ def log(message):
 # handle_message(message, session) -> response or None is the whole protocol.
 # Every transport parses frames with parse_frame(), hands each message to it,
 # and delivers what it returns. It decides from the message and the session's
-# state alone; only tools/call reaches into run_code().
+# state alone; only tools/call reaches into run_code(). The handlers come first;
+# the tables they consult (METHODS, HOOKS, STEPS, ...) and how later sections
+# fill them come at the section's end ("Registration"): a handler's
+# `for hook in HOOKS[...]` runs nothing in the core alone.
 
 # Protocol versions, newest first (see changelog.mdx). Two eras (2026-07-28
 # basic/versioning.mdx): "handshake" ones open with initialize; "modern"
@@ -494,175 +497,6 @@ PROTOCOLS = {version: Protocol(version) for version in SUPPORTED_VERSIONS + (Non
 def protocol(version):
     """The Protocol of a version string (or None)."""
     return PROTOCOLS.get(version) or Protocol(version)
-
-
-# --- Registration: how later sections add to the core ------------------------
-# These alone fill the core's tables; a later section calls them in its
-# install_*() function, which compose() calls at the file's end (grep
-# register_). The core registers its own defaults the same way, so every
-# table below starts full enough to serve: a later section replaces a step, or
-# adds to a hook, and never edits a table itself.
-#
-#   step (one function; the last registered does it)   hook (each registered function runs)
-#   call(request, call)          how tools/call runs   inputs(work, call) -> problem or None
-#   run(call, session, cancel, on_output) -> Result    outputs(result, work, call, session)
-#   start_child(env, config, pipes, extra_fds)         child_config(config, environ, dir, local)
-#   watch(pid, directory) -> a watch, or None          child_setup(config), in the child
-#   installer(argv, env, python) -> argv: how pip/uv start
-#   environments(root) -> the ENVIRONMENTS part        child_killed(): a spawned child's
-#   run_dir(state_dir) -> the RUN_DIR part               tree was killed
-#   remove_tree(path): never raises                    child_report(value, config) -> dict
-#                                                      read_record(result, record)
-#                                                      http_post(server, payload, headers, gone)
-#                                                      health() -> dict for GET /health
-#                                                      session_ended(session)
-#                                                      busy_owners() -> owners with live work
-#                                                      tool_fields(version) -> dict for the tool
-#                                                      route(request) -> a response, or None:
-#                                                        another instance answered it
-#                                                      cancelled(session, request id)
-#                                                      find_session(server, id) -> HttpSession
-#                                                      session_opened(server, session)
-#                                                      session_deleted(id) -> known elsewhere?
-#                                                      sse_opened(server, session)
-#                                                      sse_elsewhere(id, body) -> an HttpReply
-#                                                      job_published(job, request) -> problem
-#                                                      job_ended(job), job_answered(job)
-#                                                      decorate(request, result): a last touch
-
-# method name -> its Method(handler, eras, slow)
-METHODS = {}
-# parse(id, method, params, session, notify) -> Request or None
-ERAS = []
-# check(arguments, call) -> None, or what is wrong
-ARGUMENT_CHECKS = []
-# arguments that stand in for "code" (a job's handle)
-CODE_OPTIONAL_WITH = []
-# arguments accepted but no longer declared (older clients send them)
-UNDECLARED = set()
-# tool name -> (define(version, local) -> Tool, arguments(args) -> args)
-TOOLS = {}
-# note(local) -> a sentence for the model
-TOOL_NOTES = []
-CAPABILITIES = {"tools": {"listChanged": False}}
-# run by serve_stdio(), create_app(), close
-LIFECYCLE = {"setup": [], "shutdown": []}
-STEPS = {}                # step name -> the function that does it now
-# hook name -> the functions that run there
-HOOKS = collections.defaultdict(list)
-# the child's config["mode"] -> ChildMode(serve, before_setup)
-CHILD_MODES = {}
-# build(part): a section's long-lived objects, as its module names
-PART_BUILDERS = []
-# part name -> its factory(), as build_parts() last built it
-PARTS = {}
-# first command-line word -> main(rest of the words) -> exit status
-COMMANDS = {}
-ChildMode = collections.namedtuple("ChildMode", "serve before_setup")
-# handler(request) -> result
-Method = collections.namedtuple("Method", "handler eras slow")
-
-
-def register_method(name, handler, eras=("handshake", "modern"), slow=False):
-    """A request handler. A slow one (it may wait for code) runs on a worker
-    thread."""
-    METHODS[name] = Method(handler, eras, slow)
-
-
-def registered_method(name):
-    """The Method registered as `name`; for a name nobody registered, one in no
-    era."""
-    return METHODS.get(name) or Method(None, (), False)
-
-
-def register_era(parse):
-    ERAS.append(parse)
-
-
-def register_tool_feature(check=None, note=None, capability=None, arguments=None,
-                          results=None, code_optional_with=None, undeclared=()):
-    """An argument check, a sentence for the model, a capability {name: value},
-    the arguments and result fields {name: JSON Schema} the feature adds to the
-    tool's schemas (or replaces), an argument that makes "code" optional (a
-    job's handle), and arguments it accepts without declaring them."""
-    UNDECLARED.update(undeclared)
-    for table, item in ((ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
-        if item:
-            table.append(item)
-    CAPABILITIES.update(capability or {})
-    INPUT_SCHEMA["properties"].update(arguments or {})
-    OUTPUT_SCHEMA["properties"].update(results or {})
-    if code_optional_with:
-        CODE_OPTIONAL_WITH.append(code_optional_with)
-
-
-def register_tool(name, define, arguments=lambda arguments: arguments):
-    """A tool: define(version, local) is its Tool object; arguments(its
-    arguments) -> the code tool's arguments that do the same, or what is wrong
-    with them (a string)."""
-    TOOLS[name] = (define, arguments)
-
-
-def register_lifecycle(setup=None, shutdown=None):
-    """setup() runs once before a server serves; shutdown() when it stops."""
-    for stage, step in (("setup", setup), ("shutdown", shutdown)):
-        if step:
-            LIFECYCLE[stage].append(step)
-
-
-def run_lifecycle(stage):
-    """Set up in registration order, shut down in reverse (like atexit):
-    foundations stop last."""
-    steps = LIFECYCLE[stage]
-    if stage == "shutdown":
-        steps = steps[::-1]
-    for step in steps:
-        step()
-
-
-def register_step(name, function):
-    """`function` does the step `name` from now on (the table above says what
-    each one is)."""
-    STEPS[name] = function
-
-
-def register_hook(name, function):
-    """`function` runs at the hook `name`, after those registered before it."""
-    HOOKS[name].append(function)
-
-
-def register_child_mode(mode, serve, before_setup=False):
-    """A child started with config["mode"] == mode runs serve(config,
-    fresh_modules), before its limits and sandbox (a template: it returns the
-    config of each child it forks) or after."""
-    CHILD_MODES[mode] = ChildMode(serve, before_setup)
-
-
-def register_parts(build):
-    """A section's long-lived objects: build(part) assigns each to the module
-    name the section declares beside it (`SANDBOX = part("SANDBOX", factory)`),
-    when build_parts() runs."""
-    PART_BUILDERS.append(build)
-
-
-def build_parts(**fakes):
-    """Make every section's parts, in registration order: the one time the
-    server's long-lived objects are built. A test passes fakes by name, which
-    stand in for their factories."""
-    def part(name, factory):
-        PARTS[name] = factory
-        if name in fakes:
-            return fakes[name]
-        return factory()
-    for build in PART_BUILDERS:
-        build(part)
-
-
-def register_command(words, main):
-    """`python mcp_exec.py WORD ...` runs main([...the words after it]) -> its
-    exit status."""
-    for word in words:
-        COMMANDS[word] = main
 
 
 # --- Sessions and requests ---------------------------------------------------
@@ -976,16 +810,6 @@ def run_call(request, call):
     return tool_result(result, request.version)
 
 
-register_method("initialize", handle_initialize, eras=("handshake",))
-# ping.mdx: answer promptly with an empty result. 2026-07-28 removed ping; we
-# still answer it.
-register_method("ping", lambda request: {})
-register_method("tools/list", handle_tools_list)
-register_method("tools/call", handle_tools_call, slow=True)
-register_step("call", run_call)
-register_tool(TOOL_NAME, lambda version, local: tool_definition(version, local))
-
-
 # --- The tool: its contract --------------------------------------------------
 # The core's arguments and result fields, written once; a section that adds one
 # declares it with register_tool_feature(arguments=..., results=...), and
@@ -1236,6 +1060,186 @@ def needs_worker(payload):
     messages = payload if isinstance(payload, list) else [payload]
     return any(isinstance(m, dict) and "id" in m and isinstance(m.get("method"), str)
                and registered_method(m["method"]).slow for m in messages)
+# --- Registration: how later sections add to the core ------------------------
+# These alone fill the core's tables; a later section calls them in its
+# install_*() function, which compose() calls at the file's end (grep
+# register_). The core registers its own defaults the same way, so every
+# table below starts full enough to serve: a later section replaces a step, or
+# adds to a hook, and never edits a table itself.
+#
+#   step (one function; the last registered does it)   hook (each registered function runs)
+#   call(request, call)          how tools/call runs   inputs(work, call) -> problem or None
+#   run(call, session, cancel, on_output) -> Result    outputs(result, work, call, session)
+#   start_child(env, config, pipes, extra_fds)         child_config(config, environ, dir, local)
+#   watch(pid, directory) -> a watch, or None          child_setup(config), in the child
+#   installer(argv, env, python) -> argv: how pip/uv start
+#   environments(root) -> the ENVIRONMENTS part        child_killed(): a spawned child's
+#   run_dir(state_dir) -> the RUN_DIR part               tree was killed
+#   remove_tree(path): never raises                    child_report(value, config) -> dict
+#                                                      read_record(result, record)
+#                                                      http_post(server, payload, headers, gone)
+#                                                      health() -> dict for GET /health
+#                                                      session_ended(session)
+#                                                      busy_owners() -> owners with live work
+#                                                      tool_fields(version) -> dict for the tool
+#                                                      route(request) -> a response, or None:
+#                                                        another instance answered it
+#                                                      cancelled(session, request id)
+#                                                      find_session(server, id) -> HttpSession
+#                                                      session_opened(server, session)
+#                                                      session_deleted(id) -> known elsewhere?
+#                                                      sse_opened(server, session)
+#                                                      sse_elsewhere(id, body) -> an HttpReply
+#                                                      job_published(job, request) -> problem
+#                                                      job_ended(job), job_answered(job)
+#                                                      decorate(request, result): a last touch
+
+# method name -> its Method(handler, eras, slow)
+METHODS = {}
+# parse(id, method, params, session, notify) -> Request or None
+ERAS = []
+# check(arguments, call) -> None, or what is wrong
+ARGUMENT_CHECKS = []
+# arguments that stand in for "code" (a job's handle)
+CODE_OPTIONAL_WITH = []
+# arguments accepted but no longer declared (older clients send them)
+UNDECLARED = set()
+# tool name -> (define(version, local) -> Tool, arguments(args) -> args)
+TOOLS = {}
+# note(local) -> a sentence for the model
+TOOL_NOTES = []
+CAPABILITIES = {"tools": {"listChanged": False}}
+# run by serve_stdio(), create_app(), close
+LIFECYCLE = {"setup": [], "shutdown": []}
+STEPS = {}                # step name -> the function that does it now
+# hook name -> the functions that run there
+HOOKS = collections.defaultdict(list)
+# the child's config["mode"] -> ChildMode(serve, before_setup)
+CHILD_MODES = {}
+# build(part): a section's long-lived objects, as its module names
+PART_BUILDERS = []
+# part name -> its factory(), as build_parts() last built it
+PARTS = {}
+# first command-line word -> main(rest of the words) -> exit status
+COMMANDS = {}
+ChildMode = collections.namedtuple("ChildMode", "serve before_setup")
+# handler(request) -> result
+Method = collections.namedtuple("Method", "handler eras slow")
+
+
+def register_method(name, handler, eras=("handshake", "modern"), slow=False):
+    """A request handler. A slow one (it may wait for code) runs on a worker
+    thread."""
+    METHODS[name] = Method(handler, eras, slow)
+
+
+def registered_method(name):
+    """The Method registered as `name`; for a name nobody registered, one in no
+    era."""
+    return METHODS.get(name) or Method(None, (), False)
+
+
+def register_era(parse):
+    ERAS.append(parse)
+
+
+def register_tool_feature(check=None, note=None, capability=None, arguments=None,
+                          results=None, code_optional_with=None, undeclared=()):
+    """An argument check, a sentence for the model, a capability {name: value},
+    the arguments and result fields {name: JSON Schema} the feature adds to the
+    tool's schemas (or replaces), an argument that makes "code" optional (a
+    job's handle), and arguments it accepts without declaring them."""
+    UNDECLARED.update(undeclared)
+    for table, item in ((ARGUMENT_CHECKS, check), (TOOL_NOTES, note)):
+        if item:
+            table.append(item)
+    CAPABILITIES.update(capability or {})
+    INPUT_SCHEMA["properties"].update(arguments or {})
+    OUTPUT_SCHEMA["properties"].update(results or {})
+    if code_optional_with:
+        CODE_OPTIONAL_WITH.append(code_optional_with)
+
+
+def register_tool(name, define, arguments=lambda arguments: arguments):
+    """A tool: define(version, local) is its Tool object; arguments(its
+    arguments) -> the code tool's arguments that do the same, or what is wrong
+    with them (a string)."""
+    TOOLS[name] = (define, arguments)
+
+
+def register_lifecycle(setup=None, shutdown=None):
+    """setup() runs once before a server serves; shutdown() when it stops."""
+    for stage, step in (("setup", setup), ("shutdown", shutdown)):
+        if step:
+            LIFECYCLE[stage].append(step)
+
+
+def run_lifecycle(stage):
+    """Set up in registration order, shut down in reverse (like atexit):
+    foundations stop last."""
+    steps = LIFECYCLE[stage]
+    if stage == "shutdown":
+        steps = steps[::-1]
+    for step in steps:
+        step()
+
+
+def register_step(name, function):
+    """`function` does the step `name` from now on (the table above says what
+    each one is)."""
+    STEPS[name] = function
+
+
+def register_hook(name, function):
+    """`function` runs at the hook `name`, after those registered before it."""
+    HOOKS[name].append(function)
+
+
+def register_child_mode(mode, serve, before_setup=False):
+    """A child started with config["mode"] == mode runs serve(config,
+    fresh_modules), before its limits and sandbox (a template: it returns the
+    config of each child it forks) or after."""
+    CHILD_MODES[mode] = ChildMode(serve, before_setup)
+
+
+def register_parts(build):
+    """A section's long-lived objects: build(part) assigns each to the module
+    name the section declares beside it (`SANDBOX = part("SANDBOX", factory)`),
+    when build_parts() runs."""
+    PART_BUILDERS.append(build)
+
+
+def build_parts(**fakes):
+    """Make every section's parts, in registration order: the one time the
+    server's long-lived objects are built. A test passes fakes by name, which
+    stand in for their factories."""
+    def part(name, factory):
+        PARTS[name] = factory
+        if name in fakes:
+            return fakes[name]
+        return factory()
+    for build in PART_BUILDERS:
+        build(part)
+
+
+def register_command(words, main):
+    """`python mcp_exec.py WORD ...` runs main([...the words after it]) -> its
+    exit status."""
+    for word in words:
+        COMMANDS[word] = main
+
+
+# The core's own methods, the same way:
+register_method("initialize", handle_initialize, eras=("handshake",))
+# ping.mdx: answer promptly with an empty result. 2026-07-28 removed ping; we
+# still answer it.
+register_method("ping", lambda request: {})
+register_method("tools/list", handle_tools_list)
+register_method("tools/call", handle_tools_call, slow=True)
+register_step("call", run_call)
+register_tool(TOOL_NAME, lambda version, local: tool_definition(version, local))
+
+
 # =============================================================================
 # 3. stdio transport
 # =============================================================================
