@@ -2866,6 +2866,14 @@ def spawn(argv, env, cwd, stdio=(subprocess.PIPE,) * 3, pass_fds=()):
     return proc
 
 
+def spawned_alive():
+    """The pids of the server's own children (spawn()'s) that are alive. Asked
+    after a process's children are listed, it waits for a spawn() under way,
+    whose child is then ours."""
+    with _SPAWN_LOCK:
+        return {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
+
+
 def children_of(pid):
     """The children of pid (of all its threads; zombies too), through /proc
     (Linux)."""
@@ -2896,7 +2904,7 @@ def stop_all(find, rounds=100):
         if not found:
             break
         for pid in found:
-            _signal(pid, signal.SIGSTOP)
+            send_signal(pid, signal.SIGSTOP)
         stopped |= found
     return stopped
 
@@ -2912,10 +2920,10 @@ def kill_tree(pid):
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
     for p in stopped | {pid}:
-        _signal(p, signal.SIGKILL)
+        send_signal(p, signal.SIGKILL)
 
 
-def _signal(pid, signum):
+def send_signal(pid, signum):
     with contextlib.suppress(OSError):
         os.kill(pid, signum)
 
@@ -3061,7 +3069,7 @@ def check_packages(arguments, call):
     return None
 
 
-def _venv_python(venv):
+def venv_python(venv):
     if os.name == "nt":
         return os.path.join(venv, "Scripts", "python.exe")
     return os.path.join(venv, "bin", "python")
@@ -3094,7 +3102,7 @@ def _create_venv(path, layered, deadline, cancel):
     # Ask the venv's own interpreter where its packages go: distributions patch
     # sysconfig (Debian's Python answers .../local/lib/python3.X/dist-packages
     # here).
-    site_dir = run_process([_venv_python(path), "-c",
+    site_dir = run_process([venv_python(path), "-c",
                             "import sysconfig; print(sysconfig.get_path('purelib'))"],
                            env=child_environment(), cwd=STATE_DIR, timeout=60).stdout.strip()
     if not os.path.isdir(site_dir):
@@ -3167,14 +3175,14 @@ def _install_failed(result, what):
                           result.returncode or 1, result.timed_out, result.cancelled)
 
 
-def _waited(cancel, what):
+def wait_failure(cancel, what):
     """The failure of a call that stopped waiting for a lock: it was cancelled,
     or out of time."""
     return _install_failed(Result.refusal("", timed_out=not cancel.is_set(),
                                           cancelled=cancel.is_set()), what)
 
 
-def _digest(text, length):
+def short_digest(text, length):
     """A hex SHA-256 prefix that names a folder. hashlib is imported here, not
     at the top: it loads OpenSSL (5 MB), which only a server that installs
     needs, never a template."""
@@ -3200,9 +3208,9 @@ class Environments:
     @functools.cached_property
     def workspace_venv(self):
         """The workspace of this interpreter, named by a digest of its path and
-        version (on first use: _digest loads OpenSSL, which processes that
+        version (on first use: short_digest loads OpenSSL, which processes that
         never install should not)."""
-        return os.path.join(self.root, "workspace-" + _digest("%s %s" % (sys.executable,
+        return os.path.join(self.root, "workspace-" + short_digest("%s %s" % (sys.executable,
                                                                          sys.version), 12))
 
     def untouched(self, python):
@@ -3210,8 +3218,8 @@ class Environments:
         the server's own interpreter (the operator installed its packages), and
         for the workspace while nothing was installed into it; an isolated
         environment holds just what a call asked for."""
-        return python == sys.executable or (python == _venv_python(self.workspace_venv) and
-                                             not _read_text(self.workspace_venv + ".installed"))
+        return python == sys.executable or (python == venv_python(self.workspace_venv) and
+                                             not read_text(self.workspace_venv + ".installed"))
 
     def workspace(self, requirements, deadline, cancel, report=None):
         """-> (python, None), or (None, failure Result), installing what is
@@ -3221,24 +3229,24 @@ class Environments:
         stamp = self.stamp
 
         def missing():
-            installed = set((_read_text(record) or "").split())
+            installed = set((read_text(record) or "").split())
             return [r for r in requirements if r not in installed and not _satisfied_here(r)]
         # The common case takes no lock: a call without packages never waits
         # behind an install.
-        if (_read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp
+        if (read_text(os.path.join(venv, ".mcp-exec-ready")) == stamp
                 and not (requirements and missing())):
-            return _venv_python(venv), None
+            return venv_python(venv), None
         os.makedirs(self.root, exist_ok=True)
         # our threads, then other server processes (flock)
         thread_lock = self.workspace_lock
         with open(venv + ".lock", "a") as lock_file, \
-                _waiting(lambda: thread_lock.acquire(blocking=False), cancel, deadline,
+                waiting_for(lambda: thread_lock.acquire(blocking=False), cancel, deadline,
                          thread_lock.release) as got, \
-                _waiting(lambda: _flock(lock_file, shared=False, wait=False), cancel,
+                waiting_for(lambda: flock_file(lock_file, shared=False, wait=False), cancel,
                          deadline) as flocked:
             if not (got and flocked):
-                return None, _waited(cancel, "waiting for another install into the workspace")
-            if _read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
+                return None, wait_failure(cancel, "waiting for another install into the workspace")
+            if read_text(os.path.join(venv, ".mcp-exec-ready")) != stamp:
                 remove_tree(venv)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(record)
@@ -3255,13 +3263,13 @@ class Environments:
             todo = missing()
             # pip is not even started when everything asked for is there
             if todo:
-                result = _install(_venv_python(venv), todo, deadline, cancel, report)
+                result = _install(venv_python(venv), todo, deadline, cancel, report)
                 if result.failed:
                     return None, _install_failed(result, "pip install " + " ".join(todo))
                 with open(record, "a") as f:
                     f.write("".join(r + "\n" for r in todo))
                 self.generation += 1
-        return _venv_python(venv), None
+        return venv_python(venv), None
 
     def isolated(self, requirements, deadline, cancel, report=None):
         """A fresh venv of just `requirements` -> (python, lease, None), or
@@ -3272,7 +3280,7 @@ class Environments:
         failure = build_isolated(venv, requirements, deadline, cancel, report)
         if failure:
             return None, None, failure
-        return _venv_python(venv), _Removal(venv), None
+        return venv_python(venv), _Removal(venv), None
 
 
 def build_isolated(venv, requirements, deadline, cancel, report=None):
@@ -3280,7 +3288,7 @@ def build_isolated(venv, requirements, deadline, cancel, report=None):
     failure Result (and nothing of it is left)."""
     result = _create_venv(venv, False, deadline, cancel)
     if not result.failed and requirements:
-        result = _install(_venv_python(venv), requirements, deadline, cancel, report)
+        result = _install(venv_python(venv), requirements, deadline, cancel, report)
     if not result.failed:
         return None
     remove_tree(venv)
@@ -3330,7 +3338,7 @@ class Environment:
             self.lease.close()
 
 
-def _read_text(path):
+def read_text(path):
     try:
         # /proc/PID/stat holds a name the code chose
         with open(path, errors="replace") as f:
@@ -3339,7 +3347,7 @@ def _read_text(path):
         return None
 
 
-def _flock(file, shared, wait=True):
+def flock_file(file, shared, wait=True):
     """Lock an open file (a no-op without fcntl, i.e. on Windows). -> True if
     locked."""
     try:
@@ -3357,8 +3365,8 @@ def _flock(file, shared, wait=True):
 
 
 @contextlib.contextmanager
-def _waiting(try_lock, cancel, deadline, release=None):
-    """`with _waiting(try_lock, cancel, deadline, release) as got:` tries
+def waiting_for(try_lock, cancel, deadline, release=None):
+    """`with waiting_for(try_lock, cancel, deadline, release) as got:` tries
     try_lock() until it locks or the call is cancelled or past its deadline;
     got: if it locked. release() unlocks after."""
     got = wait_or_cancel(try_lock, cancel, deadline)
@@ -3719,7 +3727,7 @@ except ImportError:
 
 
 @functools.lru_cache(maxsize=None)
-def _libc():
+def c_library():
     """The C library through ctypes (Linux), loaded once; None elsewhere."""
     try:
         lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
@@ -3737,7 +3745,7 @@ def give_back_memory():
     """Give back what compiling and setting up left free (glibc keeps it); not
     glibc: nothing to do."""
     with contextlib.suppress(AttributeError):
-        _libc().malloc_trim(0)
+        c_library().malloc_trim(0)
 
 
 # Code may start a process that outlives it (a double fork, a daemon). A
@@ -3754,7 +3762,7 @@ def become_subreaper():
     whose parent exits is handed to its nearest subreaper, Linux 3.4+): the
     server, once, before its first child; each child and template, for what the
     code starts."""
-    libc = _libc()
+    libc = c_library()
     if libc is not None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
@@ -3762,13 +3770,8 @@ def become_subreaper():
 def reap_orphans():
     """Kill and reap the server's children that it did not start itself
     (Linux)."""
-    # Asked after the children are listed: a spawn() under way then is waited
-    # for, and its child is ours.
-    def ours():
-        with _SPAWN_LOCK:
-            return {proc.pid for proc in list(_SPAWNED) if proc.returncode is None}
     if LINUX:
-        kill_orphans(ours)
+        kill_orphans(spawned_alive)
 
 
 def kill_orphans(ours):
@@ -3930,7 +3933,7 @@ def _prepare_template(sandbox, own_uids=False):
     """What each child would otherwise do for itself, done once before any fork
     (7.2)."""
     become_subreaper()
-    libc = _libc()
+    libc = c_library()
     if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
         for network_off, remote, own_uid in itertools.product((False, True), repeat=3):
             _filter(os.uname().machine, network_off, remote, own_uid)
@@ -3985,7 +3988,7 @@ def preload_modules(config, fresh_modules, sock):
 def statm_mb(pid, field=1):
     """A process's resident memory (RSS; field 0: address space), MB; 0 once it
     is gone."""
-    pages = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[field]
+    pages = (read_text("/proc/%d/statm" % pid) or "0 0").split()[field]
     return int(pages) * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
 
@@ -4479,17 +4482,17 @@ def server_setup():
     """Once per server process, before its first child (register_lifecycle
     below): hide our environment, recover from a dead server, log the
     containment."""
-    libc = _libc()
+    libc = c_library()
     if libc is not None:
         # our /proc files (environ: API_KEY): root's only
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     recover_dead_servers(RUN_DIR)
     SANDBOX.nproc_limit = _nproc_limit()
-    _cache_bytecode()
+    cache_bytecode()
     log("sandbox: %s, network %s (--help details it)" % (SANDBOX.name(), SANDBOX.network))
 
 
-def _cache_bytecode():
+def cache_bytecode():
     """Children import this file (CHILD_COMMAND) but, sandboxed, cannot write
     its bytecode cache: write it here if stale: no child compiles 6,000 lines.
     -> False where it cannot be written."""
@@ -4583,7 +4586,7 @@ class Sandbox:
         """The kernel's Landlock ABI version, 0 where there is none: asked on
         first use (by the server, not by each child that imports this file),
         with the version flag (1)."""
-        libc = _libc() if self.mode != "off" else None
+        libc = c_library() if self.mode != "off" else None
         abi = 0 if libc is None else max(0, libc.syscall(
             LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
         if self.mode == "landlock" and not abi:
@@ -4689,7 +4692,7 @@ def apply_sandbox(spec):
     and all it will start: capabilities, Landlock, seccomp, in that order (each
     step needs what the one before keeps). A failure ends the child: code never
     runs unconfined where confinement was promised."""
-    libc = _libc()
+    libc = c_library()
     try:
         drop_capabilities(libc, spec.get("own_uid"))
         if spec["abi"]:
@@ -5007,7 +5010,7 @@ class Watch:
         # before its code: supervise() sends it
         if not CGROUPS.join(self.cgroup, pid):
             self.reason = "Stopped: the call could not be put in its cgroup; it did not run."
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
 
     def close(self):
         """The call is over: stop watching it -> why the kernel stopped it (a
@@ -5051,11 +5054,11 @@ def _thread_count(pid):
 def _memory_kb(pid):
     """A process's PSS (pages shared with the template or siblings count once),
     else RSS, in kB."""
-    for line in (_read_text("/proc/%d/smaps_rollup" % pid) or "").splitlines():
+    for line in (read_text("/proc/%d/smaps_rollup" % pid) or "").splitlines():
         if line.startswith("Pss:"):
             return int(line.split()[1])
     # in pages
-    resident = (_read_text("/proc/%d/statm" % pid) or "0 0").split()[1]
+    resident = (read_text("/proc/%d/statm" % pid) or "0 0").split()[1]
     return int(resident) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
@@ -5273,7 +5276,7 @@ class CallCgroups:
         counts = []
         for controller, knob, key in (("memory", "memory.oom_control", "oom_kill"),
                                       ("pids", "pids.events", "max")):
-            text = _read_text(os.path.join(self.bases.get(controller, "/-"), name, knob)) or ""
+            text = read_text(os.path.join(self.bases.get(controller, "/-"), name, knob)) or ""
             found = re.search(r"^%s (\d+)" % key, text, re.M)
             counts.append(int(found.group(1)) if found else 0)
         return tuple(counts)
@@ -5321,13 +5324,13 @@ def _cgroup_v1_dirs():
     controllers."""
     found = {}
     mounts = {}
-    for line in (_read_text("/proc/self/mountinfo") or "").splitlines():
+    for line in (read_text("/proc/self/mountinfo") or "").splitlines():
         fields = line.split(" - ")
         if len(fields) == 2 and fields[1].startswith("cgroup "):
             root, mount_point = line.split()[3:5]
             for controller in fields[1].split()[2].split(","):
                 mounts[controller] = (root, mount_point)
-    for line in (_read_text("/proc/self/cgroup") or "").splitlines():
+    for line in (read_text("/proc/self/cgroup") or "").splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(","):
             if controller in ("pids", "memory") and controller in mounts:
@@ -5347,7 +5350,7 @@ def _remove_dead_servers_cgroups(directory):
             continue
         base = os.path.join(directory, name)
         for call in [entry.path for entry in os.scandir(base) if entry.is_dir()] + [base]:
-            for task in (_read_text(os.path.join(call, "cgroup.procs")) or "").split():
+            for task in (read_text(os.path.join(call, "cgroup.procs")) or "").split():
                 kill_tree(int(task))
             with contextlib.suppress(OSError):
                 os.rmdir(call)
@@ -5373,7 +5376,7 @@ class RecordedRunDir(RunDir):
         # call's process took too says nothing of the server): a recovery that
         # starts meanwhile finds no lock file, or this server's.
         self.lock = open(os.path.join(root, "lock.new"), "w")
-        _flock(self.lock, shared=False)
+        flock_file(self.lock, shared=False)
         self.lock.write("%d %s\n" % (os.getpid(), _start_time(os.getpid())))
         self.lock.flush()
         os.rename(os.path.join(root, "lock.new"), os.path.join(root, "lock"))
@@ -5397,7 +5400,7 @@ def _start_time(pid):
     """A process's start time (clock ticks since boot): with the pid, it names
     one process."""
     # after (comm)
-    fields = (_read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()
+    fields = (read_text("/proc/%d/stat" % pid) or "").rsplit(")", 1)[-1].split()
     return fields[19] if len(fields) > 19 else ""
 
 
@@ -5534,9 +5537,9 @@ def _server_alive(lock, path):
     what one of its calls left running took the lock too (a shared flock keeps
     the exclusive one out): then the pid and start time the server wrote in it
     decide."""
-    if _flock(lock, shared=False, wait=False):
+    if flock_file(lock, shared=False, wait=False):
         return False
-    pid, _, started = (_read_text(lock.name) or "").partition(" ")
+    pid, _, started = (read_text(lock.name) or "").partition(" ")
     if not (pid.isdigit() and started):
         # locked, unsigned: not ours to judge, let it be
         return True
@@ -5549,7 +5552,7 @@ def _kill_lock_holders(lock):
     info = os.fstat(lock.fileno())
     inode = "%02x:%02x:%d" % (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)
     holders = set()
-    for line in (_read_text("/proc/locks") or "").splitlines():
+    for line in (read_text("/proc/locks") or "").splitlines():
         fields = line.split()
         if len(fields) > 5 and fields[5] == inode and fields[4].isdigit():
             holders.add(int(fields[4]))
@@ -5562,7 +5565,7 @@ def _kill_leftovers(path):
     """Kill what a dead server started (its pids file) and what ran in its
     directory."""
     killed = 0
-    for line in (_read_text(os.path.join(path, "pids")) or "").splitlines():
+    for line in (read_text(os.path.join(path, "pids")) or "").splitlines():
         pid, _, started = line.partition(" ")
         # the same process
         if pid.isdigit() and started and _start_time(int(pid)) == started:
@@ -5716,15 +5719,16 @@ class CachedEnvironments(Environments):
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result);
         lease.close() after the run."""
-        key = _digest("\n".join([sys.executable, sys.version] + sorted(requirements)), 20)
+        key = short_digest("\n".join([sys.executable, sys.version] + sorted(requirements)), 20)
         cache = os.path.join(self.root, "venvs")
         pointer = os.path.join(cache, key + ".ready")
         with self.lock:
             key_lock = self.key_locks.setdefault(key, threading.Lock())
-        with _waiting(lambda: key_lock.acquire(blocking=False), cancel, deadline,
+        with waiting_for(lambda: key_lock.acquire(blocking=False), cancel, deadline,
                       key_lock.release) as got:
             if not got:
-                return None, None, _waited(cancel, "waiting for the same environment to be built")
+                return None, None, wait_failure(cancel,
+                                                "waiting for the same environment to be built")
             lease = self._lease(cache, pointer)
             if lease is None:
                 lease, failure = self._build(pointer, requirements, deadline, cancel, report)
@@ -5732,7 +5736,7 @@ class CachedEnvironments(Environments):
                     return None, None, failure
         self._evict(cache)
         # venv/LEASE_FILE
-        return _venv_python(os.path.dirname(lease.name)), lease, None
+        return venv_python(os.path.dirname(lease.name)), lease, None
 
     def _build(self, pointer, requirements, deadline, cancel, report):
         """Build an isolated venv in place and publish it, leased (nobody can
@@ -5743,13 +5747,13 @@ class CachedEnvironments(Environments):
         venv = "%s-%s" % (pointer[:-len(".ready")], os.urandom(4).hex())
         with open(venv + ".building", "w") as building:
             # while building; recover() clears a dead builder's
-            _flock(building, shared=False)
+            flock_file(building, shared=False)
             try:
                 failure = build_isolated(venv, requirements, deadline, cancel, report)
                 if failure:
                     return None, failure
                 lease = open(os.path.join(venv, LEASE_FILE), "w")
-                _flock(lease, shared=True)
+                flock_file(lease, shared=True)
                 # Read-only, directories too, against accidents (the code could
                 # chmod it back).
                 for rel, info in [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20)):
@@ -5774,7 +5778,7 @@ class CachedEnvironments(Environments):
         for name in os.listdir(cache) if os.path.isdir(cache) else []:
             if name.endswith(".building"):
                 with contextlib.suppress(OSError), open(os.path.join(cache, name)) as lock:
-                    if _flock(lock, shared=False, wait=False):
+                    if flock_file(lock, shared=False, wait=False):
                         remove_tree(os.path.join(cache, name[:-len(".building")]))
                         os.unlink(os.path.join(cache, name))
 
@@ -5785,18 +5789,18 @@ class CachedEnvironments(Environments):
         servers' leases count, and end with their process."""
         # eviction unlinks pointers under this lock: no lookup sees half
         with self.lock:
-            venv = _read_text(pointer)
+            venv = read_text(pointer)
             venv = venv and os.path.join(cache, venv)
-            if not venv or not os.path.exists(_venv_python(venv)):
+            if not venv or not os.path.exists(venv_python(venv)):
                 return None
             try:
                 lease = open(os.path.join(venv, LEASE_FILE))
             except OSError:
                 return None
-            _flock(lease, shared=True)
+            flock_file(lease, shared=True)
         # Another server may have evicted it between our read and our lease:
         # look again.
-        if _read_text(pointer) != os.path.basename(venv):
+        if read_text(pointer) != os.path.basename(venv):
             lease.close()
             return None
         # least-recently-used order is the pointers' mtime
@@ -5815,7 +5819,7 @@ class CachedEnvironments(Environments):
                     with contextlib.suppress(OSError):
                         pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
             for _, name in sorted(pointers)[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
-                venv = _read_text(os.path.join(cache, name))
+                venv = read_text(os.path.join(cache, name))
                 held = venv and _exclusive_lease(os.path.join(cache, venv))
                 if held:
                     # another server evicted it
@@ -5826,13 +5830,13 @@ class CachedEnvironments(Environments):
         # the same order.
         built = {name for name in os.listdir(cache) if os.path.isdir(os.path.join(cache, name))
                  and not os.path.exists(os.path.join(cache, name + ".building"))}
-        named = {_read_text(os.path.join(cache, name)) for name in os.listdir(cache)
+        named = {read_text(os.path.join(cache, name)) for name in os.listdir(cache)
                  if name.endswith(".ready")}
         # dropped, failed, abandoned, or the loser of a two-server race
         for name in built - named:
             held = _exclusive_lease(os.path.join(cache, name))
             if held:
-                TEMPLATES.discard(_venv_python(os.path.join(cache, name)))
+                TEMPLATES.discard(venv_python(os.path.join(cache, name)))
                 remove_tree(os.path.join(cache, name))
                 held.close()
 
@@ -5845,7 +5849,7 @@ def _exclusive_lease(venv):
     except OSError:
         # no lease file: a failed build, nobody runs there
         return open(os.devnull)
-    if _flock(f, shared=False, wait=False):
+    if flock_file(f, shared=False, wait=False):
         return f
     f.close()
     return None
@@ -6014,7 +6018,7 @@ def check_files(arguments, call):
                 and not set(entry) - {"path", "content", "encoding"}):
             return ('files[%d] must be {"path": "data.csv", "content": "..."}, with '
                     '"encoding": "base64" for binary content' % n)
-        path = _relative_path(entry["path"])
+        path = relative_path(entry["path"])
         if path is None:
             return ('files[%d].path %s must be a relative path inside the working directory, such '
                     'as "data/input.csv": no "..", no leading "/", at most 1024 characters and 32 '
@@ -6037,7 +6041,7 @@ def check_files(arguments, call):
     return None
 
 
-def _relative_path(path):
+def relative_path(path):
     """'a/./b.csv' -> 'a/b.csv'; None for what could leave the directory, is
     not UTF-8 (a lone surrogate, a name in another encoding), is over 1024
     characters or 32 directories deep."""
@@ -6140,7 +6144,7 @@ def collect_files(result, work, before, session, move=True):
         if kind == "link":
             entry["note"] = "a symbolic link: listed, not read"
             continue
-        if size > FILE_KEEP_MAX or _relative_path(rel) is None:
+        if size > FILE_KEEP_MAX or relative_path(rel) is None:
             entry["path"] = os.fsencode(rel).decode("utf-8", "backslashreplace")
             entry["note"] = ("larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20)
                              if size > FILE_KEEP_MAX
@@ -6253,7 +6257,7 @@ class OutputStore:
         asking (None: the server)."""
         self.expire()
         token, _, rel = uri[len(self.PREFIX):].partition("/")
-        rel = _relative_path(unquote(rel))
+        rel = relative_path(unquote(rel))
         # A token the store made starts with a letter or digit: never "." or
         # "..", no climbing out.
         known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
@@ -6566,7 +6570,7 @@ class Kernel(Child):
 
     def interrupt(self):
         # KeyboardInterrupt in the code; the state stays
-        _signal(self.pid, signal.SIGINT)
+        send_signal(self.pid, signal.SIGINT)
         return True
 
     def status(self, record):
@@ -7939,7 +7943,7 @@ def save_outputs(client, obj, result, directory):
 
 def _save(directory, name, data):
     """Write one output file -> the line that says where it went."""
-    path = os.path.join(directory, *(_relative_path(name) or "unnamed").split("/"))
+    path = os.path.join(directory, *(relative_path(name) or "unnamed").split("/"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
@@ -8918,7 +8922,7 @@ def import_command(args, options=()):
     time a script takes, which compiles 6,000 lines first."""
     path = os.path.abspath(__file__)
     folder, module = os.path.split(path[:-3])
-    if not (path.endswith(".py") and module.isidentifier() and _cache_bytecode()):
+    if not (path.endswith(".py") and module.isidentifier() and cache_bytecode()):
         return None
     # The closing comment keeps the file's path in the command line: `ps`,
     # `pkill -f` find it.
