@@ -7267,8 +7267,8 @@ def test_when_redis_goes_under_load_plain_calls_go_on_others_fail_clearly_and_it
         while not stop.is_set():
             n += 1
             status, _, body = server.mcp(call_message("print(%d)" % n, n))
-            good = status == 200 and tool_output(json.loads(body)["result"])["stdout"] == "%d\n" % n
-            outcomes.append(True if good else (status, body[:300]))
+            output = status == 200 and tool_output(json.loads(body)["result"])["stdout"]
+            outcomes.append(True if output == "%d\n" % n else (status, body[:300]))
     loaders = [threading.Thread(target=load, args=(server,)) for server in (first, second) * 2]
     try:
         for loader in loaders:
@@ -7290,7 +7290,8 @@ def test_when_redis_goes_under_load_plain_calls_go_on_others_fail_clearly_and_it
         stop.set()
         for loader in loaders:
             loader.join(HANG)
-        assert outcomes and all(o is True for o in outcomes), [o for o in outcomes if o is not True]
+        failed = [outcome for outcome in outcomes if outcome is not True]
+        assert outcomes and not failed, failed
     finally:
         stop.set()
         first.stop()
