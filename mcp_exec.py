@@ -3323,7 +3323,8 @@ class Environment:
 
     def __enter__(self):
         deadline = time.monotonic() + INSTALL_TIMEOUT
-        # a cached environment never changes (it is read-only)
+        # an isolated environment never changes: only the workspace has a
+        # generation
         if self.isolated:
             self.python, self.lease, self.failure = ENVIRONMENTS.isolated(
                 self.packages, deadline, self.cancel, self.report)
@@ -4494,7 +4495,7 @@ def server_setup():
 
 def cache_bytecode():
     """Children import this file (CHILD_COMMAND) but, sandboxed, cannot write
-    its bytecode cache: write it here if stale: no child compiles 6,000 lines.
+    its bytecode cache: write it here if stale: no child compiles 9,000 lines.
     -> False where it cannot be written."""
     import compileall
     # compile_file never finds a hash .pyc fresh
@@ -8919,7 +8920,7 @@ def import_command(args, options=()):
     script has it (its folder first, never the current directory: -c puts it
     there, and a runpy.py there must not be imported), or None where no
     bytecode cache can be written. Cached bytecode starts it in a third of the
-    time a script takes, which compiles 6,000 lines first."""
+    time a script takes, which compiles 9,000 lines first."""
     path = os.path.abspath(__file__)
     folder, module = os.path.split(path[:-3])
     if not (path.endswith(".py") and module.isidentifier() and cache_bytecode()):
