@@ -3829,6 +3829,21 @@ def lives_elsewhere(handle, shown=None):
             % (shown or handle, parts[1], INSTANCE))
 
 
+def typed(value, kind, default=None):
+    """`value` if it is a `kind` (a type or a tuple of them), else `default`:
+    for what came from a client or a child, which may be anything."""
+    if isinstance(value, kind):
+        return value
+    return default
+
+
+def names_in(directory):
+    """os.listdir(directory), or [] where there is no such directory (yet)."""
+    if os.path.isdir(directory):
+        return os.listdir(directory)
+    return []
+
+
 # =============================================================================
 # 6. Fork server: one template interpreter per environment
 # =============================================================================
@@ -4212,7 +4227,7 @@ class ForkedChild(Child):
         """Its exit status; and its template learns the modules its code
         loaded."""
         modules = record.get("modules")
-        TEMPLATES.learn(self.template, modules if isinstance(modules, list) else [])
+        TEMPLATES.learn(self.template, typed(modules, list, []))
         return super().status(record)
 
     def wait(self, seconds):
@@ -4340,7 +4355,8 @@ class Templates:
         names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
         # A root template (Sandbox.own_uids) keeps its capabilities: it imports
         # no module a call chose, only those named.
-        names += [] if "*" in never or SANDBOX.own_uids else list(self.wanted[python])
+        if "*" not in never and not SANDBOX.own_uids:
+            names += self.wanted[python]
         return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
                 and name not in self.never[python]]
 
@@ -4366,7 +4382,7 @@ class Templates:
                         log("no preloading template for %s (%s)" % (python, exc))
                     current = self.by_python.get(python)
                     self.never[python].update(dict.fromkeys(
-                        set(names) - set(current.asked if current else ()), True))
+                        set(names) - set(getattr(current, "asked", ())), True))
                     return
                 refused = fresh.status.get("refused")
                 if refused:
@@ -4612,9 +4628,10 @@ class Sandbox:
         """The kernel's Landlock ABI version, 0 where there is none: asked on
         first use (by the server, not by each child that imports this file),
         with the version flag (1)."""
-        libc = _libc() if self.mode != "off" else None
-        abi = 0 if libc is None else max(0, libc.syscall(
-            LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+        abi = 0
+        if self.mode != "off" and _libc() is not None:
+            abi = max(0, _libc().syscall(LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                                         ctypes.c_uint32(1)))
         if self.mode == "landlock" and not abi:
             raise SystemExit(
                 "mcp-exec: EXEC_SANDBOX=landlock, but this kernel has no Landlock (Linux 5.13 or "
@@ -4734,31 +4751,32 @@ def apply_sandbox(spec):
 
 def _apply_landlock(libc, spec):
     abi = spec["abi"]
-    handled = ((1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)
-               | (1 << 15 if abi >= 5 else 0))
+    # the 13 rights of ABI 1, then REFER (2), TRUNCATE (3), IOCTL_DEV (5)
+    handled = (1 << 13) - 1 | sum(1 << bit for bit, since in ((13, 2), (14, 3), (15, 5))
+                                  if abi >= since)
     # bind_tcp, connect_tcp
-    net = 3 if spec["network_off"] and abi >= 4 else 0
+    net = 3 * (spec["network_off"] and abi >= 4)
     # abstract unix sockets, signals
-    scoped = 3 if abi >= 6 else 0
+    scoped = 3 * (abi >= 6)
     # only the fields this ABI knows
-    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    size = 8 * (1 + (abi >= 4) + (abi >= 6))
     attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
     ruleset = _check(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size),
                                   ctypes.c_uint32(0)))
-    reads = spec["read"] if spec["read"] is not None else ["/"]
+    reads = ["/"]
     # the interpreter's own directories, wherever they are
     if spec["read"] is not None:
         # site makes it sys.prefix
         venv = os.path.dirname(os.path.dirname(sys.executable))
-        reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, venv,
-                         os.path.dirname(os.path.realpath(sys.executable))]
+        reads = spec["read"] + [sys.prefix, sys.base_prefix, sys.exec_prefix, venv,
+                                os.path.dirname(os.path.realpath(sys.executable))]
         reads += [p for p in sys.path if os.path.isabs(p)]
     for paths, access in ((reads, FS_READ), (spec["write"], handled)):
         for path in paths:
             _landlock_rule(libc, ruleset, path, access)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     _check(libc.syscall(LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset),
-                        ctypes.c_uint32(1 if abi >= 7 else 0)))
+                        ctypes.c_uint32(abi >= 7)))
     os.close(ruleset)
 
 
@@ -4915,7 +4933,7 @@ def _program(arch, network_off, remote=False, own_uid=False):
     cmd = 1 << 32 | TIOCSTI slip past the ioctl check. `remote`: a call over
     HTTP, which also gets no watch; `own_uid`: file metadata is allowed."""
     t = (_ALWAYS + " " + _REMOTE + " " + _METADATA + " " + _BY_ARG).split()
-    column = 1 if arch == "x86_64" else 2
+    column = 1 + list(_ARCH).index(arch)
     nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
     # seccomp_data.args[i], low word (little-endian)
     arg = lambda i: (LD, 0, 0, 16 + 8 * i)
@@ -4924,8 +4942,11 @@ def _program(arch, network_off, remote=False, own_uid=False):
     if arch == "x86_64":
         # x32 aliases of every call
         p.append((JGE, "deny", 0, 0x40000000))
-    denied = (_ALWAYS.split()[::3] + (_REMOTE.split()[::3] if remote else []) +
-              ([] if own_uid else _METADATA.split()[::3]))
+    denied = _ALWAYS.split()[::3]
+    if remote:
+        denied += _REMOTE.split()[::3]
+    if not own_uid:
+        denied += _METADATA.split()[::3]
     p += [(JEQ, "deny", 0, nr[n]) for n in denied if n in nr]
     p += [(JEQ, n, 0, nr[n]) for n in _BY_ARG.split()[::3] if n != "clone3"]
     # clone3: its flags are unreadable
@@ -5131,7 +5152,7 @@ def walk_tree(top, limit):
         except OSError:
             continue
         for entry in entries:
-            rel = posixpath.join(base, entry.name) if base else entry.name
+            rel = posixpath.join(base, entry.name)
             try:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
@@ -5252,9 +5273,12 @@ class CallCgroups:
     def describe(self):
         """Which controllers calls get (before start(), as --help asks: which
         they would)."""
-        found = self.bases or (_cgroup_v1_dirs() if LINUX and SANDBOX.active and EXEC_CGROUPS
-                               else {})
-        return "cgroup v1 %s per call" % "+".join(sorted(found)) if found else None
+        found = self.bases
+        if not found and LINUX and SANDBOX.active and EXEC_CGROUPS:
+            found = _cgroup_v1_dirs()
+        if not found:
+            return None
+        return "cgroup v1 %s per call" % "+".join(sorted(found))
 
     def make(self, name):
         """-> the call's cgroup directories, made with their limits (none where
@@ -5399,7 +5423,7 @@ def recover_dead_servers(run_dir):
     """Kill and remove what dead servers sharing STATE_DIR (their lock free)
     left, never a live server's. A failure is logged, no more: whatever a call
     left there, the server starts."""
-    for name in os.listdir(run_dir.base) if os.path.isdir(run_dir.base) else []:
+    for name in names_in(run_dir.base):
         path = os.path.join(run_dir.base, name)
         lock = _open_lock(path)
         if lock is None:
@@ -5663,7 +5687,7 @@ class CachedEnvironments(Environments):
         """Remove what dead servers left half built (OSError: another server
         removed it first)."""
         cache = os.path.join(self.root, "venvs")
-        for name in os.listdir(cache) if os.path.isdir(cache) else []:
+        for name in names_in(cache):
             if name.endswith(".building"):
                 with contextlib.suppress(OSError), open(os.path.join(cache, name)) as lock:
                     if _flock(lock, shared=False, wait=False):
@@ -5846,10 +5870,14 @@ def _value_png(value, max_bytes):
             (max(1, int(value.width * s)), max(1, int(value.height * s))))).save(f, format="PNG"),
                         max_bytes)
     render = getattr(value, "_repr_png_", None)
-    png = render() if callable(render) else None
+    if not callable(render):
+        return None
+    png = render()
     png = png[0] if isinstance(png, tuple) else png
-    return (png if isinstance(png, bytes) and png.startswith(PNG_SIGNATURE)
-            and len(png) <= max_bytes else None)
+    if isinstance(png, bytes) and png.startswith(PNG_SIGNATURE) and len(png) <= max_bytes:
+        return png
+    return None
+
 
 
 def apply_record(result, record):
@@ -5862,8 +5890,8 @@ def apply_record(result, record):
         result.truncated = result.truncated or result.value_truncated
     # forged: maybe no lists
     images, notes = record.get("images"), record.get("notes")
-    about = record.get("about") if isinstance(record.get("about"), list) else []
-    for n, data in enumerate((images if isinstance(images, list) else [])[:IMAGE_LIMIT]):
+    about = typed(record.get("about"), list, [])
+    for n, data in enumerate(typed(images, list, [])[:IMAGE_LIMIT]):
         try:
             png = base64.b64decode(data, validate=True)
             width, height = struct.unpack(">II", png[16:24])
@@ -5881,7 +5909,7 @@ def apply_record(result, record):
                               "mimeType": "image/png", "width": width, "height": height,
                               "bytes": len(png)})
         result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
-    for note in (notes if isinstance(notes, list) else [])[:10]:
+    for note in typed(notes, list, [])[:10]:
         result.note(str(note)[:300])
 
 
@@ -6169,7 +6197,8 @@ class OutputStore:
         # also what servers gone before us left on disk
         if now - self.swept > 60:
             self.swept = now
-            for token in os.listdir(self.root) if os.path.isdir(self.root) else []:
+            for token in names_in(self.root):
+
                 with contextlib.suppress(OSError):
                     if now - os.path.getmtime(os.path.join(self.root, token)) > OUTPUT_TTL:
                         remove_tree(os.path.join(self.root, token))
@@ -6256,21 +6285,26 @@ def result_shape(request):
     """RESULT_SHAPE, or for auto, by the client's name: at initialize, or in a
     2026-07-28 request's _meta. Codex says "codex-mcp-client" (earlier
     "codex")."""
-    meta = request.params.get("_meta") if request.modern else None
-    client = meta.get(META_CLIENT) if isinstance(meta, dict) else None
-    name = client.get("name") if isinstance(client, dict) else request.session.client_name
-    auto = "text" if str(name).lower().startswith("codex") else "structured"
-    return RESULT_SHAPE if RESULT_SHAPE in ("structured", "text", "original") else auto
+    if RESULT_SHAPE in ("structured", "text", "original"):
+        return RESULT_SHAPE
+    name = request.session.client_name
+    client = typed(typed(request.params.get("_meta"), dict, {}).get(META_CLIENT), dict)
+    if request.modern and client is not None:
+        name = client.get("name")
+    return "text" if str(name).lower().startswith("codex") else "structured"
 
 
 def shape_result(request, result):
     """The "decorate" hook: the tool list and results in the shape of the
     request's client."""
     shape = result_shape(request)
-    for tool in result.get("tools", []) if shape != "structured" else ():
+    if shape == "structured":
+        return
+    for tool in result.get("tools", []):
         if tool.pop("outputSchema", None) and shape == "original":
             tool["outputSchema"] = ORIGINAL_SCHEMA
-        result.update({"cacheScope": "private"} if "cacheScope" in result else {})
+        if "cacheScope" in result:
+            result["cacheScope"] = "private"
     # a file's link and data: in "files" already
     if "content" in result and shape == "text":
         result.pop("structuredContent", None)
@@ -6284,9 +6318,11 @@ def shape_result(request, result):
 def as_text(block):
     """A content block as Codex keeps it: an embedded text file becomes
     text."""
-    resource = block.get("resource") if block["type"] == "resource" else None
-    return {"type": "text", "text": "%s:\n%s" % (resource["uri"], resource["text"])} \
-        if resource else block
+    resource = block.get("resource")
+    if block["type"] != "resource" or not resource:
+        return block
+    return {"type": "text", "text": "%s:\n%s" % (resource["uri"], resource["text"])}
+
 
 
 def as_original(result):
@@ -6392,7 +6428,8 @@ class Kernel(Child):
     def enter(self, cancel, turn):
         """Wait for the turn (`turn`: the place line_up took on arrival, or
         "none yet") -> None, or a refusal Result (no turn held)."""
-        turn = self.turns.enqueue() if turn == "none yet" else turn
+        if turn == "none yet":
+            turn = self.turns.enqueue()
         if turn is None:
             return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
                                   % KERNEL_QUEUE, returncode=-1)
@@ -6588,7 +6625,8 @@ def run_in_kernel(call, session, cancel, on_output):
     naming it."""
     handle = call.session
     new = handle == "new"
-    kernel = None if new else KERNELS.get(handle)
+    # None for "new": no kernel has that handle
+    kernel = KERNELS.get(handle)
     if not new and kernel is None and handle in KERNELS.reasons:
         return Result.refusal("The session %s was ended: %s Its state is lost; start a new one "
                               "with \"session\": \"new\"." % (handle, KERNELS.reasons[handle]))
@@ -6598,7 +6636,7 @@ def run_in_kernel(call, session, cancel, on_output):
             "their code cannot be interrupted, with end_session, or when the server restarts, and "
             "a handle is valid only on the server process that made it. Start a new one with "
             "\"session\": \"new\" and redo its setup." % (json.dumps(handle), SESSION_IDLE)))
-    refusal = None if new else kernel.enter(cancel, call.turn)
+    refusal = kernel and kernel.enter(cancel, call.turn)
     if refusal:
         return refusal
     slot = EXEC_SLOTS.acquire(cancel, share_of(session))
@@ -6759,7 +6797,7 @@ def modern_request(request_id, method, params, session, notify):
     transport of that era alone: HTTP+SSE)."""
     if not (session.modern and is_modern_request(method, params)):
         return None
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    meta = typed(params.get("_meta"), dict, {})
     missing = [name for name, kind in ((META_VERSION, str), (META_CAPABILITIES, dict))
                if not isinstance(meta.get(name), kind)]
     if missing:   # basic/index.mdx, _meta: both are required
@@ -6785,9 +6823,10 @@ def handle_discover(request):
 def declares_extension(request, name):
     """Did this request's own _meta declare a client extension
     (basic/versioning.mdx)?"""
-    capabilities = request.params["_meta"].get(META_CAPABILITIES) if request.modern else None
-    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
-    return isinstance(extensions, dict) and name in extensions
+    if not request.modern:
+        return False
+    capabilities = typed(request.params["_meta"].get(META_CAPABILITIES), dict, {})
+    return name in typed(capabilities.get("extensions"), dict, {})
 
 
 # --- Over HTTP: a request stands alone, and its headers mirror its body
@@ -6797,10 +6836,10 @@ def modern_http_post(server, payload, headers, client_disconnected):
     """The "http_post" hook: a 2026-07-28 POST /mcp -> its reply, or None (not
     of this era). Its headers must mirror the body, and no session exists
     (streamable-http.mdx)."""
-    first = payload if isinstance(payload, dict) else {}
+    first = typed(payload, dict, {})
     # mcp_post checked it is ours
     header_version = headers.get("MCP-Protocol-Version")
-    params = first.get("params") if isinstance(first.get("params"), dict) else {}
+    params = typed(first.get("params"), dict, {})
     if not (header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params)):
         return None
     session = HttpSession(server.allow_exec)
@@ -6818,7 +6857,7 @@ def modern_http_post(server, payload, headers, client_disconnected):
         return text_reply(202)
     # validated once, here, so errors get their status
     if not isinstance(request, Request):
-        status = 404 if request["error"]["code"] == METHOD_NOT_FOUND else 400
+        status = {METHOD_NOT_FOUND: 404}.get(request["error"]["code"], 400)
         return json_reply(request, status)
     return server.answer(request, headers.get("Accept", ""), client_disconnected)
 
@@ -6838,8 +6877,8 @@ def _header_value(value):
 def header_mismatch(message, headers):
     """What is wrong with a modern request's mirrored headers, or None
     (2026-07-28 streamable-http.mdx, Server Validation)."""
-    params = message.get("params") if isinstance(message.get("params"), dict) else {}
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    params = typed(message.get("params"), dict, {})
+    meta = typed(params.get("_meta"), dict, {})
     checks = [("MCP-Protocol-Version", headers.get("MCP-Protocol-Version"),
                meta.get(META_VERSION)),
               ("Mcp-Method", headers.get("Mcp-Method"), message.get("method"))]
@@ -6910,7 +6949,7 @@ class Progress:
 
     def __init__(self, request):
         meta = request.params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        token = typed(meta, dict, {}).get("progressToken")
         self.token = token if valid_id(token) and request.notify else None
         self.notify = request.notify
         self.with_message = protocol(request.version).progress_messages
@@ -7038,8 +7077,9 @@ class Job:
         if not self.code_wrote_stderr:
             # all of it is the server's: a refusal, its notes
             answer.stderr = final.stderr
-        for text in final.notes if self.code_wrote_stderr else ():
-            answer.note(text)
+        else:
+            for text in final.notes:
+                answer.note(text)
         answer.notes = list(final.notes)
         for name in ("value", "images", "files", "session", "session_ended", "blocks"):
             setattr(answer, name, getattr(final, name))
@@ -7188,9 +7228,11 @@ def job_call_mode(request, call):
         if wait_for_job(job, request, cancel, CALL_WAIT or None) is None:
             return CANCELLED
         answer = tool_result(job.answer(), request.version)
-        for answered in HOOKS["job_answered"] if job.done.is_set() else ():
+        if job.done.is_set():
             # its last output went out: no copy may hand it over again
-            answered(job)
+            for answered in HOOKS["job_answered"]:
+                answered(job)
+
         return answer
     if protocol(request.version).tasks and isinstance(request.params.get("task"), dict):
         lasting = request.session.lasting_channel          # stdio, not a POST
@@ -7542,7 +7584,7 @@ def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
         return urlopen(Request(url, body, headers, method=method), timeout=timeout)
     except HTTPError as exc:
         detail = exc.read()[:300].decode("utf-8", "replace").strip()
-        hint = " (check the API key: --api-key or API_KEY)" if exc.code == 401 else ""
+        hint = {401: " (check the API key: --api-key or API_KEY)"}.get(exc.code, "")
         raise ClientError("HTTP %d from %s: %s%s" % (exc.code, url, detail, hint))
     except (OSError, ValueError) as exc:        # URLError is an OSError
         raise ClientError("cannot reach %s: %s" % (url, exc))
@@ -7635,7 +7677,8 @@ def client_url(url):
     """What --url (or MCP_SERVER_URL) names -> a full URL: "127.0.0.1:8000" and
     "https://app.example.com/" get their scheme and /mcp, as the original
     project's clients took a base URL; a URL ending in /sse speaks HTTP+SSE."""
-    url = url if "://" in url else "http://" + url
+    if "://" not in url:
+        url = "http://" + url
     if urlsplit(url).path in ("", "/"):
         url = url.rstrip("/") + "/mcp"
     return url
@@ -7678,7 +7721,7 @@ def client_arguments(args):
             if message.startswith("unrecognized arguments"):
                 message += ': CODE is one argument (quote it); --packages takes one: "numpy scipy"'
             self.exit(2, "%s: %s (try --help)\n" % (self.prog, message))
-    end = args.index("--") if "--" in args else len(args)
+    end = (args + ["--"]).index("--")
     args, command = args[:end], args[end + 1:]
     parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
     parser.add_argument("action", nargs="?", choices=("list", "call", "job", "read"))
@@ -7703,7 +7746,8 @@ def client_arguments(args):
     needs = {"call": 'code (an argument, --file FILE, or "-")', "job": "a HANDLE", "read": "a URI"}
     if options.action in needs and options.target is None and not options.file:
         parser.error("%s needs %s" % (options.action, needs[options.action]))
-    options.url = options.url or (None if command else os.environ.get("MCP_SERVER_URL"))
+    if not (options.url or command):
+        options.url = os.environ.get("MCP_SERVER_URL")
     if options.url:
         options.url = client_url(options.url)
     return options, command
@@ -7715,9 +7759,12 @@ def client_main(args):
     options, command = client_arguments(args)
     if options.version:
         return main(["--version"])
-    if options.help or not options.action:
-        (sys.stdout if options.help else sys.stderr).write(CLIENT_HELP)
-        return 0 if options.help else 2
+    if options.help:
+        sys.stdout.write(CLIENT_HELP)
+        return 0
+    if not options.action:
+        sys.stderr.write(CLIENT_HELP)
+        return 2
     trace = sys.stderr if options.trace else None
     try:
         if options.url and urlsplit(options.url).path.rstrip("/").endswith("/sse"):
@@ -8629,14 +8676,14 @@ def handle_named(request):
     """The job, task, kernel or file handle a request names, or None."""
     params = request.params
     if request.method == "tools/call":
-        arguments = params.get("arguments")
-        arguments = arguments if isinstance(arguments, dict) else {}
+        arguments = typed(params.get("arguments"), dict, {})
         # end_session: code_exec_job's
         for name in ("job", "session", "end_session"):
             if isinstance(arguments.get(name), str) and arguments[name] not in ("new", ""):
                 return arguments[name]
     if request.method in ("tasks/get", "tasks/result", "tasks/cancel"):
-        return params.get("taskId") if isinstance(params.get("taskId"), str) else None
+        return typed(params.get("taskId"), str)
+
     uri = params.get("uri") if request.method == "resources/read" else None
     if isinstance(uri, str) and uri.startswith(OutputStore.PREFIX):
         return "f-" + uri[len(OutputStore.PREFIX):]
