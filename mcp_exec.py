@@ -3815,7 +3815,8 @@ def new_handle(prefix):
     """'j' -> 'j-<instance>-<random>': unguessable, says where it lives.
     os.urandom() as in secrets, which we do not import: it loads OpenSSL (5 MB,
     via hashlib) into server and templates."""
-    return "%s-%s-%s" % (prefix, INSTANCE, base64.urlsafe_b64encode(os.urandom(12)).decode())
+    return "%s-%s-%s" % (prefix, INSTANCE,
+                         base64.urlsafe_b64encode(os.urandom(12)).decode())
 
 
 def lives_elsewhere(handle, shown=None):
@@ -3824,8 +3825,9 @@ def lives_elsewhere(handle, shown=None):
     parts = handle.split("-")
     if len(parts) < 3 or parts[1] == INSTANCE or not re.match(r"^[A-Za-z0-9.]+$", parts[1]):
         return None
-    return ("%s lives on instance %s, and this is %s: jobs, sessions and files stay on the server "
-            "process that made them. Retry until the request reaches it, or run the code again."
+    return ("%s lives on instance %s, and this is %s: jobs, sessions and "
+            "files stay on the server process that made them. Retry until the "
+            "request reaches it, or run the code again."
             % (shown or handle, parts[1], INSTANCE))
 
 
@@ -4013,7 +4015,8 @@ def preload_modules(config, fresh_modules, sock):
         os._exit(0)
     # Only from where calls cannot write: not our cwd, the run directory, where
     # each call's directory would pass for a namespace package.
-    sys.path[:] = [p for p in path if os.path.isabs(p) and not p.startswith(here)]
+    sys.path[:] = [p for p in path if os.path.isabs(p)
+                   and not p.startswith(here)]
     for name in names:
         try:
             __import__(name)
@@ -4056,15 +4059,18 @@ def modules_code_loaded(value, config):
     (modules_imported): the submodules of what it found loaded, as pandas'
     plotting and matplotlib's Agg backend, imported at the first plot (their
     own submodules come with them)."""
-    loaded = [name for name in sys.modules if name not in LOADED_BEFORE_CODE and
-              name.rpartition(".")[0] in LOADED_BEFORE_CODE]
+    loaded = [name for name in sys.modules
+              if name not in LOADED_BEFORE_CODE
+              and name.rpartition(".")[0] in LOADED_BEFORE_CODE]
     return {"modules": loaded[:32]} if loaded else {}
 
 
 def _rlimits():
     import resource
-    return [resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_NOFILE",
-            "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")]
+    return [resource.getrlimit(getattr(resource, name))
+            for name in ("RLIMIT_NOFILE",
+            "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE",
+                         "RLIMIT_CORE")]
 
 
 # --- The server's side: a Template per interpreter
@@ -4073,7 +4079,8 @@ def _rlimits():
 class Template:
     """The server's side of one template process."""
 
-    def __init__(self, python, generation, preload=(), budget_mb=0, remote=False):
+    def __init__(self, python, generation, preload=(), budget_mb=0,
+                 remote=False):
         self.python, self.generation, self.asked = python, generation, list(preload)
         # its calls come over HTTP (their reads narrow)
         self.remote = remote
@@ -4083,19 +4090,23 @@ class Template:
         self.alive = True
         self.retired = False
         self.next_id = 0
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX,
+                                              socket.SOCK_SEQPACKET)
         # site (.pth files, sitecustomize) and preloading run here only inside
         # the template's own sandbox, or where no package came with a call
         # (Environments.untouched); else in each child, sandboxed (child_argv).
         sandbox = template_sandbox(remote)
-        config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
-                  "own_uids": SANDBOX.own_uids, "template_sandbox": sandbox,
-                  "run_site": bool(sandbox) or ENVIRONMENTS.untouched(python),
-                  "preload": self.asked, "budget_mb": budget_mb}
+        config = {"mode": "template", "socket_fd": theirs.fileno(),
+                  "sandbox": SANDBOX.active, "own_uids": SANDBOX.own_uids,
+                  "template_sandbox": sandbox, "run_site": bool(sandbox)
+                  or ENVIRONMENTS.untouched(python), "preload": self.asked,
+                  "budget_mb": budget_mb}
         argv = child_argv(python, config)
         try:
-            self.proc = spawn(argv, dict(template_environment(), **child_environment()),
-                              RUN_DIR.path(), (subprocess.DEVNULL, subprocess.DEVNULL, None),
+            self.proc = spawn(argv,
+                              dict(template_environment(),
+                                   **child_environment()), RUN_DIR.path(),
+                              (subprocess.DEVNULL, subprocess.DEVNULL, None),
                               [theirs.fileno()])
         finally:
             theirs.close()
@@ -4121,7 +4132,8 @@ class Template:
         limits = dict(config["limits"])
         limits["RLIMIT_AS"] = limits.get("RLIMIT_AS") and limits["RLIMIT_AS"] + (
             self.status.get("mapped", 0) << 20)
-        return dict(config, limits={name: v for name, v in limits.items() if v is not None})
+        return dict(config, limits={name: v for name, v in limits.items()
+                                    if v is not None})
 
     def fork(self, config, pipes, extra_fds):
         """Fork a child for a call -> ForkedChild, or None if this template is
@@ -4176,8 +4188,8 @@ class Template:
                     child.code = message["code"]
                     child.ended.set()
         if not self.retired:
-            log("the template for %s ended; calls are spawned until a new one starts"
-                % self.python)
+            log("the template for %s ended; calls are spawned until a new one "
+                "starts" % self.python)
 
     def done(self, pid=None):
         """A child's call is over: forget it. A retired template stops once it
@@ -4337,7 +4349,8 @@ class Templates:
                     or set(self.preload_list(template.python)) <= set(template.asked)):
                 return
             self.building.add(template.python)
-        threading.Thread(target=self._build, args=(template.python, template.generation),
+        threading.Thread(target=self._build,
+                         args=(template.python, template.generation),
                          daemon=True).start()
 
     def preload_list(self, python):
@@ -4348,16 +4361,19 @@ class Templates:
         if not (ENVIRONMENTS.untouched(python) or templates_sandboxed()):
             if python not in self.untouched_not:
                 self.untouched_not.add(python)
-                log("no preloading for %s: packages came with a call into it, and its "
-                    "template cannot be sandboxed (each call's uid)" % python)
+                log("no preloading for %s: packages came with a call into it, "
+                    "and its template cannot be sandboxed (each call's uid)"
+                    % python)
             return []
-        never = {name[1:] for name in EXEC_PRELOAD if name.startswith("-")} | NEVER_PRELOAD
+        never = {name[1:] for name in EXEC_PRELOAD
+                 if name.startswith("-")} | NEVER_PRELOAD
         names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
         # A root template (Sandbox.own_uids) keeps its capabilities: it imports
         # no module a call chose, only those named.
         if "*" not in never and not SANDBOX.own_uids:
             names += self.wanted[python]
-        return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
+        return [name for name in dict.fromkeys(names)
+                if name.split(".")[0] not in never
                 and name not in self.never[python]]
 
     def _build(self, python, generation):
@@ -4369,25 +4385,29 @@ class Templates:
                 with self.lock:
                     names = self.preload_list(python)
                     budget = TEMPLATE_MEMORY_MB - sum(statm_mb(t.proc.pid) for other, t in
-                                                      self.by_python.items() if other != python)
+                                                      self.by_python.items()
+                                                      if other != python)
                 # the others hold it: not even a bare one would fit
                 if budget < 32:
                     return
                 try:
-                    fresh = Template(python, generation, names, budget, self.remote)
+                    fresh = Template(python, generation, names, budget,
+                                     self.remote)
                 # an import hung or killed it: not again
                 except OSError as exc:
                     # (else the server is stopping: it says so)
                     if self.enabled:
-                        log("no preloading template for %s (%s)" % (python, exc))
+                        log("no preloading template for %s (%s)"
+                            % (python, exc))
                     current = self.by_python.get(python)
                     self.never[python].update(dict.fromkeys(
                         set(names) - set(getattr(current, "asked", ())), True))
                     return
                 refused = fresh.status.get("refused")
                 if refused:
-                    log("not preloading %s for %s: it started a thread, or took the templates "
-                        "over TEMPLATE_MEMORY_MB" % (refused, python))
+                    log("not preloading %s for %s: it started a thread, or "
+                        "took the templates over TEMPLATE_MEMORY_MB"
+                        % (refused, python))
                     self.never[python][refused] = True
                 elif not self._swap(python, generation, fresh):
                     return
@@ -4420,8 +4440,10 @@ class Templates:
         with self.lock:
             templates = list(self.by_python.values())
         return [{"environment": os.path.basename(os.path.dirname(os.path.dirname(t.python))),
-                 "rss_mb": statm_mb(t.proc.pid), "preloaded": t.status.get("preloaded", []),
-                 "skipped": len(t.status.get("skipped", ()))} for t in templates]
+                 "rss_mb": statm_mb(t.proc.pid),
+                 "preloaded": t.status.get("preloaded", []),
+                 "skipped": len(t.status.get("skipped", ()))}
+                for t in templates]
 
     def discard(self, python):
         """The environment is being deleted: retire its template."""
@@ -4450,9 +4472,11 @@ def template_environment():
     OpenMP libraries that start no thread pool (fork() would copy none of its
     threads), matplotlib's off-screen backend (as calls get) and a font cache
     in STATE_DIR, built once, not in the user's home."""
-    single = dict.fromkeys(("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
-                            "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"), "1")
-    return dict(single, MPLBACKEND="Agg", MPLCONFIGDIR=os.path.join(STATE_DIR, "matplotlib"))
+    single = dict.fromkeys(("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                            "OMP_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                            "VECLIB_MAXIMUM_THREADS"), "1")
+    return dict(single, MPLBACKEND="Agg",
+                MPLCONFIGDIR=os.path.join(STATE_DIR, "matplotlib"))
 
 
 def modules_imported(code, packages=()):
@@ -4460,7 +4484,8 @@ def modules_imported(code, packages=()):
     a.b), read from its syntax tree, never run, and its packages' names (as
     modules: scikit-learn -> scikit_learn, which the template skips). Nothing
     for code over 64 kB or that does not parse."""
-    names = [re.split(r"[^\w.-]", package)[0].lower().replace("-", "_") for package in packages]
+    names = [re.split(r"[^\w.-]", package)[0].lower().replace("-", "_")
+             for package in packages]
     try:
         tree = ast.parse(code if len(code) <= 65536 else "")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -4530,7 +4555,8 @@ def server_setup():
     recover_dead_servers(RUN_DIR)
     SANDBOX.nproc_limit = _nproc_limit()
     _cache_bytecode()
-    log("sandbox: %s, network %s (--help details it)" % (SANDBOX.name(), SANDBOX.network))
+    log("sandbox: %s, network %s (--help details it)"
+        % (SANDBOX.name(), SANDBOX.network))
 
 
 def _cache_bytecode():
@@ -4599,8 +4625,10 @@ class Sandbox:
         self.nproc_limit = 0
         # seccomp (7.2) where the kernel has it, for a 64-bit Python on x86_64
         # or aarch64
-        self.seccomp = (mode != "off" and LINUX and os.uname().machine in _ARCH and
-                        struct.calcsize("P") == 8 and os.path.exists("/proc/sys/kernel/seccomp"))
+        self.seccomp = (mode != "off" and LINUX
+                        and os.uname().machine in _ARCH
+                        and struct.calcsize("P") == 8
+                        and os.path.exists("/proc/sys/kernel/seccomp"))
 
     @property
     def active(self):
@@ -4613,14 +4641,17 @@ class Sandbox:
         others (not so under a 0700 /root)."""
         if not (self.active and LINUX and os.geteuid() == 0):
             return False
-        needed = [os.path.dirname(os.__file__), os.path.realpath(sys.executable),
-                  os.path.abspath(__file__), STATE_DIR]
-        self.uid_problem = next((path for path in needed if not _others_reach(path)), None)
+        needed = [os.path.dirname(os.__file__),
+                  os.path.realpath(sys.executable), os.path.abspath(__file__),
+                  STATE_DIR]
+        self.uid_problem = next((path for path in needed
+                                 if not _others_reach(path)), None)
         return self.uid_problem is None
 
     def name(self):
         """For /health: which layers are on."""
-        layers = [name for name, on in (("landlock", self.abi), ("seccomp", self.seccomp)) if on]
+        layers = [name for name, on in (("landlock", self.abi),
+                                        ("seccomp", self.seccomp)) if on]
         return "+".join(layers) or "off"
 
     @functools.cached_property
@@ -4630,12 +4661,14 @@ class Sandbox:
         with the version flag (1)."""
         abi = 0
         if self.mode != "off" and _libc() is not None:
-            abi = max(0, _libc().syscall(LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+            abi = max(0, _libc().syscall(LANDLOCK_CREATE_RULESET, None,
+                                         ctypes.c_size_t(0),
                                          ctypes.c_uint32(1)))
         if self.mode == "landlock" and not abi:
             raise SystemExit(
-                "mcp-exec: EXEC_SANDBOX=landlock, but this kernel has no Landlock (Linux 5.13 or "
-                "newer with landlock in the lsm= list); use auto or off")
+                "mcp-exec: EXEC_SANDBOX=landlock, but this kernel has no "
+                "Landlock (Linux 5.13 or newer with landlock in the lsm= "
+                "list); use auto or off")
         return abi
 
     def describe(self):
@@ -4643,22 +4676,26 @@ class Sandbox:
             why = "EXEC_SANDBOX=off" if self.mode == "off" else "no Landlock, no seccomp here"
             return "off: code runs with this user's rights (%s)" % why
         return ", ".join([
-            "Landlock ABI %d" % self.abi if self.abi else "NO Landlock in this kernel",
+            "Landlock ABI %d" % self.abi if self.abi
+            else "NO Landlock in this kernel",
             "writes only in the call's directory",
-            "reads everywhere over stdio, only Python and system files over HTTP",
-            "signals and abstract sockets scoped" if self.abi >= 6 else
+            "reads everywhere over stdio, only Python and system files over "
+            "HTTP", "signals and abstract sockets scoped" if self.abi >= 6 else
             "signals NOT scoped (Landlock ABI < 6)", "no capabilities",
-            "seccomp filter: no unix sockets (socketpair works), over HTTP no file watches"
+            "seccomp filter: no unix sockets (socketpair works), over HTTP no "
+            "file watches"
             if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
-            "file metadata: " + ("each HTTP call its own uid; over stdio " if self.own_uids
-                                 else "") + "seccomp refuses chmod, chown, xattrs; utime always" +
-            (" (no uid per call: others cannot read %s)" % self.uid_problem
+            "file metadata: " + ("each HTTP call its own uid; over stdio "
+                                 if self.own_uids else "")
+            + "seccomp refuses chmod, chown, xattrs; utime always"
+            + (" (no uid per call: others cannot read %s)" % self.uid_problem
              if self.uid_problem else ""),
             "network off" if self.network == "off" else "network on",
             "limits the kernel keeps: " + ", ".join(filter(None, [
-                CGROUPS.describe(), "RLIMIT_NPROC per call uid" if self.own_uids else
-                "RLIMIT_NPROC for this user" if self.nproc_limit else None,
-                "RLIMIT_FSIZE, RLIMIT_AS"])) + "; totals also polled"])
+                CGROUPS.describe(), "RLIMIT_NPROC per call uid"
+                if self.own_uids else "RLIMIT_NPROC for this user"
+                if self.nproc_limit else None, "RLIMIT_FSIZE, RLIMIT_AS"]))
+            + "; totals also polled"])
 
 
 def _others_reach(path):
@@ -4669,7 +4706,8 @@ def _others_reach(path):
         # what does not exist yet is made 0755 (umask)
         with contextlib.suppress(OSError):
             mode = os.stat("/".join(parts[:i]) or "/").st_mode
-            if not mode & (stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH):
+            if not mode & (stat.S_IXOTH if stat.S_ISDIR(mode)
+                           else stat.S_IROTH):
                 return False
     return True
 
@@ -4682,12 +4720,14 @@ def sandbox_config(call_root, local):
     # site runs after the sandbox (child_argv): the server's site-packages,
     # which a workspace's .pth adds, are named here, as they are not yet on the
     # child's sys.path.
-    site_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    site_dirs = [p for p in sys.path
+                 if os.path.basename(p) in ("site-packages", "dist-packages")]
     reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root] + site_dirs
     return {"abi": SANDBOX.abi, "read": reads,
             "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
-            "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp,
-            "remote": not local, "own_uid": SANDBOX.own_uids and not local and call_root}
+            "network_off": SANDBOX.network == "off",
+            "seccomp": SANDBOX.seccomp, "remote": not local,
+            "own_uid": SANDBOX.own_uids and not local and call_root}
 
 
 def templates_sandboxed():
@@ -4727,7 +4767,8 @@ def containment_env(directory, local):
     if not local:
         # the server's home is not the code's over HTTP
         extra["HOME"] = directory.root
-    return {k: v for k, v in extra.items() if k not in os.environ or k == "HOME"}
+    return {k: v for k, v in extra.items() if k not in os.environ
+            or k == "HOME"}
 
 
 def apply_sandbox(spec):
@@ -4744,15 +4785,16 @@ def apply_sandbox(spec):
             install_seccomp(libc, spec["network_off"], spec["remote"],
                             bool(spec.get("own_uid") or spec.get("metadata")))
     except OSError as exc:
-        sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n"
-                         % exc)
+        sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); "
+                         "the code was not run\n" % exc)
         os._exit(125)
 
 
 def _apply_landlock(libc, spec):
     abi = spec["abi"]
     # the 13 rights of ABI 1, then REFER (2), TRUNCATE (3), IOCTL_DEV (5)
-    handled = (1 << 13) - 1 | sum(1 << bit for bit, since in ((13, 2), (14, 3), (15, 5))
+    handled = (1 << 13) - 1 | sum(1 << bit
+                                  for bit, since in ((13, 2), (14, 3), (15, 5))
                                   if abi >= since)
     # bind_tcp, connect_tcp
     net = 3 * (spec["network_off"] and abi >= 4)
@@ -4761,14 +4803,15 @@ def _apply_landlock(libc, spec):
     # only the fields this ABI knows
     size = 8 * (1 + (abi >= 4) + (abi >= 6))
     attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
-    ruleset = _check(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size),
-                                  ctypes.c_uint32(0)))
+    ruleset = _check(libc.syscall(LANDLOCK_CREATE_RULESET, attr,
+                                  ctypes.c_size_t(size), ctypes.c_uint32(0)))
     reads = ["/"]
     # the interpreter's own directories, wherever they are
     if spec["read"] is not None:
         # site makes it sys.prefix
         venv = os.path.dirname(os.path.dirname(sys.executable))
-        reads = spec["read"] + [sys.prefix, sys.base_prefix, sys.exec_prefix, venv,
+        reads = spec["read"] + [sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                venv,
                                 os.path.dirname(os.path.realpath(sys.executable))]
         reads += [p for p in sys.path if os.path.isabs(p)]
     for paths, access in ((reads, FS_READ), (spec["write"], handled)):
@@ -4802,8 +4845,8 @@ def _landlock_rule(libc, ruleset, path, access):
             access &= FS_FILE_RIGHTS
         # packed, 12 bytes
         attr = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))
-        _check(libc.syscall(LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), attr,
-                            ctypes.c_uint32(0)))
+        _check(libc.syscall(LANDLOCK_ADD_RULE, ctypes.c_int(ruleset),
+                            ctypes.c_int(1), attr, ctypes.c_uint32(0)))
     finally:
         os.close(fd)
 
@@ -4816,7 +4859,8 @@ def _landlock_rule(libc, ruleset, path, access):
 # arguments where a call is harmless only on itself.
 
 def _prctl(libc, option, *args):
-    _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)" % option)
+    _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)"
+           % option)
 
 
 def drop_capabilities(libc, own_root=None):
@@ -4934,7 +4978,8 @@ def _program(arch, network_off, remote=False, own_uid=False):
     HTTP, which also gets no watch; `own_uid`: file metadata is allowed."""
     t = (_ALWAYS + " " + _REMOTE + " " + _METADATA + " " + _BY_ARG).split()
     column = 1 + list(_ARCH).index(arch)
-    nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
+    nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3)
+          if t[i + column] != "-"}
     # seccomp_data.args[i], low word (little-endian)
     arg = lambda i: (LD, 0, 0, 16 + 8 * i)
     # foreign ABI (int 0x80)
@@ -4951,13 +4996,14 @@ def _program(arch, network_off, remote=False, own_uid=False):
     p += [(JEQ, n, 0, nr[n]) for n in _BY_ARG.split()[::3] if n != "clone3"]
     # clone3: its flags are unreadable
     p += [(JEQ, "nosys", 0, nr["clone3"]), (RET, 0, 0, ALLOW)]
-    for n in ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
-              "sched_setattr"):
+    for n in ("prlimit64", "sched_setaffinity", "sched_setscheduler",
+              "sched_setparam", "sched_setattr"):
         # only pid 0, this process
         p += [n, arg(0), (JEQ, "allow", "deny", 0)]
     # PRIO_/IOPRIO_WHO_PROCESS
     for n, who_self in (("setpriority", 0), ("ioprio_set", 1)):
-        p += [n, arg(0), (JEQ, 0, "deny", who_self), arg(1), (JEQ, "allow", "deny", 0)]
+        p += [n, arg(0), (JEQ, 0, "deny", who_self), arg(1),
+              (JEQ, "allow", "deny", 0)]
     # TIOCSTI/LINUX
     p += ["ioctl", arg(1), (JEQ, "deny", 0, 0x5412), (JEQ, "deny", 0, 0x541c)]
     # FS_IOC_SETFLAGS
@@ -4966,8 +5012,9 @@ def _program(arch, network_off, remote=False, own_uid=False):
           (JEQ, "deny", "allow", 0x401c5820)]
     # PR_SET_CHILD_SUBREAPER may be set (a template's child does), never
     # cleared; and no call makes itself dumpable again, as setuid() left it.
-    p += ["prctl", arg(0), (JEQ, 0, "dumpable", 36), arg(1), (JEQ, "deny", "allow", 0),
-          "dumpable", arg(0), (JEQ, "deny", "allow", PR_SET_DUMPABLE)]
+    p += ["prctl", arg(0), (JEQ, 0, "dumpable", 36), arg(1),
+          (JEQ, "deny", "allow", 0), "dumpable", arg(0),
+          (JEQ, "deny", "allow", PR_SET_DUMPABLE)]
     # No CLONE_NEWUSER; no CLONE_PARENT, whose child would be the template's,
     # outside the call.
     p += ["unshare", "clone", arg(0), (JSET, "deny", "allow", 0x10008000)]
@@ -4981,9 +5028,10 @@ def _program(arch, network_off, remote=False, own_uid=False):
     # AF_PACKET. Off: UNIX only (no UDP, TFO, MPTCP, VSOCK to the host).
     p += ["socket", arg(0), (JEQ, "deny", "deny" if network_off else 0, 1)]
     if not network_off:
-        p += [(JEQ, "netlink", 0, 16), (JEQ, "inet", 0, 2), (JEQ, "inet", "deny", 10), "inet",
-              arg(1), (AND, 0, 0, 0xf), (JEQ, "allow", 0, 1), (JEQ, "allow", "deny", 2),
-              "netlink", arg(2), (JEQ, "allow", "deny", 0)]
+        p += [(JEQ, "netlink", 0, 16), (JEQ, "inet", 0, 2),
+              (JEQ, "inet", "deny", 10), "inet", arg(1), (AND, 0, 0, 0xf),
+              (JEQ, "allow", 0, 1), (JEQ, "allow", "deny", 2), "netlink",
+              arg(2), (JEQ, "allow", "deny", 0)]
     return p + ["allow", (RET, 0, 0, ALLOW), "deny", (RET, 0, 0, EPERM),
                 "nosys", (RET, 0, 0, ENOSYS)]
 
@@ -5000,7 +5048,8 @@ def _filter(arch, network_off, remote=False, own_uid=False):
             at[ins] = i - len(at)
     code = []
     for ins in (x for x in program if not isinstance(x, str)):
-        jt, jf = (at[j] - len(code) - 1 if isinstance(j, str) else j for j in ins[1:3])
+        jt, jf = (at[j] - len(code) - 1 if isinstance(j, str) else j
+                  for j in ins[1:3])
         # jt/jf are u8: struct checks
         code.append(struct.pack("HBBI", ins[0], jt, jf, ins[3]))
     instructions = ctypes.create_string_buffer(b"".join(code), 8 * len(code))
@@ -5176,8 +5225,8 @@ def _disk_over(directory, unlinked_kb=0):
         # 512-byte blocks (only Linux calls are watched)
         kb += info.st_blocks // 2
     if EXEC_MAX_ENTRIES and entries > EXEC_MAX_ENTRIES:
-        return ("Stopped: the call made more than %d files and directories (EXEC_MAX_ENTRIES)."
-                % EXEC_MAX_ENTRIES)
+        return ("Stopped: the call made more than %d files and directories "
+                "(EXEC_MAX_ENTRIES)." % EXEC_MAX_ENTRIES)
     if EXEC_DISK_MB and kb > EXEC_DISK_MB * 1024:
         return "Stopped: the call wrote more than %d MB in its directory (EXEC_DISK_MB)." % (
             EXEC_DISK_MB)
@@ -5226,7 +5275,8 @@ class Monitor:
                     watch.due = now + MONITOR_INTERVAL
             # A watch added meanwhile is due MONITOR_INTERVAL after it came: no
             # sooner.
-            wake = min([watch.due for watch in watches] + [now + MONITOR_INTERVAL])
+            wake = min([watch.due for watch in watches]
+                       + [now + MONITOR_INTERVAL])
             time.sleep(max(0.01, wake - time.monotonic()))
 
 
@@ -5397,12 +5447,15 @@ def _remove_dead_servers_cgroups(directory):
     killed, removed."""
     for name in os.listdir(directory):
         pid = name[len("mcp-exec-"):]
-        if not (name.startswith("mcp-exec-") and pid.isdigit()) or os.path.exists(
+        if not (name.startswith("mcp-exec-")
+                and pid.isdigit()) or os.path.exists(
                 "/proc/" + pid):
             continue
         base = os.path.join(directory, name)
-        for call in [entry.path for entry in os.scandir(base) if entry.is_dir()] + [base]:
-            for task in (_read_text(os.path.join(call, "cgroup.procs")) or "").split():
+        for call in [entry.path for entry in os.scandir(base)
+                     if entry.is_dir()] + [base]:
+            for task in (_read_text(os.path.join(call, "cgroup.procs"))
+                         or "").split():
                 kill_tree(int(task))
             with contextlib.suppress(OSError):
                 os.rmdir(call)
@@ -5434,8 +5487,8 @@ def recover_dead_servers(run_dir):
                     continue                          # its server lives
                 killed = _kill_lock_holders(lock) + _kill_leftovers(path)
                 remove_tree(path)
-            log("a server that used %s had died: killed %d of its processes, removed its "
-                "directory" % (path, killed))
+            log("a server that used %s had died: killed %d of its processes, "
+                "removed its directory" % (path, killed))
         except Exception:
             log("could not recover %s:\n%s" % (path, traceback.format_exc()))
 
@@ -5468,7 +5521,8 @@ def _kill_lock_holders(lock):
     """Kill what holds a flock on a dead server's lock file (/proc/locks names
     each holder with the file's device and inode) -> how many."""
     info = os.fstat(lock.fileno())
-    inode = "%02x:%02x:%d" % (os.major(info.st_dev), os.minor(info.st_dev), info.st_ino)
+    inode = "%02x:%02x:%d" % (os.major(info.st_dev), os.minor(info.st_dev),
+                              info.st_ino)
     holders = set()
     for line in (_read_text("/proc/locks") or "").splitlines():
         fields = line.split()
@@ -5510,14 +5564,16 @@ def limits_note(local):
         "" if local else " or watch files",
         " or change file times (shutil.copy2 fails; use shutil.copyfile)"
         if SANDBOX.own_uids and not local else
-        " or change modes, owners, times or xattrs (os.chmod, shutil.copy2 fail; "
-        "use shutil.copyfile)")
-    return note + ("The code is sandboxed (Landlock%s): it can write only in its working "
-                   "directory and TMPDIR%s, and cannot touch other processes%s%s." % (
+        " or change modes, owners, times or xattrs (os.chmod, shutil.copy2 "
+        "fail; use shutil.copyfile)")
+    return note + ("The code is sandboxed (Landlock%s): it can write only in "
+                   "its working directory and TMPDIR%s, and cannot touch "
+                   "other processes%s%s." % (
                        ", seccomp" if SANDBOX.seccomp else "",
                        "" if local else ", read only Python and system files",
                        seccomp_limits if SANDBOX.seccomp else "",
-                       "; it has no network" if SANDBOX.network == "off" else ""))
+                       "; it has no network" if SANDBOX.network == "off"
+                       else ""))
 
 
 def contain_child(config, environ, directory, local):
@@ -5531,7 +5587,8 @@ def contain_child(config, environ, directory, local):
         limits["RLIMIT_NPROC"] = EXEC_MAX_PROCS
     # no one file outgrows the directory's total between two polls
     if EXEC_DISK_MB:
-        limits["RLIMIT_FSIZE"] = min(limits.get("RLIMIT_FSIZE", 1 << 62), EXEC_DISK_MB << 20)
+        limits["RLIMIT_FSIZE"] = min(limits.get("RLIMIT_FSIZE", 1 << 62),
+                                     EXEC_DISK_MB << 20)
     # the watch puts the child in them
     CGROUPS.make(os.path.basename(directory.root))
     config["sandbox"] = sandbox_config(directory.root, local)
@@ -5550,7 +5607,8 @@ def confine_installer(argv, env, python):
     whatever EXEC_NETWORK says."""
     if not SANDBOX.active:
         return argv
-    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or "/nonexistent",
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME")
+                                                      or "/nonexistent",
                                                        ".cache")
     tmp = os.path.join(RUN_DIR.path(), "install-tmp")
     env.update(TMPDIR=tmp, TEMP=tmp, TMP=tmp)
@@ -5560,14 +5618,17 @@ def confine_installer(argv, env, python):
     for path in writes[1:2] + writes[3:]:
         with contextlib.suppress(OSError):
             os.makedirs(path, exist_ok=True)
-    for log_file in filter(None, (env.get("PIP_LOG"), env.get("PIP_LOG_FILE"))):
+    for log_file in filter(None,
+                           (env.get("PIP_LOG"), env.get("PIP_LOG_FILE"))):
         with contextlib.suppress(OSError):
             # the operator's log: a rule needs the file
             open(log_file, "a").close()
             writes.append(log_file)
-    spec = {"abi": SANDBOX.abi, "read": None, "write": writes, "network_off": False,
-            "seccomp": SANDBOX.seccomp, "remote": False, "metadata": True}
-    config = {"mode": "exec", "argv": argv, "limits": {"RLIMIT_CORE": 0}, "sandbox": spec}
+    spec = {"abi": SANDBOX.abi, "read": None, "write": writes,
+            "network_off": False, "seccomp": SANDBOX.seccomp, "remote": False,
+            "metadata": True}
+    config = {"mode": "exec", "argv": argv, "limits": {"RLIMIT_CORE": 0},
+              "sandbox": spec}
     return child_argv(sys.executable, config)
 
 
@@ -5632,18 +5693,21 @@ class CachedEnvironments(Environments):
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result);
         lease.close() after the run."""
-        key = _digest("\n".join([sys.executable, sys.version] + sorted(requirements)), 20)
+        key = _digest("\n".join([sys.executable, sys.version]
+                                + sorted(requirements)), 20)
         cache = os.path.join(self.root, "venvs")
         pointer = os.path.join(cache, key + ".ready")
         with self.lock:
             key_lock = self.key_locks.setdefault(key, threading.Lock())
-        with _waiting(lambda: key_lock.acquire(blocking=False), cancel, deadline,
-                      key_lock.release) as got:
+        with _waiting(lambda: key_lock.acquire(blocking=False), cancel,
+                      deadline, key_lock.release) as got:
             if not got:
-                return None, None, _waited(cancel, "waiting for the same environment to be built")
+                return None, None, _waited(cancel, "waiting for the same "
+                                           "environment to be built")
             lease = self._lease(cache, pointer)
             if lease is None:
-                lease, failure = self._build(pointer, requirements, deadline, cancel, report)
+                lease, failure = self._build(pointer, requirements, deadline,
+                                             cancel, report)
                 if failure:
                     return None, None, failure
         self._evict(cache)
@@ -5661,7 +5725,8 @@ class CachedEnvironments(Environments):
             # while building; recover() clears a dead builder's
             _flock(building, shared=False)
             try:
-                failure = build_isolated(venv, requirements, deadline, cancel, report)
+                failure = build_isolated(venv, requirements, deadline, cancel,
+                                         report)
                 if failure:
                     return None, failure
                 lease = open(os.path.join(venv, LEASE_FILE), "w")
@@ -5671,8 +5736,10 @@ class CachedEnvironments(Environments):
                 for rel, info in [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20)):
                     if not stat.S_ISLNK(info.st_mode):
                         with contextlib.suppress(OSError):
-                            os.chmod(os.path.join(venv, rel), stat.S_IMODE(info.st_mode & ~0o222))
-                tmp = pointer + ".tmp-%d-%d" % (os.getpid(), threading.get_ident())
+                            os.chmod(os.path.join(venv, rel),
+                                     stat.S_IMODE(info.st_mode & ~0o222))
+                tmp = pointer + ".tmp-%d-%d" % (os.getpid(),
+                                                threading.get_ident())
                 with open(tmp, "w") as f:
                     f.write(os.path.basename(venv))
                 with self.lock:
@@ -5691,7 +5758,8 @@ class CachedEnvironments(Environments):
             if name.endswith(".building"):
                 with contextlib.suppress(OSError), open(os.path.join(cache, name)) as lock:
                     if _flock(lock, shared=False, wait=False):
-                        remove_tree(os.path.join(cache, name[:-len(".building")]))
+                        remove_tree(os.path.join(cache,
+                                                 name[:-len(".building")]))
                         os.unlink(os.path.join(cache, name))
 
     def _lease(self, cache, pointer):
@@ -5740,10 +5808,11 @@ class CachedEnvironments(Environments):
                     held.close()
         # The builder publishes its entry before it drops .building: look in
         # the same order.
-        built = {name for name in os.listdir(cache) if os.path.isdir(os.path.join(cache, name))
+        built = {name for name in os.listdir(cache)
+                 if os.path.isdir(os.path.join(cache, name))
                  and not os.path.exists(os.path.join(cache, name + ".building"))}
-        named = {_read_text(os.path.join(cache, name)) for name in os.listdir(cache)
-                 if name.endswith(".ready")}
+        named = {_read_text(os.path.join(cache, name))
+                 for name in os.listdir(cache) if name.endswith(".ready")}
         # dropped, failed, abandoned, or the loser of a two-server race
         for name in built - named:
             held = _exclusive_lease(os.path.join(cache, name))
@@ -5814,23 +5883,26 @@ def describe_value(value, config):
         for number in numbers[:limit]:
             figure = plt.figure(number)
             try:
-                width, height = (inches * figure.dpi for inches in figure.get_size_inches())
+                width, height = (inches * figure.dpi
+                                 for inches in figure.get_size_inches())
             # not quite matplotlib's Figure: drawn at its own size
             except Exception:
                 width = height = 0
             scale = min(1.0, IMAGE_MAX_SIDE / max(width, height, 1),
                         (IMAGE_MAX_PIXELS / max(width * height, 1)) ** 0.5)
-            png = _fit_png(lambda f, s: figure.savefig(f, format="png", dpi=figure.dpi * s),
+            png = _fit_png(lambda f, s: figure.savefig(f, format="png",
+                                                       dpi=figure.dpi * s),
                            max_bytes, scale)
             if png:
                 images.append(png)
                 about.append("matplotlib figure %d" % number)
             else:
-                notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) even at a "
-                             "low resolution" % (number, max_bytes))
+                notes.append("figure %d did not fit in %d bytes "
+                             "(IMAGE_MAX_BYTES) even at a low resolution"
+                             % (number, max_bytes))
         if len(numbers) > limit:
-            notes.append("%d figures were open; the first %d are returned (IMAGE_LIMIT)"
-                         % (len(numbers), limit))
+            notes.append("%d figures were open; the first %d are returned "
+                         "(IMAGE_LIMIT)" % (len(numbers), limit))
         plt.close("all")
     if value is not None:
         buffer = OutputBuffer(config["value_limit"])
@@ -5841,7 +5913,8 @@ def describe_value(value, config):
             images.append(png)
             about.append("the last value (%s)" % type(value).__name__)
     # sizes: server
-    record["images"] = [base64.b64encode(png).decode("ascii") for png in images]
+    record["images"] = [base64.b64encode(png).decode("ascii")
+                        for png in images]
     record["about"] = about
     record["notes"] = notes
     return record
@@ -5867,7 +5940,8 @@ def _value_png(value, max_bytes):
         return None
     if type(value).__module__.startswith("PIL.") and hasattr(value, "save"):
         return _fit_png(lambda f, s: (value if s == 1 else value.resize(
-            (max(1, int(value.width * s)), max(1, int(value.height * s))))).save(f, format="PNG"),
+            (max(1, int(value.width * s)),
+             max(1, int(value.height * s))))).save(f, format="PNG"),
                         max_bytes)
     render = getattr(value, "_repr_png_", None)
     if not callable(render):
@@ -5901,13 +5975,15 @@ def apply_record(result, record):
         if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
             continue
         if max(width, height) > IMAGE_MAX_SIDE or width * height > IMAGE_MAX_PIXELS:
-            result.note("an image of %d x %d pixels was dropped: more than %d a side or %d "
-                        "megapixels"
-                        % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
+            result.note("an image of %d x %d pixels was dropped: more than %d "
+                        "a side or %d megapixels"
+                        % (width, height, IMAGE_MAX_SIDE,
+                           IMAGE_MAX_PIXELS // 10 ** 6))
             continue
-        result.images.append({"about": str(about[n] if n < len(about) else "an image")[:100],
-                              "mimeType": "image/png", "width": width, "height": height,
-                              "bytes": len(png)})
+        result.images.append({"about": str(about[n] if n < len(about)
+                                           else "an image")[:100],
+                              "mimeType": "image/png", "width": width,
+                              "height": height, "bytes": len(png)})
         result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
     for note in typed(notes, list, [])[:10]:
         result.note(str(note)[:300])
@@ -5921,29 +5997,31 @@ def check_files(arguments, call):
     problem."""
     files = [] if arguments.get("files") is None else arguments["files"]
     if not isinstance(files, list) or len(files) > FILES_IN_MAX:
-        return ('"files" must be a list of at most %d {"path": ..., "content": ...} objects'
-                % FILES_IN_MAX)
+        return ('"files" must be a list of at most %d {"path": ..., '
+                '"content": ...} objects' % FILES_IN_MAX)
     seen = set()
     for n, entry in enumerate(files):
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
                 and isinstance(entry.get("content"), str)
                 and not set(entry) - {"path", "content", "encoding"}):
-            return ('files[%d] must be {"path": "data.csv", "content": "..."}, with '
-                    '"encoding": "base64" for binary content' % n)
+            return ('files[%d] must be {"path": "data.csv", "content": '
+                    '"..."}, with "encoding": "base64" for binary content' % n)
         path = _relative_path(entry["path"])
         if path is None:
-            return ('files[%d].path %s must be a relative path inside the working directory, such '
-                    'as "data/input.csv": no "..", no leading "/", at most 1024 characters and 32 '
-                    'directories deep' % (n, json.dumps(entry["path"])[:100]))
+            return ('files[%d].path %s must be a relative path inside the '
+                    'working directory, such as "data/input.csv": no "..", no '
+                    'leading "/", at most 1024 characters and 32 directories '
+                    'deep' % (n, json.dumps(entry["path"])[:100]))
         if path in seen:
-            return ("files[%d].path %s names a file given before; give each file once"
-                    % (n, json.dumps(path)))
+            return ("files[%d].path %s names a file given before; give each "
+                    "file once" % (n, json.dumps(path)))
         seen.add(path)
         encoding = entry.get("encoding", "utf-8")
         if encoding not in ("utf-8", "text", "base64"):
             return 'files[%d].encoding must be "utf-8" (the default) or "base64"' % n
         try:
-            data = (base64.b64decode(entry["content"], validate=True) if encoding == "base64"
+            data = (base64.b64decode(entry["content"], validate=True)
+                    if encoding == "base64"
                     else entry["content"].encode("utf-8"))
         # bad base64, or a lone surrogate (UnicodeEncodeError)
         except ValueError:
@@ -5980,7 +6058,8 @@ def _directory_inside(root, path, create=False):
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, dir_fd=fd)
                     _same_owner(fd, part)
-            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                            dir_fd=fd)
             os.close(fd)
             fd = inner
     except OSError:
@@ -5996,15 +6075,18 @@ def _same_owner(parent_fd, name):
     if os.geteuid() == 0:
         owner = os.fstat(parent_fd)
         if owner.st_uid:
-            os.chown(name, owner.st_uid, owner.st_gid, dir_fd=parent_fd, follow_symlinks=False)
+            os.chown(name, owner.st_uid, owner.st_gid, dir_fd=parent_fd,
+                     follow_symlinks=False)
 
 
 def _open_inside(root, path, flags):
     """Open root/path, a regular file (a FIFO or device could block), following
     no link -> fd."""
-    parent, name = _directory_inside(root, path, create=bool(flags & os.O_CREAT))
+    parent, name = _directory_inside(root, path,
+                                     create=bool(flags & os.O_CREAT))
     try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=parent)
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644,
+                     dir_fd=parent)
         if flags & os.O_CREAT:
             _same_owner(parent, name)
     finally:
@@ -6021,7 +6103,8 @@ def write_input_files(work, files):
     went wrong."""
     for path, data in files:
         try:
-            fd = _open_inside(work, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            fd = _open_inside(work, path,
+                              os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         except OSError as exc:
             return "Could not write %s into the working directory: %s" % (path, exc.strerror)
         with os.fdopen(fd, "wb") as f:
@@ -6035,8 +6118,8 @@ def write_input_files(work, files):
 def snapshot_files(work):
     """{relative path: (kind, size, mtime, inode)} of the files and links in a
     directory."""
-    return {rel: ("link" if stat.S_ISLNK(info.st_mode) else "file", info.st_size, info.st_mtime_ns,
-                  info.st_ino)
+    return {rel: ("link" if stat.S_ISLNK(info.st_mode) else "file",
+                  info.st_size, info.st_mtime_ns, info.st_ino)
             for rel, info in walk_tree(work, 10000)
             if stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)}
 
@@ -6046,22 +6129,25 @@ def collect_files(result, work, before, session, move=True):
     blocks. All are listed; regular files up to FILE_KEEP_MAX are kept for
     resources/read, small ones embedded."""
     after = snapshot_files(work)
-    changed = sorted(rel for rel, info in after.items() if before.get(rel) != info)
+    changed = sorted(rel for rel, info in after.items()
+                     if before.get(rel) != info)
     inline = 0
     token = new_handle("f")[2:]
     for rel in changed[:FILES_LISTED_MAX]:
         kind, size = after[rel][:2]
         entry = {"path": rel, "size": size,
-                 "mimeType": mimetypes.guess_type(rel)[0] or "application/octet-stream"}
+                 "mimeType": mimetypes.guess_type(rel)[0]
+                 or "application/octet-stream"}
         result.files.append(entry)
         if kind == "link":
             entry["note"] = "a symbolic link: listed, not read"
             continue
         if size > FILE_KEEP_MAX or _relative_path(rel) is None:
             entry["path"] = os.fsencode(rel).decode("utf-8", "backslashreplace")
-            entry["note"] = ("larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20)
-                             if size > FILE_KEEP_MAX
-                             else "its name is not UTF-8, or too long or deep: not returned")
+            entry["note"] = ("larger than %d MB: not returned"
+                             % (FILE_KEEP_MAX >> 20) if size > FILE_KEEP_MAX
+                             else "its name is not UTF-8, or too long or "
+                                  "deep: not returned")
             continue
         if not OUTPUTS.make_room(size, session.owner, token):
             entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
@@ -6080,12 +6166,14 @@ def collect_files(result, work, before, session, move=True):
         # ResourceLink content arrived in 2025-06-18; before it, the list in
         # the text is all
         else:
-            result.blocks.append(("resource_links", {"type": "resource_link", "uri": uri,
-                                                     "name": rel, "mimeType": entry["mimeType"],
+            result.blocks.append(("resource_links",
+                                  {"type": "resource_link", "uri": uri,
+                                                     "name": rel,
+                                   "mimeType": entry["mimeType"],
                                                      "size": size}))
     if len(changed) > FILES_LISTED_MAX:
-        result.note("the code created or changed %d files; the first %d are listed"
-                    % (len(changed), FILES_LISTED_MAX))
+        result.note("the code created or changed %d files; the first %d are "
+                    "listed" % (len(changed), FILES_LISTED_MAX))
 
 
 def resource_contents(uri, mime_type, data):
@@ -6093,8 +6181,10 @@ def resource_contents(uri, mime_type, data):
     (base64)."""
     if b"\0" not in data:
         with contextlib.suppress(UnicodeDecodeError):
-            return {"uri": uri, "mimeType": mime_type, "text": data.decode("utf-8")}
-    return {"uri": uri, "mimeType": mime_type, "blob": base64.b64encode(data).decode("ascii")}
+            return {"uri": uri, "mimeType": mime_type,
+                    "text": data.decode("utf-8")}
+    return {"uri": uri, "mimeType": mime_type,
+            "blob": base64.b64encode(data).decode("ascii")}
 
 
 class OutputStore:
@@ -6128,7 +6218,8 @@ class OutputStore:
                 finally:
                     os.close(parent)
             else:
-                with os.fdopen(_open_inside(work, rel, os.O_RDONLY), "rb") as src, \
+                with os.fdopen(_open_inside(work, rel, os.O_RDONLY),
+                               "rb") as src, \
                         open(target, "wb") as dst:
                     # the file may have grown meanwhile
                     dst.write(src.read(FILE_KEEP_MAX + 1))
@@ -6151,7 +6242,8 @@ class OutputStore:
             for key, (created, kept, whose, _) in list(self.calls.items()):
                 if total + size <= self.capacity:
                     break
-                if key != token and (whose == owner or now - created > OUTPUT_MIN_AGE):
+                if key != token and (whose == owner
+                                     or now - created > OUTPUT_MIN_AGE):
                     doomed.append(key)
                     total -= kept
                     del self.calls[key]
@@ -6171,12 +6263,14 @@ class OutputStore:
         known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
         with self.lock:
             entry = self.calls.get(token)
-        if reader is not None and (entry is None or (entry[3] and entry[2] != reader)):
+        if reader is not None and (entry is None
+                                   or (entry[3] and entry[2] != reader)):
             return None             # not ours to give: as if it never existed
         if not known or rel is None:
             return None
         try:
-            with os.fdopen(_open_inside(self.root, token + "/" + rel, os.O_RDONLY), "rb") as f:
+            with os.fdopen(_open_inside(self.root, token + "/" + rel,
+                                        os.O_RDONLY), "rb") as f:
                 return f.read()
         except OSError:
             return None
@@ -6186,7 +6280,8 @@ class OutputStore:
         newest first."""
         self.expire()
         with self.lock:
-            tokens = [token for token, entry in self.calls.items() if entry[2] == owner]
+            tokens = [token for token, entry in self.calls.items()
+                      if entry[2] == owner]
         for token in reversed(tokens):
             for rel, info in sorted(snapshot_files(os.path.join(self.root, token)).items()):
                 yield self.PREFIX + token + "/" + quote(rel), rel, info[1]
@@ -6203,7 +6298,8 @@ class OutputStore:
                     if now - os.path.getmtime(os.path.join(self.root, token)) > OUTPUT_TTL:
                         remove_tree(os.path.join(self.root, token))
         with self.lock:
-            doomed = [token for token, entry in self.calls.items() if now - entry[0] > OUTPUT_TTL]
+            doomed = [token for token, entry in self.calls.items()
+                      if now - entry[0] > OUTPUT_TTL]
             for token in doomed:
                 del self.calls[token]
         for token in doomed:
@@ -6213,7 +6309,8 @@ class OutputStore:
 def handle_resources_read(request):
     uri = request.params.get("uri")
     if not isinstance(uri, str):
-        raise ProtocolError(INVALID_PARAMS, 'Invalid params: "uri" (a string) is required')
+        raise ProtocolError(INVALID_PARAMS,
+                            'Invalid params: "uri" (a string) is required')
     # Over stdio the client is the machine's user, who may read the store on
     # disk anyway: so a file of an earlier stdio server (an earlier `client`
     # run) is read too, not only its own.
@@ -6221,12 +6318,16 @@ def handle_resources_read(request):
     data = OUTPUTS.read(uri, None if local else request.session.owner)
     # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
     if data is None:
-        message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri) or (
-            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed%s; run the code again "
-            "to make it" % (uri, OUTPUT_TTL, "" if local else ", or is another MCP session's (a "
+        message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):],
+                                  uri) or (
+            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed%s; "
+            "run the code again to make it"
+            % (uri, OUTPUT_TTL, "" if local
+               else ", or is another MCP session's (a "
                             "session reads only its own calls' files)"))
-        raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
-                            "Resource not found: " + message, {"uri": uri})
+        raise ProtocolError(INVALID_PARAMS if request.modern
+                            else RESOURCE_NOT_FOUND, "Resource not found: "
+                            + message, {"uri": uri})
     mime_type = mimetypes.guess_type(uri)[0] or "application/octet-stream"
     return {"contents": [resource_contents(uri, mime_type, data)]}
 
@@ -6238,7 +6339,8 @@ def handle_resources_list(request):
     refuse_cursor(request)
     return {"resources": [
         {"uri": uri, "name": name, "size": size,
-         "mimeType": mimetypes.guess_type(name)[0] or "application/octet-stream"}
+         "mimeType": mimetypes.guess_type(name)[0]
+         or "application/octet-stream"}
         for uri, name, size in list(OUTPUTS.live(request.session.owner))[:200]]}
 
 
@@ -6288,7 +6390,8 @@ def result_shape(request):
     if RESULT_SHAPE in ("structured", "text", "original"):
         return RESULT_SHAPE
     name = request.session.client_name
-    client = typed(typed(request.params.get("_meta"), dict, {}).get(META_CLIENT), dict)
+    client = typed(typed(request.params.get("_meta"), dict,
+                         {}).get(META_CLIENT), dict)
     if request.modern and client is not None:
         name = client.get("name")
     return "text" if str(name).lower().startswith("codex") else "structured"
@@ -6321,7 +6424,8 @@ def as_text(block):
     resource = block.get("resource")
     if block["type"] != "resource" or not resource:
         return block
-    return {"type": "text", "text": "%s:\n%s" % (resource["uri"], resource["text"])}
+    return {"type": "text", "text": "%s:\n%s"
+            % (resource["uri"], resource["text"])}
 
 
 
@@ -6336,7 +6440,8 @@ def as_original(result):
         obj.update(stdout=obj["stdout"].strip(), stderr=obj["stderr"].strip())
         if obj.get("timed_out"):
             obj.update(returncode=-2, stderr="Error: Execution timed out")
-        result["content"][0]["text"] = json.dumps(obj, indent=2, ensure_ascii=False)
+        result["content"][0]["text"] = json.dumps(obj, indent=2,
+                                                  ensure_ascii=False)
         result["isError"] = False
         if "structuredContent" in result:
             result["structuredContent"] = {"result": obj}
@@ -6347,7 +6452,8 @@ OUTPUTS = None            # section 9's part, made by build_parts()
 
 def build_outputs(part):
     global OUTPUTS
-    OUTPUTS = part("OUTPUTS", lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
+    OUTPUTS = part("OUTPUTS",
+                   lambda: OutputStore(os.path.join(STATE_DIR, "outputs")))
 
 
 register_hook("decorate", shape_result)
@@ -6423,7 +6529,8 @@ class Kernel(Child):
         self.ended = False
         # Its totals hold for its whole life, between calls too (a thread it
         # left running).
-        self.watch = MONITOR.watch(child.pid, directory.root, functools.partial(KERNELS.end, self))
+        self.watch = MONITOR.watch(child.pid, directory.root,
+                                   functools.partial(KERNELS.end, self))
 
     def enter(self, cancel, turn):
         """Wait for the turn (`turn`: the place line_up took on arrival, or
@@ -6431,8 +6538,9 @@ class Kernel(Child):
         if turn == "none yet":
             turn = self.turns.enqueue()
         if turn is None:
-            return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
-                                  % KERNEL_QUEUE, returncode=-1)
+            return Result.refusal("Session busy: %d calls are waiting for it; "
+                                  "try again shortly." % KERNEL_QUEUE,
+                                  returncode=-1)
         if self.turns.wait(turn, cancel) != "ok":
             return self.turns.refusal("cancelled")
 
@@ -6451,9 +6559,10 @@ class Kernel(Child):
             # both sorted
             if packages and self.env.isolated and packages != self.env.packages:
                 return Result.refusal(
-                    "This session runs in an isolated environment with %s; its packages cannot "
-                    "change. Start a new session with the packages you need."
-                    % (", ".join(self.env.packages) or "no packages"))
+                    "This session runs in an isolated environment with %s; "
+                    "its packages cannot change. Start a new session with the "
+                    "packages you need." % (", ".join(self.env.packages)
+                                            or "no packages"))
             if packages and not self.env.isolated:
                 with Environment(packages, False, cancel) as env:
                     if env.failure:
@@ -6470,11 +6579,13 @@ class Kernel(Child):
                 KERNELS.end(self)
                 return Result.refusal("The session's interpreter is gone.")
             self.pipes.close_child_ends()
-        result = supervise(self, call.code.encode("utf-8", "surrogatepass"), call.timeout,
+        result = supervise(self, call.code.encode("utf-8", "surrogatepass"),
+                           call.timeout,
                            # an interpreter that died ends its kernel
                            cancel, on_output)
         if not self.ended:
-            collect_files(result, self.directory.work, before, self.session, move=False)
+            collect_files(result, self.directory.work, before, self.session,
+                          move=False)
         return result
 
     def call_over(self, reading):
@@ -6516,13 +6627,15 @@ class Kernels:
         ends the call)."""
         with self.lock:
             share = share_of(session)
-            mine = sum(1 for k in self.live.values() if k and share_of(k.session) == share)
+            mine = sum(1 for k in self.live.values() if k
+                       and share_of(k.session) == share)
             over_half = share is not None and mine >= (SESSION_LIMIT + 1) // 2
             if len(self.live) >= SESSION_LIMIT or over_half:
                 return None, Result.refusal(
-                    "No new session: %d are live (SESSION_LIMIT, of which one client, or all "
-                    "sessionless requests, may hold half). End one with \"end_session\": "
-                    "true, reuse one, or call without \"session\"." % len(self.live))
+                    "No new session: %d are live (SESSION_LIMIT, of which one "
+                    "client, or all sessionless requests, may hold half). End "
+                    "one with \"end_session\": true, reuse one, or call "
+                    "without \"session\"." % len(self.live))
             handle = new_handle("s")
             # reserved while it starts
             self.live[handle] = None
@@ -6530,19 +6643,23 @@ class Kernels:
         with contextlib.ExitStack() as undo:
             undo.callback(self._unreserve, handle)
             env = undo.enter_context(
-                Environment(call.packages, call.use_temp_dir, cancel, on_output))
+                Environment(call.packages, call.use_temp_dir, cancel,
+                            on_output))
             if env.failure:
                 return None, env.failure
-            directory = CallDir(os.path.join(RUN_DIR.path(), "kernel-" + os.urandom(6).hex()))
+            directory = CallDir(os.path.join(RUN_DIR.path(), "kernel-"
+                                             + os.urandom(6).hex()))
             undo.callback(directory.remove)
             problem = write_input_files(directory.work, call.files)
             if problem:
                 return None, Result.refusal(problem)
             before = snapshot_files(directory.work)
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            ours, theirs = socket.socketpair(socket.AF_UNIX,
+                                             socket.SOCK_SEQPACKET)
             undo.callback(ours.close)
             with theirs:
-                child = start_child(env, directory, "kernel", session.local, [theirs.fileno()])
+                child = start_child(env, directory, "kernel", session.local,
+                                    [theirs.fileno()])
             kernel = Kernel(handle, env, directory, child, ours, session)
             undo.pop_all()
         with self.lock:
@@ -6595,9 +6712,11 @@ class Kernels:
             time.sleep(min(10.0, max(0.2, SESSION_IDLE / 4)))
             now = time.monotonic()
             try:
-                self.close(lambda k: not k.turns.running and now - k.last_used > SESSION_IDLE)
+                self.close(lambda k: not k.turns.running
+                           and now - k.last_used > SESSION_IDLE)
             except Exception:
-                log("error while ending idle kernels:\n%s" % traceback.format_exc())
+                log("error while ending idle kernels:\n%s"
+                    % traceback.format_exc())
 
     def close(self, which=lambda kernel: True, reason=None):
         """End every live kernel, or those which(kernel) picks (their next call
@@ -6628,14 +6747,17 @@ def run_in_kernel(call, session, cancel, on_output):
     # None for "new": no kernel has that handle
     kernel = KERNELS.get(handle)
     if not new and kernel is None and handle in KERNELS.reasons:
-        return Result.refusal("The session %s was ended: %s Its state is lost; start a new one "
-                              "with \"session\": \"new\"." % (handle, KERNELS.reasons[handle]))
+        return Result.refusal("The session %s was ended: %s Its state is "
+                              "lost; start a new one with \"session\": "
+                              "\"new\"." % (handle, KERNELS.reasons[handle]))
     if not new and kernel is None:
         return Result.refusal(lives_elsewhere(handle) or (
-            "Unknown or expired session %s: sessions end after %g s idle (SESSION_IDLE), when "
-            "their code cannot be interrupted, with end_session, or when the server restarts, and "
-            "a handle is valid only on the server process that made it. Start a new one with "
-            "\"session\": \"new\" and redo its setup." % (json.dumps(handle), SESSION_IDLE)))
+            "Unknown or expired session %s: sessions end after %g s idle "
+            "(SESSION_IDLE), when their code cannot be interrupted, with "
+            "end_session, or when the server restarts, and a handle is valid "
+            "only on the server process that made it. Start a new one with "
+            "\"session\": \"new\" and redo its setup."
+            % (json.dumps(handle), SESSION_IDLE)))
     refusal = kernel and kernel.enter(cancel, call.turn)
     if refusal:
         return refusal
@@ -6658,9 +6780,11 @@ def run_in_kernel(call, session, cancel, on_output):
     if (call.end_session or (new and result.cancelled)) and not kernel.ended:
         KERNELS.end(kernel)
     elif kernel.ended:
-        result.note("The session %s ended (its code did not stop within %g s of the interrupt, "
-                    "crossed a limit, or its interpreter exited); its state is lost. Start a new "
-                    "one with \"session\": \"new\"." % (kernel.handle, KERNEL_INTERRUPT_GRACE))
+        result.note("The session %s ended (its code did not stop within %g s "
+                    "of the interrupt, crossed a limit, or its interpreter "
+                    "exited); its state is lost. Start a new one with "
+                    "\"session\": \"new\"."
+                    % (kernel.handle, KERNEL_INTERRUPT_GRACE))
     result.session_ended = kernel.ended
     return result
 
@@ -6697,13 +6821,14 @@ def check_kernel(arguments, call):
     """The "session" and "end_session" arguments -> call.session,
     call.end_session, or the problem."""
     kernel, end = arguments.get("session"), arguments.get("end_session", False)
-    handle_like = isinstance(kernel, str) and (kernel == "new" or kernel.startswith("s-"))
+    handle_like = isinstance(kernel, str) and (kernel == "new"
+                                               or kernel.startswith("s-"))
     if kernel is not None and not handle_like:
-        return ('"session" must be "new" (to start one) or a handle a result gave you, such as '
-                '"s-..."')
+        return ('"session" must be "new" (to start one) or a handle a result '
+                'gave you, such as "s-..."')
     if not isinstance(end, bool) or (end and kernel is None):
-        return ('"end_session" must be true or false, and goes with "session": the handle of '
-                'the session to end')
+        return ('"end_session" must be true or false, and goes with '
+                '"session": the handle of the session to end')
     call.session = kernel
     call.end_session = end
     call.turn = "none yet"
@@ -6773,7 +6898,8 @@ def is_modern_request(method, params):
     even without _meta)."""
     meta = params.get("_meta")
     return method == "server/discover" or (
-        isinstance(meta, dict) and (META_VERSION in meta or META_CAPABILITIES in meta))
+        isinstance(meta, dict) and (META_VERSION in meta
+                                    or META_CAPABILITIES in meta))
 
 
 class ModernRequest(Request):
@@ -6798,15 +6924,20 @@ def modern_request(request_id, method, params, session, notify):
     if not (session.modern and is_modern_request(method, params)):
         return None
     meta = typed(params.get("_meta"), dict, {})
-    missing = [name for name, kind in ((META_VERSION, str), (META_CAPABILITIES, dict))
+    missing = [name for name, kind in ((META_VERSION, str),
+                                       (META_CAPABILITIES, dict))
                if not isinstance(meta.get(name), kind)]
     if missing:   # basic/index.mdx, _meta: both are required
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: a 2026-07-28 request must carry "
-                            "_meta %s" % " and ".join(missing), {"missing": missing})
+        raise ProtocolError(INVALID_PARAMS,
+                            "Invalid params: a 2026-07-28 request must carry "
+                            "_meta %s" % " and ".join(missing),
+                            {"missing": missing})
     version = meta[META_VERSION]
     if version not in MODERN_VERSIONS:
-        raise ProtocolError(UNSUPPORTED_VERSION, "Unsupported protocol version",
-                            {"supported": list(SUPPORTED_VERSIONS), "requested": version})
+        raise ProtocolError(UNSUPPORTED_VERSION,
+                            "Unsupported protocol version",
+                            {"supported": list(SUPPORTED_VERSIONS),
+                             "requested": version})
     if "modern" not in registered_method(method).eras:
         raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s" % method)
     return ModernRequest(request_id, method, params, session, version, notify)
@@ -6825,7 +6956,8 @@ def declares_extension(request, name):
     (basic/versioning.mdx)?"""
     if not request.modern:
         return False
-    capabilities = typed(request.params["_meta"].get(META_CAPABILITIES), dict, {})
+    capabilities = typed(request.params["_meta"].get(META_CAPABILITIES), dict,
+                         {})
     return name in typed(capabilities.get("extensions"), dict, {})
 
 
@@ -6840,7 +6972,8 @@ def modern_http_post(server, payload, headers, client_disconnected):
     # mcp_post checked it is ours
     header_version = headers.get("MCP-Protocol-Version")
     params = typed(first.get("params"), dict, {})
-    if not (header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params)):
+    if not (header_version in MODERN_VERSIONS
+            or is_modern_request(first.get("method"), params)):
         return None
     session = HttpSession(server.allow_exec)
     # 2026-07-28 has no batches (basic/index.mdx)
@@ -6851,7 +6984,8 @@ def modern_http_post(server, payload, headers, client_disconnected):
         problem = header_mismatch(payload, headers)
         if problem:
             return json_reply(error_response(payload["id"], HEADER_MISMATCH,
-                                             "Header mismatch: " + problem), 400)
+                                             "Header mismatch: " + problem),
+                              400)
     request = parse_request(payload, session)
     if request is None:
         return text_reply(202)
@@ -6859,7 +6993,8 @@ def modern_http_post(server, payload, headers, client_disconnected):
     if not isinstance(request, Request):
         status = {METHOD_NOT_FOUND: 404}.get(request["error"]["code"], 400)
         return json_reply(request, status)
-    return server.answer(request, headers.get("Accept", ""), client_disconnected)
+    return server.answer(request, headers.get("Accept", ""),
+                         client_disconnected)
 
 
 def _header_value(value):
@@ -6883,7 +7018,8 @@ def header_mismatch(message, headers):
                meta.get(META_VERSION)),
               ("Mcp-Method", headers.get("Mcp-Method"), message.get("method"))]
     if message.get("method") == "tools/call":
-        checks.append(("Mcp-Name", _header_value(headers.get("Mcp-Name")), params.get("name")))
+        checks.append(("Mcp-Name", _header_value(headers.get("Mcp-Name")),
+                       params.get("name")))
     for name, header, body in checks:
         if header is None:
             return "the %s header is required" % name
@@ -6955,7 +7091,8 @@ class Progress:
         self.with_message = protocol(request.version).progress_messages
         self.started = self.last_sent = time.monotonic()
         self.last_progress, self.line, self.fresh = 0.0, "started", False
-        self.latest = {"stdout": LatestLine(), "stderr": LatestLine(), "install": LatestLine()}
+        self.latest = {"stdout": LatestLine(), "stderr": LatestLine(),
+                       "install": LatestLine()}
 
     def output(self, stream, chunk):
         """What the code (stream: stdout, stderr) or the installer ("install")
@@ -6971,12 +7108,14 @@ class Progress:
 
     def send(self):
         now = time.monotonic()
-        progress = max(round(now - self.started, 3), round(self.last_progress + 0.001, 3))
+        progress = max(round(now - self.started, 3),
+                       round(self.last_progress + 0.001, 3))
         self.last_progress, self.last_sent, self.fresh = progress, now, False
         params = {"progressToken": self.token, "progress": progress}
         if self.with_message:
             params["message"] = "%.0f s: %s" % (now - self.started, self.line)
-        self.notify({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+        self.notify({"jsonrpc": "2.0", "method": "notifications/progress",
+                     "params": params})
 
 
 # --- Jobs
@@ -7010,7 +7149,8 @@ class Job:
         self.created = self.updated = time.time()
         self.cancel, self.done = threading.Event(), threading.Event()
         self.status, self.result, self.listener = "working", None, None
-        self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT), "stderr": OutputBuffer(OUTPUT_LIMIT)}
+        self.unread = {"stdout": OutputBuffer(OUTPUT_LIMIT),
+                       "stderr": OutputBuffer(OUTPUT_LIMIT)}
         self.code_wrote_stderr = False
         # why it was cancelled, if it is
         self.reason = "Cancelled on request."
@@ -7022,10 +7162,13 @@ class Job:
 
     def run(self, call, session):
         try:
-            result, status = run_code(call, session, self.cancel, self._output), "completed"
+            result, status = run_code(call, session, self.cancel,
+                                      self._output), "completed"
         except Exception:
-            log("internal error in job %s:\n%s" % (self.handle, traceback.format_exc()))
-            result = Result.refusal("Internal error (details are in the server's log)")
+            log("internal error in job %s:\n%s"
+                % (self.handle, traceback.format_exc()))
+            result = Result.refusal("Internal error (details are in the "
+                                    "server's log)")
             status = "failed"
         with self.lock:
             self.result, self.updated = result, time.time()
@@ -7038,7 +7181,8 @@ class Job:
             ended(self)
         # tasks.mdx: optional, and only where the channel outlives the call
         if self.notify:
-            self.notify({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+            self.notify({"jsonrpc": "2.0",
+                         "method": "notifications/tasks/status",
                          "params": self.task(False)})
 
     def _output(self, stream, chunk):
@@ -7068,12 +7212,14 @@ class Job:
         with self.lock:
             out, err = self.unread["stdout"], self.unread["stderr"]
             if take:
-                self.unread = {stream: OutputBuffer(OUTPUT_LIMIT) for stream in self.unread}
+                self.unread = {stream: OutputBuffer(OUTPUT_LIMIT)
+                               for stream in self.unread}
         ended = self.done.is_set()
         # still going: no exit status yet
         final = self.result if ended else Result(None)
-        answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
-                        out.truncated or err.truncated or final.value_truncated, final.cancelled)
+        answer = Result(final.returncode, out.text(), err.text(),
+                        final.timed_out, out.truncated or err.truncated
+                        or final.value_truncated, final.cancelled)
         if not self.code_wrote_stderr:
             # all of it is the server's: a refusal, its notes
             answer.stderr = final.stderr
@@ -7081,7 +7227,8 @@ class Job:
             for text in final.notes:
                 answer.note(text)
         answer.notes = list(final.notes)
-        for name in ("value", "images", "files", "session", "session_ended", "blocks"):
+        for name in ("value", "images", "files", "session", "session_ended",
+                     "blocks"):
             setattr(answer, name, getattr(final, name))
         answer.status = "cancelled" if self.status == "cancelled" else "completed"
         if self.status == "cancelled" and self.reason != "Cancelled on request.":
@@ -7102,10 +7249,12 @@ class Job:
         ended = updated if status != "working" else time.time()
         ttl = int((ended - self.created + JOB_TTL) * 1000)
         task = {"taskId": self.handle, "status": status,
-                "createdAt": time.strftime(ISO_TIME, time.gmtime(self.created)),
+                "createdAt": time.strftime(ISO_TIME,
+                                           time.gmtime(self.created)),
                 "lastUpdatedAt": time.strftime(ISO_TIME, time.gmtime(updated))}
-        task.update({"ttlMs": ttl, "pollIntervalMs": POLL_INTERVAL_MS} if modern
-                    else {"ttl": ttl, "pollInterval": POLL_INTERVAL_MS})
+        task.update({"ttlMs": ttl, "pollIntervalMs": POLL_INTERVAL_MS}
+                    if modern else {"ttl": ttl,
+                                    "pollInterval": POLL_INTERVAL_MS})
         if status == "cancelled":
             task["statusMessage"] = self.reason
         return task
@@ -7146,7 +7295,8 @@ class Jobs:
     def _forget_old(self):
         """Drop jobs ended over JOB_TTL ago and the oldest past JOBS_KEPT: no
         flood fills memory."""
-        now, finished = time.time(), [job for job in self.jobs.values() if job.done.is_set()]
+        now, finished = time.time(), [job for job in self.jobs.values()
+                                      if job.done.is_set()]
         for n, job in enumerate(sorted(finished, key=lambda job: job.updated)):
             if now - job.updated > JOB_TTL or len(finished) - n > JOBS_KEPT:
                 del self.jobs[job.handle]
@@ -7162,7 +7312,8 @@ class Jobs:
     def owners(self):
         """The owners of every job still running."""
         with self.lock:
-            return {job.owner for job in self.jobs.values() if job.status == "working"}
+            return {job.owner for job in self.jobs.values()
+                    if job.status == "working"}
 
     def close(self):
         with self.lock:
@@ -7196,8 +7347,8 @@ def wait_for_job(job, request, cancel, seconds):
     job.listener = progress.output if progress.token is not None else None
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        while wait_or_cancel(lambda: job.done.is_set() or progress.due(), cancel, deadline,
-                             wake=job.done):
+        while wait_or_cancel(lambda: job.done.is_set() or progress.due(),
+                             cancel, deadline, wake=job.done):
             if job.done.is_set():
                 break
             # never after the answer, which another thread may send
@@ -7221,7 +7372,8 @@ def job_call_mode(request, call):
     if call.job:
         job = JOBS.get(call.job)
         if job is None:
-            return tool_result(Result.refusal(_unknown_job(call.job)), request.version)
+            return tool_result(Result.refusal(_unknown_job(call.job)),
+                               request.version)
         if call.cancel_job:
             job.stop()
         cancel = request.session.start_call(request.id)
@@ -7236,7 +7388,8 @@ def job_call_mode(request, call):
         return answer
     if protocol(request.version).tasks and isinstance(request.params.get("task"), dict):
         lasting = request.session.lasting_channel          # stdio, not a POST
-        job = JOBS.start(call, request.session, request.notify if lasting else None)
+        job = JOBS.start(call, request.session, request.notify if lasting
+                         else None)
         publish_job(job, request, task=True)
         # at once (tasks.mdx)
         return {"task": job.task(False)}
@@ -7246,9 +7399,11 @@ def job_call_mode(request, call):
     cancel = request.session.start_call(request.id)
     if request.answer_later is None:
         job = JOBS.start(call, request.session)
-        return job_answer(job, request, wait_for_job(job, request, cancel, seconds), as_task)
+        return job_answer(job, request,
+                          wait_for_job(job, request, cancel, seconds), as_task)
     job = JOBS.add(call, request.session)
-    JOBS.threads.start(lambda: wait_beside(job, request, cancel, seconds, as_task), False)
+    JOBS.threads.start(lambda: wait_beside(job, request, cancel, seconds,
+                                           as_task), False)
     job.run(call, request.session)
     # answered, its id may be used again
     request.session.end_call(request.id, cancel)
@@ -7279,9 +7434,11 @@ def wait_beside(job, request, cancel, seconds, as_task):
         except ProtocolError as exc:
             answer = exc
         except Exception:
-            log("internal error answering job %s:\n%s" % (job.handle, traceback.format_exc()))
-            answer = ProtocolError(INTERNAL_ERROR, "Internal error (details are in the server's "
-                                   "log)")
+            log("internal error answering job %s:\n%s"
+                % (job.handle, traceback.format_exc()))
+            answer = ProtocolError(INTERNAL_ERROR,
+                                   "Internal error (details are in the "
+                                   "server's log)")
         request.answer_later(answer)
 
 
@@ -7314,13 +7471,15 @@ def publish_job(job, request, task):
         problem = published(job, request)
         if problem and task:
             job.stop(problem)
-            raise ProtocolError(INTERNAL_ERROR, "The task was not created: " + problem)
+            raise ProtocolError(INTERNAL_ERROR, "The task was not created: "
+                                + problem)
 
 
 def _unknown_job(handle):
     return lives_elsewhere(handle) or (
-        "Unknown or expired job %s: a finished job's result is kept %g s (JOB_TTL), and jobs "
-        "end when the server restarts. Run the code again." % (handle, JOB_TTL))
+        "Unknown or expired job %s: a finished job's result is kept %g s "
+        "(JOB_TTL), and jobs end when the server restarts. Run the code again."
+        % (handle, JOB_TTL))
 
 
 def check_job(arguments, call):
@@ -7343,16 +7502,19 @@ def check_job(arguments, call):
 def task_of(request):
     """The job a tasks/* request names -> Job, or a ProtocolError."""
     if request.modern and not declares_extension(request, TASKS_EXTENSION):
-        raise ProtocolError(MISSING_CAPABILITY, "Missing capability: declare the extension %s in "
+        raise ProtocolError(MISSING_CAPABILITY,
+                            "Missing capability: declare the extension %s in "
                             "_meta to use tasks" % TASKS_EXTENSION,
                             {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
     if not request.modern and not protocol(request.version).tasks:
-        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: %s (tasks exist from 2025-11-25)"
-                            % request.method)
+        raise ProtocolError(METHOD_NOT_FOUND,
+                            "Method not found: %s (tasks exist from "
+                            "2025-11-25)" % request.method)
     handle = request.params.get("taskId")
     job = JOBS.get(handle) if isinstance(handle, str) else None
     if job is None:
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: " + _unknown_job(str(handle)[:100]))
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: "
+                            + _unknown_job(str(handle)[:100]))
     return job
 
 
@@ -7360,7 +7522,8 @@ def handle_tasks_get(request):
     job = task_of(request)
     task = job.task(request.modern)
     if request.modern and task["status"] == "completed":
-        task["result"] = dict(tool_result(job.result, request.version), resultType="complete")
+        task["result"] = dict(tool_result(job.result, request.version),
+                              resultType="complete")
     elif request.modern and task["status"] == "failed":
         task["error"] = {"code": INTERNAL_ERROR, "message": job.result.stderr}
     return task
@@ -7385,16 +7548,19 @@ def handle_tasks_list(request):
     """This MCP session's tasks: with one shared key, the narrowest list we can
     give."""
     if not protocol(request.version).tasks:
-        raise ProtocolError(METHOD_NOT_FOUND, "Method not found: tasks/list (from 2025-11-25)")
+        raise ProtocolError(METHOD_NOT_FOUND,
+                            "Method not found: tasks/list (from 2025-11-25)")
     refuse_cursor(request)
-    return {"tasks": [job.task(False) for job in JOBS.of(request.session.owner)]}
+    return {"tasks": [job.task(False)
+                      for job in JOBS.of(request.session.owner)]}
 
 
 def handle_tasks_cancel(request):
     job = task_of(request)
     # 2025: cancelling an ended task is an error
     if not job.stop() and not request.modern:
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: task %s already %s"
+        raise ProtocolError(INVALID_PARAMS,
+                            "Invalid params: task %s already %s"
                             % (job.handle, job.status))
     return {} if request.modern else job.task(False)
 
@@ -7430,7 +7596,8 @@ def job_tool_arguments(arguments):
         return 'give either "job" (a run to follow) or "end_session" (a session to end)'
     if "job" in arguments:
         return arguments
-    return dict(arguments, code="", session=arguments["end_session"], end_session=True)
+    return dict(arguments, code="", session=arguments["end_session"],
+                end_session=True)
 
 
 JOBS = None               # section 12's part, made by build_parts()
@@ -7492,7 +7659,8 @@ class McpClient:
 
     def show(self, direction, message):
         if self.trace:
-            print(direction, encode_message(message).decode("utf-8"), file=self.trace, flush=True)
+            print(direction, encode_message(message).decode("utf-8"),
+                  file=self.trace, flush=True)
 
     def request(self, method, params=None):
         """Send a request; show the progress that comes before its reply -> its
@@ -7500,20 +7668,25 @@ class McpClient:
         params = dict(params or {})
         if self.modern:
             params["_meta"] = dict(params.get("_meta", {}), **{
-                META_VERSION: self.version, META_CAPABILITIES: {}, META_CLIENT: self.info})
+                META_VERSION: self.version, META_CAPABILITIES: {},
+                META_CLIENT: self.info})
         self.next_id += 1
-        message = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
+        message = {"jsonrpc": "2.0", "id": self.next_id, "method": method,
+                   "params": params}
         self.show("-->", message)
         for reply in self.send(message):
             self.show("<--", reply)
             if self.progress and reply.get("method") == "notifications/progress":
-                progress = reply["params"].get("message", reply["params"].get("progress"))
+                progress = reply["params"].get("message",
+                                               reply["params"].get("progress"))
                 sys.stderr.write("progress: %s\n" % progress)
             if reply.get("id") == message["id"] and "error" in reply:
-                raise ClientError("%s failed: %s" % (method, json.dumps(reply["error"])))
+                raise ClientError("%s failed: %s"
+                                  % (method, json.dumps(reply["error"])))
             if reply.get("id") == message["id"]:
                 return reply["result"]
-        raise ClientError("the server stopped talking before it answered %s" % method)
+        raise ClientError("the server stopped talking before it answered %s"
+                          % method)
 
     def start(self):
         """The opening: server/discover (2026-07-28), or initialize and
@@ -7548,7 +7721,8 @@ class StdioClient(McpClient):
     def __init__(self, command, version=LATEST_HANDSHAKE_VERSION, trace=None):
         super().__init__(version, trace)
         try:
-            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self.proc = subprocess.Popen(command, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE)
         except OSError as exc:
             raise ClientError("cannot start %s: %s" % (command[0], exc))
 
@@ -7557,7 +7731,8 @@ class StdioClient(McpClient):
             self.proc.stdin.write(encode_message(message) + b"\n")
             self.proc.stdin.flush()
         except OSError:
-            raise ClientError("the server exited (status %s)" % self.proc.poll())
+            raise ClientError("the server exited (status %s)"
+                              % self.proc.poll())
         # until the server closes stdout
         lines = iter(self.proc.stdout.readline, b"")
         replies = (parse_frame(line)[0] for line in lines)
@@ -7581,11 +7756,13 @@ def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
     from urllib.error import HTTPError
     from urllib.request import Request, urlopen
     try:
-        return urlopen(Request(url, body, headers, method=method), timeout=timeout)
+        return urlopen(Request(url, body, headers, method=method),
+                       timeout=timeout)
     except HTTPError as exc:
         detail = exc.read()[:300].decode("utf-8", "replace").strip()
         hint = {401: " (check the API key: --api-key or API_KEY)"}.get(exc.code, "")
-        raise ClientError("HTTP %d from %s: %s%s" % (exc.code, url, detail, hint))
+        raise ClientError("HTTP %d from %s: %s%s"
+                          % (exc.code, url, detail, hint))
     except (OSError, ValueError) as exc:        # URLError is an OSError
         raise ClientError("cannot reach %s: %s" % (url, exc))
 
@@ -7610,7 +7787,8 @@ class HttpClient(McpClient):
     """Streamable HTTP: each message is a POST to the URL, its reply the
     response's body (JSON, or an event stream ending with it)."""
 
-    def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
+    def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION,
+                 trace=None):
         super().__init__(version, trace)
         self.url = url
         self.headers = {"Content-Type": "application/json",
@@ -7641,7 +7819,8 @@ class HttpClient(McpClient):
         session. Left, it expires (SESSION_IDLE_TIMEOUT)."""
         if "Mcp-Session-Id" in self.headers and not self.leaves_work:
             with contextlib.suppress(ClientError):
-                _http_open(self.url, "DELETE", None, self.headers, timeout=10).read()
+                _http_open(self.url, "DELETE", None, self.headers,
+                           timeout=10).read()
 
 
 class SseClient(McpClient):
@@ -7649,24 +7828,29 @@ class SseClient(McpClient):
     server says; its first event names the endpoint where each message is
     POSTed (answered 202)."""
 
-    def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
+    def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION,
+                 trace=None):
         super().__init__(version, trace)
         from urllib.parse import urljoin
-        self.headers = {"Authorization": "Bearer " + api_key} if api_key else {}
+        self.headers = {"Authorization": "Bearer "
+                        + api_key} if api_key else {}
         self.stream = _http_open(url, "GET", None, dict(self.headers, Accept="text/event-stream"))
         self.events = _sse_events(self.stream)
         event, data = next(self.events, (None, None))
         if event != "endpoint":
             self.stream.close()
-            raise ClientError("%s sent no endpoint event: is it an HTTP+SSE server?" % url)
+            raise ClientError("%s sent no endpoint event: is it an HTTP+SSE "
+                              "server?" % url)
         self.endpoint = urljoin(url, data)      # relative to the stream's URL
 
     def send(self, message):
         headers = dict(self.headers, **{"Content-Type": "application/json"})
-        _http_open(self.endpoint, "POST", encode_message(message), headers).read()
+        _http_open(self.endpoint, "POST", encode_message(message),
+                   headers).read()
         if "id" not in message:
             return []
-        return (json.loads(data) for event, data in self.events if event == "message")
+        return (json.loads(data) for event, data in self.events
+                if event == "message")
 
     def close(self):
         # the server sees us leave: the session ends
@@ -7723,27 +7907,35 @@ def client_arguments(args):
             self.exit(2, "%s: %s (try --help)\n" % (self.prog, message))
     end = (args + ["--"]).index("--")
     args, command = args[:end], args[end + 1:]
-    parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
-    parser.add_argument("action", nargs="?", choices=("list", "call", "job", "read"))
+    parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP,
+                       add_help=False)
+    parser.add_argument("action", nargs="?",
+                        choices=("list", "call", "job", "read"))
     # the code, the job's handle, or the URI
     parser.add_argument("target", nargs="?")
     for flag in ("--url", "--session", "--save"):
         parser.add_argument(flag)
-    parser.add_argument("--file", type=argparse.FileType("r", encoding="utf-8"))
-    parser.add_argument("--put", type=argparse.FileType("rb"), action="append", default=[])
+    parser.add_argument("--file",
+                        type=argparse.FileType("r", encoding="utf-8"))
+    parser.add_argument("--put", type=argparse.FileType("rb"), action="append",
+                        default=[])
     parser.add_argument("--packages", action="append", default=[])
-    for flags in (("-h", "--help"), ("-V", "--version"), ("--trace",), ("--progress",),
-                  ("--use-temp-dir",), ("--end-session",), ("--no-follow",), ("--cancel",)):
+    for flags in (("-h", "--help"), ("-V", "--version"), ("--trace",),
+                  ("--progress",), ("--use-temp-dir",), ("--end-session",),
+                  ("--no-follow",), ("--cancel",)):
         parser.add_argument(*flags, action="store_true")
     parser.add_argument("--timeout", type=float)
     parser.add_argument("--api-key", default=os.environ.get("API_KEY"))
-    parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION, choices=SUPPORTED_VERSIONS)
+    parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION,
+                        choices=SUPPORTED_VERSIONS)
     # a person: text; a program: JSON
     tty = sys.stdout.isatty()
-    parser.add_argument("--format", choices=("text", "json"), default="text" if tty else "json")
+    parser.add_argument("--format", choices=("text", "json"), default="text"
+                        if tty else "json")
     # options may come after the code too
     options = parser.parse_intermixed_args(args)
-    needs = {"call": 'code (an argument, --file FILE, or "-")', "job": "a HANDLE", "read": "a URI"}
+    needs = {"call": 'code (an argument, --file FILE, or "-")',
+             "job": "a HANDLE", "read": "a URI"}
     if options.action in needs and options.target is None and not options.file:
         parser.error("%s needs %s" % (options.action, needs[options.action]))
     if not (options.url or command):
@@ -7768,9 +7960,11 @@ def client_main(args):
     trace = sys.stderr if options.trace else None
     try:
         if options.url and urlsplit(options.url).path.rstrip("/").endswith("/sse"):
-            client = SseClient(options.url, options.api_key, options.protocol, trace)
+            client = SseClient(options.url, options.api_key, options.protocol,
+                               trace)
         elif options.url:
-            client = HttpClient(options.url, options.api_key, options.protocol, trace)
+            client = HttpClient(options.url, options.api_key, options.protocol,
+                                trace)
         # this file as its server, as the import a script start becomes
         else:
             command = command or import_command([]) or [sys.executable, os.path.abspath(__file__)]
@@ -7824,8 +8018,10 @@ def client_call(client, options):
     # session open.
     last = answers[-1]
     running = last.get("status") == "running"
-    client.leaves_work = running or bool(last.get("session") and not last.get("session_ended"))
-    saved = save_outputs(client, answers[-1], result, options.save) if options.save else []
+    client.leaves_work = running or bool(last.get("session")
+                                         and not last.get("session_ended"))
+    saved = save_outputs(client, answers[-1], result,
+                         options.save) if options.save else []
     show_result(answers, options.format, time.monotonic() - started, saved)
     # as asked
     stopped = options.cancel and answers[-1].get("status") == "cancelled"
@@ -7839,18 +8035,23 @@ def call_arguments(options):
     if options.file:
         code = options.file.read()
     files = [{"path": os.path.basename(f.name), "encoding": "base64",
-              "content": base64.b64encode(f.read()).decode("ascii")} for f in options.put]
-    arguments = {"code": code, "packages": " ".join(options.packages).split(), "files": files,
-                 "use_temp_dir": options.use_temp_dir, "timeout": options.timeout,
-                 "session": options.session, "end_session": options.end_session}
-    return {name: value for name, value in arguments.items() if value or name == "code"}
+              "content": base64.b64encode(f.read()).decode("ascii")}
+             for f in options.put]
+    arguments = {"code": code, "packages": " ".join(options.packages).split(),
+                 "files": files, "use_temp_dir": options.use_temp_dir,
+                 "timeout": options.timeout, "session": options.session,
+                 "end_session": options.end_session}
+    return {name: value for name, value in arguments.items() if value
+            or name == "code"}
 
 
 def save_outputs(client, obj, result, directory):
     """Write a call's images and returned files into directory -> a line for
     each, for a person."""
-    images = [block["data"] for block in result["content"] if block["type"] == "image"]
-    outputs = [("image-%d.png" % n, base64.b64decode(data)) for n, data in enumerate(images, 1)]
+    images = [block["data"] for block in result["content"]
+              if block["type"] == "image"]
+    outputs = [("image-%d.png" % n, base64.b64decode(data))
+               for n, data in enumerate(images, 1)]
     for info in obj.get("files", []):
         # else a note says why it was not kept
         if "uri" in info:
@@ -7860,7 +8061,8 @@ def save_outputs(client, obj, result, directory):
 
 def _save(directory, name, data):
     """Write one output file -> the line that says where it went."""
-    path = os.path.join(directory, *(_relative_path(name) or "unnamed").split("/"))
+    path = os.path.join(directory,
+                        *(_relative_path(name) or "unnamed").split("/"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
@@ -7896,7 +8098,8 @@ def show_result(answers, form, seconds, saved):
     if obj.get("session"):
         ended = " (ended)" if obj.get("session_ended") else ""
         status += ", session %s%s" % (obj["session"], ended)
-    sys.stderr.write("".join(line + "\n" for line in saved) + "[%s]\n" % status)
+    sys.stderr.write("".join(line + "\n" for line in saved) + "[%s]\n"
+                     % status)
 
 
 # =============================================================================
@@ -7978,15 +8181,18 @@ def redis_reachable_by_code(url, network_off):
     if network_off:
         return None
     try:
-        found = {a[4][0] for a in socket.getaddrinfo(parts.hostname or "localhost", 6379)}
+        found = {a[4][0] for a in socket.getaddrinfo(parts.hostname
+                                                     or "localhost", 6379)}
     except (OSError, UnicodeError):
         # ping() says it cannot be reached
         return None
-    private = sorted(a for a in found if not ipaddress.ip_address(a.split("%")[0]).is_global)
+    private = sorted(a for a in found
+                     if not ipaddress.ip_address(a.split("%")[0]).is_global)
     return private and (
-        "its address (%s) is on this machine or a private network, and the code has a "
-        "network (set EXEC_NETWORK=off, with the sandbox on, or use a Redis on a public "
-        "address, as Heroku's Key-Value Store)" % private[0]) or None
+        "its address (%s) is on this machine or a private network, and the "
+        "code has a network (set EXEC_NETWORK=off, with the sandbox on, or "
+        "use a Redis on a public address, as Heroku's Key-Value Store)"
+        % private[0]) or None
 
 
 class SharedStore:
@@ -8007,13 +8213,17 @@ class SharedStore:
         self.url, self.instance, self.prefix = redacted(url), instance, prefix
         # its passwords are in no message (redacted)
         self.url_given = url
-        self.key = hmac.new(secret.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
-        self.sign_key = hmac.new(secret.encode(), b"mcp-exec relay v1", hashlib.sha256).digest()
-        self.cipher_key = hmac.new(secret.encode(), b"mcp-exec cipher v1", hashlib.sha256).digest()
+        self.key = hmac.new(secret.encode(), b"mcp-exec shared state",
+                            hashlib.sha256).digest()
+        self.sign_key = hmac.new(secret.encode(), b"mcp-exec relay v1",
+                                 hashlib.sha256).digest()
+        self.cipher_key = hmac.new(secret.encode(), b"mcp-exec cipher v1",
+                                   hashlib.sha256).digest()
         self._hmac, self._sha, self._shake = hmac, hashlib.sha256, hashlib.shake_256
         # message nonce -> until when: a replay is dropped
         self.seen = {}
-        options = {"socket_timeout": REDIS_TIMEOUT, "socket_connect_timeout": REDIS_TIMEOUT,
+        options = {"socket_timeout": REDIS_TIMEOUT,
+                   "socket_connect_timeout": REDIS_TIMEOUT,
                    "retry": Retry(NoBackoff(), 0), "health_check_interval": 10,
                    "max_connections": 64, "timeout": REDIS_TIMEOUT}
         if url.startswith("rediss://"):
@@ -8029,7 +8239,8 @@ class SharedStore:
     def hid(self, value):
         """The keyed hash that stands for an id in Redis: a reader of Redis
         cannot replay it."""
-        return self._hmac.new(self.key, value.encode(), self._sha).hexdigest()[:32]
+        return self._hmac.new(self.key, value.encode(),
+                              self._sha).hexdigest()[:32]
 
     def seal(self, place, value):
         """A JSON value -> bytes that only holders of API_KEY read or make: a
@@ -8047,11 +8258,13 @@ class SharedStore:
         written) -> ValueError."""
         nonce, tag, body = sealed[:16], sealed[16:48], sealed[48:]
         if not self._hmac.compare_digest(tag, self._tag(place, nonce + body)):
-            raise ValueError("an item at %s that this service did not write" % place)
+            raise ValueError("an item at %s that this service did not write"
+                             % place)
         return json.loads(self._crypt(nonce, body))
 
     def _tag(self, place, data):
-        return self._hmac.new(self.sign_key, place.encode() + b"\0" + data, self._sha).digest()
+        return self._hmac.new(self.sign_key, place.encode() + b"\0" + data,
+                              self._sha).digest()
 
     def _crypt(self, nonce, data):
         stream = self._shake(self.cipher_key + nonce).digest(len(data))
@@ -8076,7 +8289,8 @@ class SharedStore:
         for attempt in (1, 2):
             try:
                 return act()
-            except (self.errors.ConnectionError, self.errors.TimeoutError) as exc:
+            except (self.errors.ConnectionError,
+                    self.errors.TimeoutError) as exc:
                 failure = exc
                 if attempt == 2 or time.monotonic() - started > REDIS_TIMEOUT / 2:
                     break
@@ -8092,7 +8306,8 @@ class SharedStore:
         return self.prefix + kind + ":" + value
 
     def ping(self):
-        return self.do("answer PING", lambda: self.redis.info("server")["redis_version"])
+        return self.do("answer PING",
+                       lambda: self.redis.info("server")["redis_version"])
 
     def pipelined(self, what, build, transaction=True):
         """One round trip: build(pipe) queues the commands -> their answers. A
@@ -8109,10 +8324,12 @@ class SharedStore:
         /sse streams."""
         def build(pipe):
             hb = self.name("hb", self.instance)
-            pipe.set(hb, self.seal(hb, time.time()), px=int(HEARTBEAT_TTL * 1000))
+            pipe.set(hb, self.seal(hb, time.time()),
+                     px=int(HEARTBEAT_TTL * 1000))
             for hid in sse_hids:
                 key = self.name("sse", hid)
-                pipe.set(key, self.seal(key, self.instance), px=int(SSE_RECORD_TTL * 1000))
+                pipe.set(key, self.seal(key, self.instance),
+                         px=int(SSE_RECORD_TTL * 1000))
         self.pipelined("renew the heartbeat", build, transaction=False)
 
     def beating(self, key, sealed):
@@ -8130,25 +8347,31 @@ class SharedStore:
         """The live instances, this one included."""
         found = self.do("list the instances", lambda: list(
             self.redis.scan_iter(self.name("hb", "*"), count=1000)))
-        beats = self.do("read the heartbeats", lambda: self.redis.mget(found)) if found else []
+        beats = self.do("read the heartbeats",
+                        lambda: self.redis.mget(found)) if found else []
         return sorted(key.decode()[len(self.name("hb", "")):]
-                      for key, sealed in zip(found, beats) if self.beating(key.decode(), sealed))
+                      for key, sealed in zip(found, beats)
+                      if self.beating(key.decode(), sealed))
 
     def put(self, kind, hid, record, ttl):
         """A record (a dict of strings, each sealed) for `ttl` seconds (MULTI:
         never one without its TTL)."""
         key = self.name(kind, hid)
-        sealed = {field: self.seal(key + " " + field, value) for field, value in record.items()}
-        self.pipelined("store a %s" % kind, lambda pipe: pipe.hset(key, mapping=sealed).pexpire(
+        sealed = {field: self.seal(key + " " + field, value)
+                  for field, value in record.items()}
+        self.pipelined("store a %s" % kind,
+                       lambda pipe: pipe.hset(key, mapping=sealed).pexpire(
             key, int(ttl * 1000)))
 
     def get(self, kind, hid, ttl=None):
         """The record, its TTL renewed if given -> a dict of str, or None (a
         forged field drops the whole record)."""
         key = self.name(kind, hid)
-        found = self.pipelined("read a %s" % kind, lambda pipe: pipe.hgetall(key).pexpire(
+        found = self.pipelined("read a %s" % kind,
+                               lambda pipe: pipe.hgetall(key).pexpire(
             key, int(ttl * 1000)) if ttl else pipe.hgetall(key))[0]
-        record = {k.decode(): self.opened(key + " " + k.decode(), v) for k, v in found.items()}
+        record = {k.decode(): self.opened(key + " " + k.decode(), v)
+                  for k, v in found.items()}
         return None if None in record.values() else record or None
 
     def ttls(self, kind, hids):
@@ -8156,7 +8379,8 @@ class SharedStore:
         def build(pipe):
             for hid in hids:
                 pipe.pttl(self.name(kind, hid))
-        answers = self.pipelined("read %s TTLs" % kind, build, transaction=False)
+        answers = self.pipelined("read %s TTLs" % kind, build,
+                                 transaction=False)
         return [ms / 1000.0 for ms in answers]
 
     def renew(self, kind, hids, ttl):
@@ -8189,7 +8413,8 @@ class SharedStore:
         inbox = self.name("inbox", instance)
         sealed = self.seal(inbox, dict(message, sender=self.instance, sent=time.time(),
                                        nonce=os.urandom(12).hex()))
-        self.pipelined("send a request to %s" % instance, lambda pipe: pipe.rpush(
+        self.pipelined("send a request to %s" % instance,
+                       lambda pipe: pipe.rpush(
             inbox, sealed).pexpire(inbox, 60000))
 
     def next_request(self):
@@ -8200,9 +8425,12 @@ class SharedStore:
         got = self.do("read this instance's inbox",
                       lambda: self.redis.blpop([inbox], timeout=REDIS_BLOCK))
         message, now = self.opened(inbox, got and got[1]), time.time()
-        self.seen = {key: until for key, until in self.seen.items() if until > now}
-        if message and (message["nonce"] in self.seen or abs(now - message["sent"]) > 60):
-            log("dropped a replay, or a request over a minute old, from %s" % message["sender"])
+        self.seen = {key: until for key, until in self.seen.items()
+                     if until > now}
+        if message and (message["nonce"] in self.seen
+                        or abs(now - message["sent"]) > 60):
+            log("dropped a replay, or a request over a minute old, from %s"
+                % message["sender"])
             return None
         if message:
             # past any that could pass the test
@@ -8215,7 +8443,8 @@ class SharedStore:
 
     def wait_reply(self, key):
         """The answer on `key`, waiting up to REDIS_BLOCK -> dict or None."""
-        got = self.do("wait for an answer", lambda: self.redis.blpop([key], timeout=REDIS_BLOCK))
+        got = self.do("wait for an answer",
+                      lambda: self.redis.blpop([key], timeout=REDIS_BLOCK))
         return self.opened(key, got and got[1])
 
     def close(self):
@@ -8255,7 +8484,8 @@ class SharedService:
     def start(self):
         self.store.beat(())
         for target in (self.heartbeat, self.serve_inbox):
-            threading.Thread(target=target, daemon=True, name="shared-" + target.__name__).start()
+            threading.Thread(target=target, daemon=True, name="shared-"
+                             + target.__name__).start()
 
     def stop(self):
         self.stopped.set()
@@ -8268,13 +8498,17 @@ class SharedService:
         while not self.stopped.wait(HEARTBEAT_TTL / 3):
             now = time.monotonic()
             with self.lock:
-                self.streams = {h: s for h, s in self.streams.items() if not s.closed}
-                self.published = {h: p for h, p in self.published.items() if JOBS.get(h)}
+                self.streams = {h: s for h, s in self.streams.items()
+                                if not s.closed}
+                self.published = {h: p for h, p in self.published.items()
+                                  if JOBS.get(h)}
                 streams = list(self.streams)
-                known = {h: s for h, s in self.sessions.items() if isinstance(s, HttpSession)}
+                known = {h: s for h, s in self.sessions.items()
+                         if isinstance(s, HttpSession)}
                 # here: not a clock we followed
                 used = [h for h, s in known.items()
-                        if s.last_used >= last and s.last_used != self.followed.get(h)]
+                        if s.last_used >= last
+                        and s.last_used != self.followed.get(h)]
             try:
                 self.store.beat(streams)
                 self.store.renew("session", used, SESSION_IDLE_TIMEOUT)
@@ -8284,7 +8518,8 @@ class SharedService:
                 OUTPUTS.capacity = (OUTPUT_STORE_MB << 20) // max(1, len(self.store.instances()))
             except StoreError as exc:
                 if self.down_since is None:
-                    log("%s; plain calls go on, requests for other instances fail" % exc)
+                    log("%s; plain calls go on, requests for other instances "
+                        "fail" % exc)
                     self.down_since = now
                 continue
             if self.down_since is not None:
@@ -8300,7 +8535,8 @@ class SharedService:
         the session is used elsewhere. A clock set back so is no use here:
         renewing the record for it would keep an idle session forever."""
         now = time.monotonic()
-        self.followed = {hid: self.followed[hid] for hid in known if hid in self.followed}
+        self.followed = {hid: self.followed[hid] for hid in known
+                         if hid in self.followed}
         for (hid, session), left in zip(known.items(), self.store.ttls("session", list(known))):
             if left > 0 and now - (SESSION_IDLE_TIMEOUT - left) > session.last_used:
                 session.last_used = now - (SESSION_IDLE_TIMEOUT - left)
@@ -8325,13 +8561,15 @@ class SharedService:
             except StoreError:
                 self.stopped.wait(REDIS_BLOCK)     # the heartbeat logs it
             except Exception:
-                log("error in the inbox's reader:\n%s" % traceback.format_exc())
+                log("error in the inbox's reader:\n%s"
+                    % traceback.format_exc())
 
     def answer(self, message):
         try:
             answer = {"value": CARRIED[message["kind"]](self, message)}
         except Exception as exc:                           # the asker says why
-            log("internal error in a carried %s:\n%s" % (message["kind"], traceback.format_exc()))
+            log("internal error in a carried %s:\n%s"
+                % (message["kind"], traceback.format_exc()))
             answer = {"error": "%s: %s" % (type(exc).__name__, exc)}
         if message.get("reply"):
             with contextlib.suppress(StoreError):
@@ -8344,23 +8582,27 @@ class SharedService:
         if not self.store.alive(instance):
             raise OwnerGone(instance)
         reply = self.store.name("reply", os.urandom(12).hex())
-        self.store.send(instance, dict(fields, kind=kind, reply=reply, wait=wait))
+        self.store.send(instance,
+                        dict(fields, kind=kind, reply=reply, wait=wait))
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             answer = self.store.wait_reply(reply)
             if answer is not None:
                 if "error" in answer:
-                    raise RuntimeError("instance %s failed: %s" % (instance, answer["error"]))
+                    raise RuntimeError("instance %s failed: %s"
+                                       % (instance, answer["error"]))
                 return answer["value"]
             if not self.store.alive(instance):
                 raise OwnerGone(instance)
-        raise StoreError("instance %s did not answer within %g s" % (instance, wait))
+        raise StoreError("instance %s did not answer within %g s"
+                         % (instance, wait))
 
     def tell_all(self, kind, **fields):
         """Send `kind` to every other live instance, answered by none."""
         for instance in self.store.instances():
             if instance != INSTANCE:
-                self.store.send(instance, dict(fields, kind=kind, reply=None, wait=0))
+                self.store.send(instance,
+                                dict(fields, kind=kind, reply=None, wait=0))
 
     # -- sessions
     # --------------------------------------------------------------------
@@ -8402,7 +8644,8 @@ class SharedService:
         try:
             record = self.store.get("session", hid, SESSION_IDLE_TIMEOUT)
         except StoreError as exc:
-            return error_reply(503, str(exc), INTERNAL_ERROR, {"Retry-After": "2"})
+            return error_reply(503, str(exc), INTERNAL_ERROR,
+                               {"Retry-After": "2"})
         if record is None:
             return None
         session = HttpSession(server.allow_exec, session_id)
@@ -8481,19 +8724,25 @@ class SharedService:
             instance = self.store.owner_of_stream(hid)
             if instance is None or instance == INSTANCE:
                 return None
-            reply = self.carry(instance, "sse_post", 30.0, session_id=session_id,
+            reply = self.carry(instance, "sse_post", 30.0,
+                               session_id=session_id,
                                body=base64.b64encode(body).decode())
         except OwnerGone as gone:
-            return error_reply(404, "The stream of this session was on instance %s, which "
-                               "stopped: open a new stream with GET /sse" % gone)
+            return error_reply(404,
+                               "The stream of this session was on instance "
+                               "%s, which stopped: open a new stream with GET "
+                               "/sse" % gone)
         except (StoreError, RuntimeError) as exc:
-            return error_reply(503, str(exc), INTERNAL_ERROR, {"Retry-After": "2"})
-        return HttpReply(reply["status"], base64.b64decode(reply["body"]), None,
-                         reply["content_type"])
+            return error_reply(503, str(exc), INTERNAL_ERROR,
+                               {"Retry-After": "2"})
+        return HttpReply(reply["status"], base64.b64decode(reply["body"]),
+                         None, reply["content_type"])
 
     def sse_post_here(self, message):
-        reply = self.server.sse_post(message["session_id"], base64.b64decode(message["body"]))
-        return {"status": reply.status, "body": base64.b64encode(reply.body).decode(),
+        reply = self.server.sse_post(message["session_id"],
+                                     base64.b64decode(message["body"]))
+        return {"status": reply.status,
+                "body": base64.b64encode(reply.body).decode(),
                 "content_type": reply.content_type}
 
     # -- requests for what another instance holds
@@ -8509,7 +8758,8 @@ class SharedService:
         if instance is None or instance == INSTANCE:
             return None
         try:
-            response = self.carry(instance, "request", EXEC_TIMEOUT_MAX + CARRIED_WAIT,
+            response = self.carry(instance, "request", EXEC_TIMEOUT_MAX
+                                  + CARRIED_WAIT,
                                   message=request_message(request),
                                   session=self.described(request.session))
         except OwnerGone:
@@ -8524,7 +8774,8 @@ class SharedService:
 
     def request_here(self, message):
         """A carried request, answered as if it had come in here."""
-        return handle_message(message["message"], self.copy(message["session"]))
+        return handle_message(message["message"],
+                              self.copy(message["session"]))
 
     def list_everywhere(self, request):
         """tasks/list: this session's tasks on every live instance."""
@@ -8542,7 +8793,8 @@ class SharedService:
         return result_response(request.id, {"tasks": tasks})
 
     def tasks_here(self, message):
-        return [job.task(False) for job in JOBS.of(message["session"]["owner"])]
+        return [job.task(False)
+                for job in JOBS.of(message["session"]["owner"])]
 
     def cancelled(self, session, request_id):
         """The "cancelled" hook: the call may run on another instance (carried
@@ -8559,8 +8811,8 @@ class SharedService:
             session.cancel(message["id"])
 
     def health(self):
-        return {"instance": INSTANCE, "shared": "redis down" if self.down_since else "redis",
-                "files_capacity": OUTPUTS.capacity}
+        return {"instance": INSTANCE, "shared": "redis down" if self.down_since
+                else "redis", "files_capacity": OUTPUTS.capacity}
 
     # -- jobs and tasks: a record in Redis, from before the handle goes out
     # ---------------
@@ -8568,7 +8820,8 @@ class SharedService:
         """The "job_published" hook: the job's record, before its handle is
         returned -> None, or what failed. It names the owner, and, once the run
         ends, holds its result."""
-        record = {"owner": INSTANCE, "status": "working", "created": str(job.created)}
+        record = {"owner": INSTANCE, "status": "working",
+                  "created": str(job.created)}
         try:
             self.store.put("job", self.store.hid(job.handle), record,
                            EXEC_TIMEOUT_MAX + JOB_TTL + CARRIED_WAIT)
@@ -8576,7 +8829,8 @@ class SharedService:
             log("%s: job %s is known here only" % (exc, job.handle))
             return str(exc)
         with self.lock:
-            self.published[job.handle] = PublishedJob(request.version, request.modern)
+            self.published[job.handle] = PublishedJob(request.version,
+                                                      request.modern)
         # it ended before it was published: job_ended skipped it
         if job.done.is_set():
             self.job_ended(job)
@@ -8601,9 +8855,11 @@ class SharedService:
                   "done": sealed(tool_result(done, version))}
         # job_answered() waits: the tail it took is never put back
         with published.lock:
-            record["tail"] = sealed(tool_result(job.answer(take=False), version))
+            record["tail"] = sealed(tool_result(job.answer(take=False),
+                                                version))
             with contextlib.suppress(StoreError):
-                self.store.put("job", self.store.hid(job.handle), record, JOB_TTL)
+                self.store.put("job", self.store.hid(job.handle), record,
+                               JOB_TTL)
 
     def job_answered(self, job):
         """The "job_answered" hook: a poll here took the last output: the copy
@@ -8611,7 +8867,8 @@ class SharedService:
         published = self.published.get(job.handle)
         if published is not None:
             with published.lock, contextlib.suppress(StoreError):
-                self.store.take_field("job", self.store.hid(job.handle), "tail")
+                self.store.take_field("job", self.store.hid(job.handle),
+                                      "tail")
 
     def from_record(self, request, handle):
         """A request for a job whose instance stopped after it ended -> the
@@ -8621,10 +8878,13 @@ class SharedService:
             record = self.store.get("job", self.store.hid(handle)) if handle[:2] == "j-" else None
             if not record or "result" not in record:
                 return None
-            record = {k: v.replace(HANDLE_MARK, handle) for k, v in record.items()}
+            record = {k: v.replace(HANDLE_MARK, handle)
+                      for k, v in record.items()}
             if request.method == "tools/call":
-                tail = self.store.take_field("job", self.store.hid(handle), "tail")
-                result = json.loads(tail.replace(HANDLE_MARK, handle) if tail else record["done"])
+                tail = self.store.take_field("job", self.store.hid(handle),
+                                             "tail")
+                result = json.loads(tail.replace(HANDLE_MARK, handle) if tail
+                                    else record["done"])
             else:
                 result = task_from_record(request, record, handle)
         except StoreError as exc:
@@ -8664,7 +8924,8 @@ def task_from_record(request, record, handle):
     if request.method == "tasks/cancel":
         if request.modern:
             return {}
-        return ProtocolError(INVALID_PARAMS, "Invalid params: task %s already %s"
+        return ProtocolError(INVALID_PARAMS,
+                             "Invalid params: task %s already %s"
                              % (handle, record["status"]))
     task = json.loads(record["modern_task" if request.modern else "task"])
     if request.modern and record["status"] == "completed":
@@ -8698,12 +8959,14 @@ def request_message(request):
 def lost_response(request, handle, instance):
     """What a request for something a stopped instance held is told: what was
     lost."""
-    kind = {"j": "job", "s": "session (kernel)", "f": "file"}.get(handle[:1], "handle")
+    kind = {"j": "job", "s": "session (kernel)",
+            "f": "file"}.get(handle[:1], "handle")
     if request.method.startswith("tasks/"):
         kind = "task"
-    text = ("The %s %s was on instance %s, which stopped (no heartbeat for %g s): it is lost, "
-            "with its state, output and result. Run the code again."
-            % (kind, handle if kind != "file" else request.params.get("uri"), instance,
+    text = ("The %s %s was on instance %s, which stopped (no heartbeat for %g "
+            "s): it is lost, with its state, output and result. Run the code "
+            "again." % (kind, handle if kind != "file"
+                        else request.params.get("uri"), instance,
                HEARTBEAT_TTL))
     return failed_response(request, text)
 
@@ -8717,13 +8980,15 @@ def failed_response(request, text):
         if request.method == "tasks/get":
             now = time.strftime(ISO_TIME, time.gmtime())
             result = {"taskId": request.params["taskId"], "status": "failed",
-                      "statusMessage": text, "createdAt": now, "lastUpdatedAt": now}
+                      "statusMessage": text, "createdAt": now,
+                      "lastUpdatedAt": now}
         request.decorate(result)
         return result_response(request.id, result)
     if request.method == "resources/read":
         code = INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND
         return error_response(request.id, code, "Resource not found: " + text)
-    return error_response(request.id, INVALID_PARAMS if "lost" in text else INTERNAL_ERROR, text)
+    return error_response(request.id, INVALID_PARAMS if "lost" in text
+                          else INTERNAL_ERROR, text)
 
 
 def shared_setup():
@@ -8736,23 +9001,27 @@ def shared_setup():
         return
     # per boot: Heroku reuses web.1
     INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())
-    reachable = redis_reachable_by_code(REDIS_URL, EXEC_NETWORK == "off" and SANDBOX.active)
+    reachable = redis_reachable_by_code(REDIS_URL, EXEC_NETWORK == "off"
+                                        and SANDBOX.active)
     if reachable:
-        log("cannot start: the code this server runs could reach the Redis at %s (REDIS_URL), "
-            "and speak for this service: %s" % (redacted(REDIS_URL), reachable))
+        log("cannot start: the code this server runs could reach the Redis at "
+            "%s (REDIS_URL), and speak for this service: %s"
+            % (redacted(REDIS_URL), reachable))
         raise SystemExit(2)
     try:
         store = SharedStore(REDIS_URL, API_KEY, INSTANCE)
         version = store.ping()
     except ImportError:
-        log("REDIS_URL is set, but redis-py is not installed: pip install redis")
+        log("REDIS_URL is set, but redis-py is not installed: pip install "
+            "redis")
         raise SystemExit(2)
     except StoreError as exc:
         log("cannot start: %s (REDIS_URL)" % exc)
         raise SystemExit(2)
     SHARED = SharedService(store)
     SHARED.start()
-    log("instance %s of a shared service: Redis %s at %s" % (INSTANCE, version, store.url))
+    log("instance %s of a shared service: Redis %s at %s"
+        % (INSTANCE, version, store.url))
     register_shared_hooks(SHARED)
 
 
@@ -8803,19 +9072,22 @@ Settings are environment variables:
 
 
 def show_help(args):
-    sys.stdout.write(HELP + settings_help() + "\nHere, the sandbox: %s\n" % SANDBOX.describe())
+    sys.stdout.write(HELP + settings_help() + "\nHere, the sandbox: %s\n"
+                     % SANDBOX.describe())
     return 0
 
 
 def show_version(args):
-    print("mcp-exec %s (MCP %s)" % (SERVER_VERSION, ", ".join(reversed(SUPPORTED_VERSIONS))))
+    print("mcp-exec %s (MCP %s)"
+          % (SERVER_VERSION, ", ".join(reversed(SUPPORTED_VERSIONS))))
     return 0
 
 
 def demo(args=()):
     """Start `python mcp_exec.py` as a child and show a session with it, frame
     by frame."""
-    client = StdioClient([sys.executable, os.path.abspath(__file__)], trace=sys.stdout)
+    client = StdioClient([sys.executable, os.path.abspath(__file__)],
+                         trace=sys.stdout)
     code = "import sys\nprint(sys.version.split()[0])\nsum(range(101))"
     with contextlib.closing(client):
         try:
@@ -8838,13 +9110,14 @@ def import_command(args, options=()):
     time a script takes, which compiles 6,000 lines first."""
     path = os.path.abspath(__file__)
     folder, module = os.path.split(path[:-3])
-    if not (path.endswith(".py") and module.isidentifier() and _cache_bytecode()):
+    if not (path.endswith(".py") and module.isidentifier()
+            and _cache_bytecode()):
         return None
     # The closing comment keeps the file's path in the command line: `ps`,
     # `pkill -f` find it.
-    run = ("import sys; sys.path[:] = [%r] + [p for p in sys.path if p]; import runpy; "
-           "runpy.run_module(%r, run_name='__main__', alter_sys=True)  # %r"
-           % (folder, module, path))
+    run = ("import sys; sys.path[:] = [%r] + [p for p in sys.path if p]; "
+           "import runpy; runpy.run_module(%r, run_name='__main__', "
+           "alter_sys=True)  # %r" % (folder, module, path))
     return [sys.executable] + list(options) + ["-c", run] + list(args)
 
 
@@ -8857,7 +9130,8 @@ def start_as_import():
         return
     # -u, -X ...: kept
     options = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]
-    argv = import_command(sys.argv[1:], [option for option in options if option != "--"])
+    argv = import_command(sys.argv[1:],
+                          [option for option in options if option != "--"])
     # else no bytecode cache here: serve on as a script
     if argv is not None:
         # no interpreter to exec: serve on as a script
