@@ -3823,7 +3823,8 @@ def lives_elsewhere(handle, shown=None):
     """What to say of a handle another instance minted (`shown` as the client
     knows it), or None."""
     parts = handle.split("-")
-    if len(parts) < 3 or parts[1] == INSTANCE or not re.match(r"^[A-Za-z0-9.]+$", parts[1]):
+    if (len(parts) < 3 or parts[1] == INSTANCE
+            or not re.match(r"^[A-Za-z0-9.]+$", parts[1])):
         return None
     return ("%s lives on instance %s, and this is %s: jobs, sessions and "
             "files stay on the server process that made them. Retry until the "
@@ -3983,7 +3984,8 @@ def _prepare_template(sandbox, own_uids=False):
     become_subreaper()
     libc = _libc()
     if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
-        for network_off, remote, own_uid in itertools.product((False, True), repeat=3):
+        both = (False, True)
+        for network_off, remote, own_uid in itertools.product(both, repeat=3):
             _filter(os.uname().machine, network_off, remote, own_uid)
     # else each child setuid()s first
     if sandbox and libc is not None and not own_uids:
@@ -4007,7 +4009,8 @@ def preload_modules(config, fresh_modules, sock):
     # import-time code runs in each call's sandbox only.
     names = config.get("preload", ()) if SITE_DONE else ()
     forget_modules(fresh_modules if names else set(sys.modules))
-    before, mapped, path, skipped = set(sys.modules), statm_mb(os.getpid(), 0), sys.path[:], {}
+    before, path, skipped = set(sys.modules), sys.path[:], {}
+    mapped = statm_mb(os.getpid(), 0)
     try:
         here = os.getcwd()
     # the run directory is gone: the server is stopping
@@ -4023,7 +4026,8 @@ def preload_modules(config, fresh_modules, sock):
         # not installed, or broken: its calls will see why
         except BaseException as exc:
             skipped[name] = ("%s: %s" % (type(exc).__name__, exc))[:200]
-        if len(os.listdir("/proc/self/task")) > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
+        threads = len(os.listdir("/proc/self/task"))
+        if threads > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
             # a thread, or over its budget: we end
             with contextlib.suppress(OSError):
                 sock.send(json.dumps({"refused": name}).encode())
@@ -4067,10 +4071,9 @@ def modules_code_loaded(value, config):
 
 def _rlimits():
     import resource
-    return [resource.getrlimit(getattr(resource, name))
-            for name in ("RLIMIT_NOFILE",
-            "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE",
-                         "RLIMIT_CORE")]
+    names = ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU",
+             "RLIMIT_FSIZE", "RLIMIT_CORE")
+    return [resource.getrlimit(getattr(resource, name)) for name in names]
 
 
 # --- The server's side: a Template per interpreter
@@ -4342,11 +4345,13 @@ class Templates:
         with self.lock:
             wanted = self.wanted[template.python]
             for name in names:
-                if len(wanted) < 64 and isinstance(name, str) and MODULE_NAME.fullmatch(name):
+                if (len(wanted) < 64 and isinstance(name, str)
+                        and MODULE_NAME.fullmatch(name)):
                     # 64 modules learned per environment at most
                     wanted.setdefault(name)
+            preload = set(self.preload_list(template.python))
             if (template.python in self.building or TEMPLATE_MEMORY_MB <= 0
-                    or set(self.preload_list(template.python)) <= set(template.asked)):
+                    or preload <= set(template.asked)):
                 return
             self.building.add(template.python)
         threading.Thread(target=self._build,
@@ -4384,9 +4389,10 @@ class Templates:
             while True:
                 with self.lock:
                     names = self.preload_list(python)
-                    budget = TEMPLATE_MEMORY_MB - sum(statm_mb(t.proc.pid) for other, t in
-                                                      self.by_python.items()
-                                                      if other != python)
+                    others = [t for other, t in self.by_python.items()
+                              if other != python]
+                    budget = TEMPLATE_MEMORY_MB - sum(statm_mb(t.proc.pid)
+                                                      for t in others)
                 # the others hold it: not even a bare one would fit
                 if budget < 32:
                     return
@@ -4427,7 +4433,8 @@ class Templates:
             start_lock = self.starting.setdefault(python, threading.Lock())
         with start_lock, self.lock:
             old = self.by_python.get(python)
-            if self.enabled and old and old.alive and old.generation == generation:
+            if (self.enabled and old and old.alive
+                    and old.generation == generation):
                 self.by_python[python] = fresh
             else:
                 old = fresh
@@ -4439,7 +4446,9 @@ class Templates:
         it preloaded."""
         with self.lock:
             templates = list(self.by_python.values())
-        return [{"environment": os.path.basename(os.path.dirname(os.path.dirname(t.python))),
+        return [{"environment":
+                 os.path.basename(os.path.dirname(os.path.dirname(t.python))),
+
                  "rss_mb": statm_mb(t.proc.pid),
                  "preloaded": t.status.get("preloaded", []),
                  "skipped": len(t.status.get("skipped", ()))}
@@ -4493,7 +4502,8 @@ def modules_imported(code, packages=()):
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        elif (isinstance(node, ast.ImportFrom) and node.module
+              and not node.level):
             names.append(node.module)
     return names
 
@@ -4501,7 +4511,8 @@ def modules_imported(code, packages=()):
 def hear_imports(work_dir, call):
     """The "inputs" hook: what this call imports, for its template to learn
     (Templates.fork)."""
-    if TEMPLATES.enabled and TEMPLATE_MEMORY_MB > 0 and len(TEMPLATES.heard) < 4096:
+    if (TEMPLATES.enabled and TEMPLATE_MEMORY_MB > 0
+            and len(TEMPLATES.heard) < 4096):
         TEMPLATES.heard[work_dir] = modules_imported(call.code, call.packages)
 
 
@@ -4567,8 +4578,10 @@ def _cache_bytecode():
     # compile_file never finds a hash .pyc fresh
     from py_compile import PycInvalidationMode
     # quiet: stdout is wire
-    return compileall.compile_file(os.path.abspath(__file__), quiet=2,
-                                   invalidation_mode=PycInvalidationMode.TIMESTAMP)
+    return compileall.compile_file(
+        os.path.abspath(__file__), quiet=2,
+        invalidation_mode=PycInvalidationMode.TIMESTAMP)
+
 
 
 PR_SET_DUMPABLE = 4
@@ -4673,29 +4686,38 @@ class Sandbox:
 
     def describe(self):
         if not self.active:
-            why = "EXEC_SANDBOX=off" if self.mode == "off" else "no Landlock, no seccomp here"
+            why = "no Landlock, no seccomp here"
+            if self.mode == "off":
+                why = "EXEC_SANDBOX=off"
             return "off: code runs with this user's rights (%s)" % why
+        landlock = "NO Landlock in this kernel"
+        if self.abi:
+            landlock = "Landlock ABI %d" % self.abi
+        signals = "signals NOT scoped (Landlock ABI < 6)"
+        if self.abi >= 6:
+            signals = "signals and abstract sockets scoped"
+        seccomp = "NO seccomp (%s)" % os.uname().machine
+        if self.seccomp:
+            seccomp = ("seccomp filter: no unix sockets (socketpair works), "
+                       "over HTTP no file watches")
+        metadata = "seccomp refuses chmod, chown, xattrs; utime always"
+        if self.own_uids:
+            metadata = "each HTTP call its own uid; over stdio " + metadata
+        if self.uid_problem:
+            metadata += (" (no uid per call: others cannot read %s)"
+                         % self.uid_problem)
+        nproc = self.nproc_limit and "RLIMIT_NPROC for this user"
+        if self.own_uids:
+            nproc = "RLIMIT_NPROC per call uid"
+        limits = [CGROUPS.describe(), nproc, "RLIMIT_FSIZE, RLIMIT_AS"]
         return ", ".join([
-            "Landlock ABI %d" % self.abi if self.abi
-            else "NO Landlock in this kernel",
-            "writes only in the call's directory",
+            landlock, "writes only in the call's directory",
             "reads everywhere over stdio, only Python and system files over "
-            "HTTP", "signals and abstract sockets scoped" if self.abi >= 6 else
-            "signals NOT scoped (Landlock ABI < 6)", "no capabilities",
-            "seccomp filter: no unix sockets (socketpair works), over HTTP no "
-            "file watches"
-            if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
-            "file metadata: " + ("each HTTP call its own uid; over stdio "
-                                 if self.own_uids else "")
-            + "seccomp refuses chmod, chown, xattrs; utime always"
-            + (" (no uid per call: others cannot read %s)" % self.uid_problem
-             if self.uid_problem else ""),
+            "HTTP", signals, "no capabilities", seccomp,
+            "file metadata: " + metadata,
             "network off" if self.network == "off" else "network on",
-            "limits the kernel keeps: " + ", ".join(filter(None, [
-                CGROUPS.describe(), "RLIMIT_NPROC per call uid"
-                if self.own_uids else "RLIMIT_NPROC for this user"
-                if self.nproc_limit else None, "RLIMIT_FSIZE, RLIMIT_AS"]))
-            + "; totals also polled"])
+            "limits the kernel keeps: %s; totals also polled"
+            % ", ".join(filter(None, limits))])
 
 
 def _others_reach(path):
@@ -4722,7 +4744,10 @@ def sandbox_config(call_root, local):
     # child's sys.path.
     site_dirs = [p for p in sys.path
                  if os.path.basename(p) in ("site-packages", "dist-packages")]
-    reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root] + site_dirs
+    reads = None
+    if not local:
+        reads = (list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root]
+                 + site_dirs)
     return {"abi": SANDBOX.abi, "read": reads,
             "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
             "network_off": SANDBOX.network == "off",
@@ -4802,7 +4827,8 @@ def _apply_landlock(libc, spec):
     scoped = 3 * (abi >= 6)
     # only the fields this ABI knows
     size = 8 * (1 + (abi >= 4) + (abi >= 6))
-    attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
+    fields = struct.pack("=QQQ", handled, net, scoped)[:size]
+    attr = ctypes.create_string_buffer(fields)
     ruleset = _check(libc.syscall(LANDLOCK_CREATE_RULESET, attr,
                                   ctypes.c_size_t(size), ctypes.c_uint32(0)))
     reads = ["/"]
@@ -4810,9 +4836,9 @@ def _apply_landlock(libc, spec):
     if spec["read"] is not None:
         # site makes it sys.prefix
         venv = os.path.dirname(os.path.dirname(sys.executable))
+        real = os.path.dirname(os.path.realpath(sys.executable))
         reads = spec["read"] + [sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                venv,
-                                os.path.dirname(os.path.realpath(sys.executable))]
+                                venv, real]
         reads += [p for p in sys.path if os.path.isabs(p)]
     for paths, access in ((reads, FS_READ), (spec["write"], handled)):
         for path in paths:
@@ -4978,8 +5004,7 @@ def _program(arch, network_off, remote=False, own_uid=False):
     HTTP, which also gets no watch; `own_uid`: file metadata is allowed."""
     t = (_ALWAYS + " " + _REMOTE + " " + _METADATA + " " + _BY_ARG).split()
     column = 1 + list(_ARCH).index(arch)
-    nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3)
-          if t[i + column] != "-"}
+    nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
     # seccomp_data.args[i], low word (little-endian)
     arg = lambda i: (LD, 0, 0, 16 + 8 * i)
     # foreign ABI (int 0x80)
@@ -4987,11 +5012,8 @@ def _program(arch, network_off, remote=False, own_uid=False):
     if arch == "x86_64":
         # x32 aliases of every call
         p.append((JGE, "deny", 0, 0x40000000))
-    denied = _ALWAYS.split()[::3]
-    if remote:
-        denied += _REMOTE.split()[::3]
-    if not own_uid:
-        denied += _METADATA.split()[::3]
+    denied = (_ALWAYS.split()[::3] + (_REMOTE.split()[::3] if remote else [])
+              + ([] if own_uid else _METADATA.split()[::3]))
     p += [(JEQ, "deny", 0, nr[n]) for n in denied if n in nr]
     p += [(JEQ, n, 0, nr[n]) for n in _BY_ARG.split()[::3] if n != "clone3"]
     # clone3: its flags are unreadable
@@ -5172,7 +5194,8 @@ def _held_kb(pids):
             target = info = None
             with contextlib.suppress(OSError):         # closed meanwhile
                 target = os.readlink(fds + fd)
-                info = os.stat(fds + fd) if target.endswith(" (deleted)") else None
+                if target.endswith(" (deleted)"):
+                    info = os.stat(fds + fd)
             if info is None or (info.st_dev, info.st_ino) in seen:
                 continue
             seen.add((info.st_dev, info.st_ino))
@@ -5228,8 +5251,8 @@ def _disk_over(directory, unlinked_kb=0):
         return ("Stopped: the call made more than %d files and directories "
                 "(EXEC_MAX_ENTRIES)." % EXEC_MAX_ENTRIES)
     if EXEC_DISK_MB and kb > EXEC_DISK_MB * 1024:
-        return "Stopped: the call wrote more than %d MB in its directory (EXEC_DISK_MB)." % (
-            EXEC_DISK_MB)
+        return ("Stopped: the call wrote more than %d MB in its directory "
+                "(EXEC_DISK_MB)." % EXEC_DISK_MB)
     return None
 
 
@@ -5437,7 +5460,9 @@ def _cgroup_v1_dirs():
         for controller in controllers.split(","):
             if controller in ("pids", "memory") and controller in mounts:
                 root, mount_point = mounts[controller]
-                relative = path[len(root):] if path.startswith(root) and root != "/" else path
+                relative = path
+                if path.startswith(root) and root != "/":
+                    relative = path[len(root):]
                 found[controller] = mount_point + relative.rstrip("/")
     return {c: d for c, d in found.items() if os.access(d, os.W_OK)}
 
@@ -5548,7 +5573,8 @@ def _kill_leftovers(path):
         for entry in filter(str.isdigit, os.listdir("/proc")):
             # a process that ended meanwhile
             with contextlib.suppress(OSError):
-                if os.readlink("/proc/%s/cwd" % entry).startswith(path + os.sep):
+                cwd = os.readlink("/proc/%s/cwd" % entry)
+                if cwd.startswith(path + os.sep):
                     kill_tree(int(entry))
                     killed += 1
     return killed
@@ -5559,21 +5585,27 @@ def limits_note(local):
     memory = "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"
     note = "Memory: %s for the call's processes together. " % memory
     if not SANDBOX.abi:
-        return note + "The code is not sandboxed: it runs with the server user's rights."
-    seccomp_limits = ", and cannot open unix sockets (socketpair() works)%s%s" % (
-        "" if local else " or watch files",
-        " or change file times (shutil.copy2 fails; use shutil.copyfile)"
-        if SANDBOX.own_uids and not local else
-        " or change modes, owners, times or xattrs (os.chmod, shutil.copy2 "
-        "fail; use shutil.copyfile)")
-    return note + ("The code is sandboxed (Landlock%s): it can write only in "
-                   "its working directory and TMPDIR%s, and cannot touch "
-                   "other processes%s%s." % (
-                       ", seccomp" if SANDBOX.seccomp else "",
-                       "" if local else ", read only Python and system files",
-                       seccomp_limits if SANDBOX.seccomp else "",
-                       "; it has no network" if SANDBOX.network == "off"
-                       else ""))
+        return (note + "The code is not sandboxed: it runs with the server "
+                "user's rights.")
+    layers, reads, limits, network = "Landlock", "", "", ""
+    if not local:
+        reads = ", read only Python and system files"
+    if SANDBOX.seccomp:
+        layers += ", seccomp"
+        limits = ", and cannot open unix sockets (socketpair() works)"
+        if not local:
+            limits += " or watch files"
+        if SANDBOX.own_uids and not local:
+            limits += (" or change file times (shutil.copy2 fails; use "
+                       "shutil.copyfile)")
+        else:
+            limits += (" or change modes, owners, times or xattrs (os.chmod, "
+                       "shutil.copy2 fail; use shutil.copyfile)")
+    if SANDBOX.network == "off":
+        network = "; it has no network"
+    return note + ("The code is sandboxed (%s): it can write only in its "
+                   "working directory and TMPDIR%s, and cannot touch other "
+                   "processes%s%s." % (layers, reads, limits, network))
 
 
 def contain_child(config, environ, directory, local):
@@ -5733,7 +5765,8 @@ class CachedEnvironments(Environments):
                 _flock(lease, shared=True)
                 # Read-only, directories too, against accidents (the code could
                 # chmod it back).
-                for rel, info in [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20)):
+                entries = [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20))
+                for rel, info in entries:
                     if not stat.S_ISLNK(info.st_mode):
                         with contextlib.suppress(OSError):
                             os.chmod(os.path.join(venv, rel),
@@ -5756,10 +5789,10 @@ class CachedEnvironments(Environments):
         cache = os.path.join(self.root, "venvs")
         for name in names_in(cache):
             if name.endswith(".building"):
-                with contextlib.suppress(OSError), open(os.path.join(cache, name)) as lock:
+                path = os.path.join(cache, name)
+                with contextlib.suppress(OSError), open(path) as lock:
                     if _flock(lock, shared=False, wait=False):
-                        remove_tree(os.path.join(cache,
-                                                 name[:-len(".building")]))
+                        remove_tree(path[:-len(".building")])
                         os.unlink(os.path.join(cache, name))
 
     def _lease(self, cache, pointer):
@@ -5797,8 +5830,10 @@ class CachedEnvironments(Environments):
                 if name.endswith(".ready"):
                     # another server evicted it
                     with contextlib.suppress(OSError):
-                        pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
-            for _, name in sorted(pointers)[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
+                        when = os.path.getmtime(os.path.join(cache, name))
+                        pointers.append((when, name))
+            excess = max(0, len(pointers) - VENV_CACHE_SIZE)
+            for _, name in sorted(pointers)[:excess]:
                 venv = _read_text(os.path.join(cache, name))
                 held = venv and _exclusive_lease(os.path.join(cache, venv))
                 if held:
@@ -5809,8 +5844,8 @@ class CachedEnvironments(Environments):
         # The builder publishes its entry before it drops .building: look in
         # the same order.
         built = {name for name in os.listdir(cache)
-                 if os.path.isdir(os.path.join(cache, name))
-                 and not os.path.exists(os.path.join(cache, name + ".building"))}
+                 if os.path.isdir(os.path.join(cache, name)) and not
+                 os.path.exists(os.path.join(cache, name + ".building"))}
         named = {_read_text(os.path.join(cache, name))
                  for name in os.listdir(cache) if name.endswith(".ready")}
         # dropped, failed, abandoned, or the loser of a two-server race
@@ -5907,7 +5942,8 @@ def describe_value(value, config):
     if value is not None:
         buffer = OutputBuffer(config["value_limit"])
         buffer.add(repr(value).encode("utf-8", "backslashreplace"))
-        record["value"], record["value_truncated"] = buffer.text(), buffer.truncated
+        record["value"] = buffer.text()
+        record["value_truncated"] = buffer.truncated
         png = _value_png(value, max_bytes)
         if png and len(images) < limit:
             images.append(png)
@@ -5948,9 +5984,11 @@ def _value_png(value, max_bytes):
         return None
     png = render()
     png = png[0] if isinstance(png, tuple) else png
-    if isinstance(png, bytes) and png.startswith(PNG_SIGNATURE) and len(png) <= max_bytes:
+    if (isinstance(png, bytes) and png.startswith(PNG_SIGNATURE)
+            and len(png) <= max_bytes):
         return png
     return None
+
 
 
 
@@ -5974,7 +6012,8 @@ def apply_record(result, record):
             continue
         if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
             continue
-        if max(width, height) > IMAGE_MAX_SIDE or width * height > IMAGE_MAX_PIXELS:
+        if (max(width, height) > IMAGE_MAX_SIDE
+                or width * height > IMAGE_MAX_PIXELS):
             result.note("an image of %d x %d pixels was dropped: more than %d "
                         "a side or %d megapixels"
                         % (width, height, IMAGE_MAX_SIDE,
@@ -5984,7 +6023,8 @@ def apply_record(result, record):
                                            else "an image")[:100],
                               "mimeType": "image/png", "width": width,
                               "height": height, "bytes": len(png)})
-        result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
+        result.blocks.append((None, {"type": "image", "data": data,
+                                     "mimeType": "image/png"}))
     for note in typed(notes, list, [])[:10]:
         result.note(str(note)[:300])
 
@@ -6018,7 +6058,8 @@ def check_files(arguments, call):
         seen.add(path)
         encoding = entry.get("encoding", "utf-8")
         if encoding not in ("utf-8", "text", "base64"):
-            return 'files[%d].encoding must be "utf-8" (the default) or "base64"' % n
+            return ('files[%d].encoding must be "utf-8" (the default) or '
+                    '"base64"' % n)
         try:
             data = (base64.b64decode(entry["content"], validate=True)
                     if encoding == "base64"
@@ -6035,9 +6076,11 @@ def _relative_path(path):
     """'a/./b.csv' -> 'a/b.csv'; None for what could leave the directory, is
     not UTF-8 (a lone surrogate, a name in another encoding), is over 1024
     characters or 32 directories deep."""
-    if not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path or "\\" in path:
+    if (not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path
+            or "\\" in path):
         return None
-    if path.startswith("/") or re.match(r"^[A-Za-z]:", path) or re.search("[\ud800-\udfff]", path):
+    if (path.startswith("/") or re.match(r"^[A-Za-z]:", path)
+            or re.search("[\ud800-\udfff]", path)):
         # a lone surrogate: the only characters that UTF-8 cannot encode
         return None
     normal = posixpath.normpath(path)
@@ -6106,7 +6149,8 @@ def write_input_files(work, files):
             fd = _open_inside(work, path,
                               os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         except OSError as exc:
-            return "Could not write %s into the working directory: %s" % (path, exc.strerror)
+            return ("Could not write %s into the working directory: %s"
+                    % (path, exc.strerror))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
     return None
@@ -6143,14 +6187,17 @@ def collect_files(result, work, before, session, move=True):
             entry["note"] = "a symbolic link: listed, not read"
             continue
         if size > FILE_KEEP_MAX or _relative_path(rel) is None:
-            entry["path"] = os.fsencode(rel).decode("utf-8", "backslashreplace")
-            entry["note"] = ("larger than %d MB: not returned"
-                             % (FILE_KEEP_MAX >> 20) if size > FILE_KEEP_MAX
-                             else "its name is not UTF-8, or too long or "
-                                  "deep: not returned")
+            entry["path"] = os.fsencode(rel).decode("utf-8",
+                                                    "backslashreplace")
+            entry["note"] = ("its name is not UTF-8, or too long or deep: not "
+                             "returned")
+            if size > FILE_KEEP_MAX:
+                entry["note"] = ("larger than %d MB: not returned"
+                                 % (FILE_KEEP_MAX >> 20))
             continue
         if not OUTPUTS.make_room(size, session.owner, token):
-            entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
+            entry["note"] = ("not kept: the store of returned files is full "
+                             "(OUTPUT_STORE_MB)")
             continue
         # moved if `work` is about to go
         uri = OUTPUTS.keep(token, work, rel, move, session)
@@ -6161,8 +6208,9 @@ def collect_files(result, work, before, session, move=True):
         data = OUTPUTS.read(uri) if size <= FILE_INLINE_BYTES else None
         if data is not None and inline + len(data) <= FILES_INLINE_TOTAL:
             inline += len(data)
-            result.blocks.append((None, {"type": "resource", "resource": resource_contents(
-                uri, entry["mimeType"], data)}))
+            contents = resource_contents(uri, entry["mimeType"], data)
+            result.blocks.append((None, {"type": "resource",
+                                         "resource": contents}))
         # ResourceLink content arrived in 2025-06-18; before it, the list in
         # the text is all
         else:
@@ -6260,7 +6308,8 @@ class OutputStore:
         rel = _relative_path(unquote(rel))
         # A token the store made starts with a letter or digit: never "." or
         # "..", no climbing out.
-        known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
+        known = (uri.startswith(self.PREFIX)
+                 and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token))
         with self.lock:
             entry = self.calls.get(token)
         if reader is not None and (entry is None
@@ -6283,7 +6332,8 @@ class OutputStore:
             tokens = [token for token, entry in self.calls.items()
                       if entry[2] == owner]
         for token in reversed(tokens):
-            for rel, info in sorted(snapshot_files(os.path.join(self.root, token)).items()):
+            files = snapshot_files(os.path.join(self.root, token))
+            for rel, info in sorted(files.items()):
                 yield self.PREFIX + token + "/" + quote(rel), rel, info[1]
 
     def expire(self):
@@ -6294,9 +6344,10 @@ class OutputStore:
             self.swept = now
             for token in names_in(self.root):
 
+                path = os.path.join(self.root, token)
                 with contextlib.suppress(OSError):
-                    if now - os.path.getmtime(os.path.join(self.root, token)) > OUTPUT_TTL:
-                        remove_tree(os.path.join(self.root, token))
+                    if now - os.path.getmtime(path) > OUTPUT_TTL:
+                        remove_tree(path)
         with self.lock:
             doomed = [token for token, entry in self.calls.items()
                       if now - entry[0] > OUTPUT_TTL]
@@ -6341,7 +6392,8 @@ def handle_resources_list(request):
         {"uri": uri, "name": name, "size": size,
          "mimeType": mimetypes.guess_type(name)[0]
          or "application/octet-stream"}
-        for uri, name, size in list(OUTPUTS.live(request.session.owner))[:200]]}
+        for uri, name, size
+        in list(OUTPUTS.live(request.session.owner))[:200]]}
 
 
 FILES_NOTE = ("A last expression's repr() comes back as \"value\" (a notebook's Out[]); open "
@@ -6557,7 +6609,8 @@ class Kernel(Child):
         packages = call.packages
         if before is None:
             # both sorted
-            if packages and self.env.isolated and packages != self.env.packages:
+            if (packages and self.env.isolated
+                    and packages != self.env.packages):
                 return Result.refusal(
                     "This session runs in an isolated environment with %s; "
                     "its packages cannot change. Start a new session with the "
@@ -7000,7 +7053,8 @@ def modern_http_post(server, payload, headers, client_disconnected):
 def _header_value(value):
     """Decode the =?base64?...?= sentinel of Mcp-Name (2026-07-28
     streamable-http.mdx, Value Encoding)."""
-    if value is not None and value.startswith("=?base64?") and value.endswith("?="):
+    if (value is not None and value.startswith("=?base64?")
+            and value.endswith("?=")):
         try:
             return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
         # not base64 (binascii.Error, non-ASCII), or not UTF-8
@@ -7024,7 +7078,8 @@ def header_mismatch(message, headers):
         if header is None:
             return "the %s header is required" % name
         if body is not None and header != body:
-            return "%s header value %r does not match body value %r" % (name, header, body)
+            return ("%s header value %r does not match body value %r"
+                    % (name, header, body))
     return None
 
 
@@ -7099,12 +7154,15 @@ class Progress:
         wrote."""
         line = self.latest[stream].feed(chunk)
         if line:
-            self.line = ("installing: " + line) if stream == "install" else line
+            self.line = line
+            if stream == "install":
+                self.line = "installing: " + line
             self.fresh = True
 
     def due(self):
         gap = PROGRESS_MIN_GAP if self.fresh else PROGRESS_INTERVAL
-        return self.token is not None and time.monotonic() - self.last_sent >= gap
+        return (self.token is not None
+                and time.monotonic() - self.last_sent >= gap)
 
     def send(self):
         now = time.monotonic()
@@ -7189,7 +7247,8 @@ class Job:
         if stream in self.unread:
             with self.lock:
                 self.unread[stream].add(chunk)
-                self.code_wrote_stderr = self.code_wrote_stderr or stream == "stderr"
+                if stream == "stderr":
+                    self.code_wrote_stderr = True
         # the progress of a request waiting on us
         listener = self.listener
         if listener:
@@ -7201,7 +7260,8 @@ class Job:
         with self.lock:
             if self.status != "working":
                 return False
-            self.status, self.updated, self.reason = "cancelled", time.time(), reason
+            self.status, self.reason = "cancelled", reason
+            self.updated = time.time()
         self.cancel.set()
         return True
 
@@ -7230,9 +7290,11 @@ class Job:
         for name in ("value", "images", "files", "session", "session_ended",
                      "blocks"):
             setattr(answer, name, getattr(final, name))
-        answer.status = "cancelled" if self.status == "cancelled" else "completed"
-        if self.status == "cancelled" and self.reason != "Cancelled on request.":
-            answer.note(self.reason)
+        answer.status = "completed"
+        if self.status == "cancelled":
+            answer.status = "cancelled"
+            if self.reason != "Cancelled on request.":
+                answer.note(self.reason)
         answer.job = self.handle
         # what to do next goes in the JSON: hosts show only that
         if not ended:
@@ -7359,7 +7421,10 @@ def wait_for_job(job, request, cancel, seconds):
         job.listener = None
         # (the id may be in use again)
         request.session.end_call(request.id, cancel)
-    return None if cancel.is_set() and not job.done.is_set() else job.done.is_set()
+    if cancel.is_set() and not job.done.is_set():
+        return None
+    return job.done.is_set()
+
 
 
 def job_call_mode(request, call):
@@ -7386,10 +7451,12 @@ def job_call_mode(request, call):
                 answered(job)
 
         return answer
-    if protocol(request.version).tasks and isinstance(request.params.get("task"), dict):
-        lasting = request.session.lasting_channel          # stdio, not a POST
-        job = JOBS.start(call, request.session, request.notify if lasting
-                         else None)
+    if (protocol(request.version).tasks
+            and isinstance(request.params.get("task"), dict)):
+        # stdio, not a POST
+        lasting = request.session.lasting_channel
+        job = JOBS.start(call, request.session,
+                         request.notify if lasting else None)
         publish_job(job, request, task=True)
         # at once (tasks.mdx)
         return {"task": job.task(False)}
@@ -7454,7 +7521,9 @@ def job_answer(job, request, ended, as_task):
     if ended:
         # never a job: the call looks as it always did
         JOBS.forget(job)
-        return CANCELLED if job.result.cancelled else tool_result(job.result, request.version)
+        if job.result.cancelled:
+            return CANCELLED
+        return tool_result(job.result, request.version)
     publish_job(job, request, task=as_task)
     if as_task:
         # 2026-07-28 extension, Task Creation
@@ -7487,11 +7556,14 @@ def check_job(arguments, call):
     problem."""
     job, cancel = arguments.get("job"), arguments.get("cancel", False)
     if job is not None and not (isinstance(job, str) and job.startswith("j-")):
-        return '"job" must be the handle of a run that a result gave you, such as "j-..."'
+        return ('"job" must be the handle of a run that a result gave you, '
+                'such as "j-..."')
     if job is not None and arguments.get("code") is not None:
-        return '"job" goes without "code": it waits for a run that is already going'
+        return ('"job" goes without "code": it waits for a run that is '
+                'already going')
     if not isinstance(cancel, bool) or (cancel and job is None):
-        return '"cancel" must be true or false, and goes with "job": the handle of the run to stop'
+        return ('"cancel" must be true or false, and goes with "job": the '
+                'handle of the run to stop')
     call.job, call.cancel_job = job, cancel
     return None
 
@@ -7505,7 +7577,8 @@ def task_of(request):
         raise ProtocolError(MISSING_CAPABILITY,
                             "Missing capability: declare the extension %s in "
                             "_meta to use tasks" % TASKS_EXTENSION,
-                            {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+                            {"requiredCapabilities":
+                             {"extensions": {TASKS_EXTENSION: {}}}})
     if not request.modern and not protocol(request.version).tasks:
         raise ProtocolError(METHOD_NOT_FOUND,
                             "Method not found: %s (tasks exist from "
@@ -7593,7 +7666,8 @@ def job_tool_arguments(arguments):
     """code_exec_job's arguments -> code_exec_python's that do the same, or
     what is wrong."""
     if ("job" in arguments) == ("end_session" in arguments):
-        return 'give either "job" (a run to follow) or "end_session" (a session to end)'
+        return ('give either "job" (a run to follow) or "end_session" (a '
+                'session to end)')
     if "job" in arguments:
         return arguments
     return dict(arguments, code="", session=arguments["end_session"],
@@ -7676,9 +7750,11 @@ class McpClient:
         self.show("-->", message)
         for reply in self.send(message):
             self.show("<--", reply)
-            if self.progress and reply.get("method") == "notifications/progress":
-                progress = reply["params"].get("message",
-                                               reply["params"].get("progress"))
+            update = reply.get("method") == "notifications/progress"
+            if self.progress and update:
+                sent = reply["params"]
+                progress = sent.get("message", sent.get("progress"))
+
                 sys.stderr.write("progress: %s\n" % progress)
             if reply.get("id") == message["id"] and "error" in reply:
                 raise ClientError("%s failed: %s"
@@ -7693,7 +7769,8 @@ class McpClient:
         initialized."""
         if self.modern:
             return self.request("server/discover")
-        result = self.request("initialize", {"protocolVersion": self.version, "capabilities": {},
+        result = self.request("initialize", {"protocolVersion": self.version,
+                                             "capabilities": {},
                                              "clientInfo": self.info})
         self.protocol_version = result["protocolVersion"]
         initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
@@ -7760,7 +7837,9 @@ def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
                        timeout=timeout)
     except HTTPError as exc:
         detail = exc.read()[:300].decode("utf-8", "replace").strip()
-        hint = {401: " (check the API key: --api-key or API_KEY)"}.get(exc.code, "")
+        hint = ""
+        if exc.code == 401:
+            hint = " (check the API key: --api-key or API_KEY)"
         raise ClientError("HTTP %d from %s: %s%s"
                           % (exc.code, url, detail, hint))
     except (OSError, ValueError) as exc:        # URLError is an OSError
@@ -7808,7 +7887,8 @@ class HttpClient(McpClient):
         resp = _http_open(self.url, "POST", encode_message(message), headers)
         if resp.headers.get("Mcp-Session-Id"):
             self.headers["Mcp-Session-Id"] = resp.headers["Mcp-Session-Id"]
-        if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+        kind = resp.headers.get("Content-Type", "")
+        if kind.startswith("text/event-stream"):
             return (json.loads(data) for _, data in _sse_events(resp))
         body = resp.read()            # empty (202) for a notification
         return [json.loads(body)] if body else []
@@ -7832,9 +7912,11 @@ class SseClient(McpClient):
                  trace=None):
         super().__init__(version, trace)
         from urllib.parse import urljoin
-        self.headers = {"Authorization": "Bearer "
-                        + api_key} if api_key else {}
-        self.stream = _http_open(url, "GET", None, dict(self.headers, Accept="text/event-stream"))
+        self.headers = {}
+        if api_key:
+            self.headers["Authorization"] = "Bearer " + api_key
+        self.stream = _http_open(url, "GET", None,
+                                 dict(self.headers, Accept="text/event-stream"))
         self.events = _sse_events(self.stream)
         event, data = next(self.events, (None, None))
         if event != "endpoint":
@@ -7903,7 +7985,8 @@ def client_arguments(args):
         def error(self, message):
             # a second CODE, most likely
             if message.startswith("unrecognized arguments"):
-                message += ': CODE is one argument (quote it); --packages takes one: "numpy scipy"'
+                message += (': CODE is one argument (quote it); --packages '
+                            'takes one: "numpy scipy"')
             self.exit(2, "%s: %s (try --help)\n" % (self.prog, message))
     end = (args + ["--"]).index("--")
     args, command = args[:end], args[end + 1:]
@@ -7959,7 +8042,8 @@ def client_main(args):
         return 2
     trace = sys.stderr if options.trace else None
     try:
-        if options.url and urlsplit(options.url).path.rstrip("/").endswith("/sse"):
+        path = urlsplit(options.url or "").path
+        if options.url and path.rstrip("/").endswith("/sse"):
             client = SseClient(options.url, options.api_key, options.protocol,
                                trace)
         elif options.url:
@@ -7967,7 +8051,8 @@ def client_main(args):
                                 trace)
         # this file as its server, as the import a script start becomes
         else:
-            command = command or import_command([]) or [sys.executable, os.path.abspath(__file__)]
+            command = (command or import_command([])
+                       or [sys.executable, os.path.abspath(__file__)])
             client = StdioClient(command, options.protocol, trace)
         client.progress = options.progress
         with contextlib.closing(client):
@@ -7977,7 +8062,8 @@ def client_main(args):
                 print(json.dumps(tools, indent=2, ensure_ascii=False))
             elif options.action == "read" and options.save:
                 name = unquote(options.target.rsplit("/", 1)[-1])
-                sys.stderr.write("%s\n" % _save(options.save, name, client.read(options.target)))
+                saved = _save(options.save, name, client.read(options.target))
+                sys.stderr.write("%s\n" % saved)
             elif options.action == "read":
                 sys.stdout.buffer.write(client.read(options.target))
             else:
@@ -8094,7 +8180,8 @@ def show_result(answers, form, seconds, saved):
     if obj.get("status") == "cancelled":
         status = "cancelled after %.2f s" % seconds
     if obj.get("status") == "running":
-        status = "still running as job %s: `client job %s` follows it" % (obj["job"], obj["job"])
+        status = ("still running as job %s: `client job %s` follows it"
+                  % (obj["job"], obj["job"]))
     if obj.get("session"):
         ended = " (ended)" if obj.get("session_ended") else ""
         status += ", session %s%s" % (obj["session"], ended)
@@ -8219,7 +8306,8 @@ class SharedStore:
                                  hashlib.sha256).digest()
         self.cipher_key = hmac.new(secret.encode(), b"mcp-exec cipher v1",
                                    hashlib.sha256).digest()
-        self._hmac, self._sha, self._shake = hmac, hashlib.sha256, hashlib.shake_256
+        self._hmac, self._sha = hmac, hashlib.sha256
+        self._shake = hashlib.shake_256
         # message nonce -> until when: a replay is dropped
         self.seen = {}
         options = {"socket_timeout": REDIS_TIMEOUT,
@@ -8268,8 +8356,8 @@ class SharedStore:
 
     def _crypt(self, nonce, data):
         stream = self._shake(self.cipher_key + nonce).digest(len(data))
-        return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
-            len(data), "big")
+        mixed = int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")
+        return mixed.to_bytes(len(data), "big")
 
     def opened(self, place, sealed, default=None):
         """unseal(), or `default` for a missing item; a forged or malformed one
@@ -8292,7 +8380,8 @@ class SharedStore:
             except (self.errors.ConnectionError,
                     self.errors.TimeoutError) as exc:
                 failure = exc
-                if attempt == 2 or time.monotonic() - started > REDIS_TIMEOUT / 2:
+                late = time.monotonic() - started > REDIS_TIMEOUT / 2
+                if attempt == 2 or late:
                     break
             # OOM, READONLY, a refused command
             except self.errors.RedisError as exc:
@@ -8393,8 +8482,9 @@ class SharedStore:
         """A record's field, removed in the same step (MULTI) -> str, or None:
         handed out once."""
         key = self.name(kind, hid)
-        found = self.pipelined("take from a %s" % kind,
-                               lambda pipe: pipe.hget(key, field).hdel(key, field))[0]
+        found = self.pipelined(
+            "take from a %s" % kind,
+            lambda pipe: pipe.hget(key, field).hdel(key, field))[0]
         return self.opened(key + " " + field, found)
 
     def drop(self, kind, hid):
@@ -8404,14 +8494,16 @@ class SharedStore:
 
     def owner_of_stream(self, hid):
         key = self.name("sse", hid)
-        return self.opened(key, self.do("find an /sse stream", lambda: self.redis.get(key)))
+        found = self.do("find an /sse stream", lambda: self.redis.get(key))
+        return self.opened(key, found)
 
     def send(self, instance, message):
         """Put a request in an instance's inbox, sealed with this sender, the
         time and an id; it answers on message["reply"]. A retry may deliver it
         twice: the reader drops the second as a replay."""
         inbox = self.name("inbox", instance)
-        sealed = self.seal(inbox, dict(message, sender=self.instance, sent=time.time(),
+        sealed = self.seal(inbox, dict(message, sender=self.instance,
+                                       sent=time.time(),
                                        nonce=os.urandom(12).hex()))
         self.pipelined("send a request to %s" % instance,
                        lambda pipe: pipe.rpush(
@@ -8515,7 +8607,8 @@ class SharedService:
                 self.follow_idle_clocks(known)
                 # Returned files stay on their instance; OUTPUT_STORE_MB bounds
                 # them all.
-                OUTPUTS.capacity = (OUTPUT_STORE_MB << 20) // max(1, len(self.store.instances()))
+                instances = max(1, len(self.store.instances()))
+                OUTPUTS.capacity = (OUTPUT_STORE_MB << 20) // instances
             except StoreError as exc:
                 if self.down_since is None:
                     log("%s; plain calls go on, requests for other instances "
@@ -8537,9 +8630,11 @@ class SharedService:
         now = time.monotonic()
         self.followed = {hid: self.followed[hid] for hid in known
                          if hid in self.followed}
-        for (hid, session), left in zip(known.items(), self.store.ttls("session", list(known))):
-            if left > 0 and now - (SESSION_IDLE_TIMEOUT - left) > session.last_used:
-                session.last_used = now - (SESSION_IDLE_TIMEOUT - left)
+        ttls = self.store.ttls("session", list(known))
+        for (hid, session), left in zip(known.items(), ttls):
+            used = now - (SESSION_IDLE_TIMEOUT - left)
+            if left > 0 and used > session.last_used:
+                session.last_used = used
                 self.followed[hid] = session.last_used
             # over, everywhere
             elif now - session.last_used > SESSION_IDLE_TIMEOUT:
@@ -8557,7 +8652,8 @@ class SharedService:
             try:
                 message = self.store.next_request()
                 if message is not None:
-                    self.workers.start(lambda message=message: self.answer(message))
+                    self.workers.start(
+                        lambda message=message: self.answer(message))
             except StoreError:
                 self.stopped.wait(REDIS_BLOCK)     # the heartbeat logs it
             except Exception:
@@ -8649,7 +8745,8 @@ class SharedService:
         if record is None:
             return None
         session = HttpSession(server.allow_exec, session_id)
-        session.owner, session.protocol_version = record["owner"], record["version"]
+        session.owner = record["owner"]
+        session.protocol_version = record["version"]
         session.client_capabilities = json.loads(record["capabilities"])
         session.client_name = record.get("client", "")
         with server.lock:
@@ -8687,7 +8784,8 @@ class SharedService:
             return session
         session = HttpSession(not STDIO_MODE_ONLY)
         session.identified = hid is not None
-        session.owner, session.protocol_version = described["owner"], described["version"]
+        session.owner = described["owner"]
+        session.protocol_version = described["version"]
         session.modern = described["modern"]
         if hid:
             self.remember(hid, session)
@@ -8754,8 +8852,10 @@ class SharedService:
         if request.method == "tasks/list" and protocol(request.version).tasks:
             return self.list_everywhere(request)
         handle = handle_named(request)
-        instance = handle.split("-")[1] if handle and handle.count("-") >= 2 else None
-        if instance is None or instance == INSTANCE:
+        if not handle or handle.count("-") < 2:
+            return None
+        instance = handle.split("-")[1]
+        if instance == INSTANCE:
             return None
         try:
             response = self.carry(instance, "request", EXEC_TIMEOUT_MAX
@@ -8763,7 +8863,8 @@ class SharedService:
                                   message=request_message(request),
                                   session=self.described(request.session))
         except OwnerGone:
-            return self.from_record(request, handle) or lost_response(request, handle, instance)
+            return (self.from_record(request, handle)
+                    or lost_response(request, handle, instance))
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
         return CANCELLED if response is None else response
@@ -8875,7 +8976,9 @@ class SharedService:
         response its record gives (each output line still once), or None:
         nothing was kept (lost)."""
         try:
-            record = self.store.get("job", self.store.hid(handle)) if handle[:2] == "j-" else None
+            if handle[:2] != "j-":
+                return None
+            record = self.store.get("job", self.store.hid(handle))
             if not record or "result" not in record:
                 return None
             record = {k: v.replace(HANDLE_MARK, handle)
@@ -8940,8 +9043,10 @@ def handle_named(request):
         arguments = typed(params.get("arguments"), dict, {})
         # end_session: code_exec_job's
         for name in ("job", "session", "end_session"):
-            if isinstance(arguments.get(name), str) and arguments[name] not in ("new", ""):
-                return arguments[name]
+            value = arguments.get(name)
+            if isinstance(value, str) and value not in ("new", ""):
+                return value
+
     if request.method in ("tasks/get", "tasks/result", "tasks/cancel"):
         return typed(params.get("taskId"), str)
 
