@@ -4101,9 +4101,9 @@ class Template:
         sandbox = template_sandbox(remote)
         config = {"mode": "template", "socket_fd": theirs.fileno(),
                   "sandbox": SANDBOX.active, "own_uids": SANDBOX.own_uids,
-                  "template_sandbox": sandbox, "run_site": bool(sandbox)
-                  or ENVIRONMENTS.untouched(python), "preload": self.asked,
-                  "budget_mb": budget_mb}
+                  "template_sandbox": sandbox,
+                  "run_site": bool(sandbox) or ENVIRONMENTS.untouched(python),
+                  "preload": self.asked, "budget_mb": budget_mb}
         argv = child_argv(python, config)
         try:
             self.proc = spawn(argv,
@@ -4448,7 +4448,6 @@ class Templates:
             templates = list(self.by_python.values())
         return [{"environment":
                  os.path.basename(os.path.dirname(os.path.dirname(t.python))),
-
                  "rss_mb": statm_mb(t.proc.pid),
                  "preloaded": t.status.get("preloaded", []),
                  "skipped": len(t.status.get("skipped", ()))}
@@ -4581,7 +4580,6 @@ def _cache_bytecode():
     return compileall.compile_file(
         os.path.abspath(__file__), quiet=2,
         invalidation_mode=PycInvalidationMode.TIMESTAMP)
-
 
 
 PR_SET_DUMPABLE = 4
@@ -4728,8 +4726,8 @@ def _others_reach(path):
         # what does not exist yet is made 0755 (umask)
         with contextlib.suppress(OSError):
             mode = os.stat("/".join(parts[:i]) or "/").st_mode
-            if not mode & (stat.S_IXOTH if stat.S_ISDIR(mode)
-                           else stat.S_IROTH):
+            needed = stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH
+            if not mode & needed:
                 return False
     return True
 
@@ -4792,8 +4790,8 @@ def containment_env(directory, local):
     if not local:
         # the server's home is not the code's over HTTP
         extra["HOME"] = directory.root
-    return {k: v for k, v in extra.items() if k not in os.environ
-            or k == "HOME"}
+    return {k: v for k, v in extra.items()
+            if k not in os.environ or k == "HOME"}
 
 
 def apply_sandbox(spec):
@@ -4885,8 +4883,8 @@ def _landlock_rule(libc, ruleset, path, access):
 # arguments where a call is harmless only on itself.
 
 def _prctl(libc, option, *args):
-    _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))), "prctl(%d)"
-           % option)
+    _check(libc.prctl(option, *(args + (0,) * (4 - len(args)))),
+           "prctl(%d)" % option)
 
 
 def drop_capabilities(libc, own_root=None):
@@ -5472,15 +5470,15 @@ def _remove_dead_servers_cgroups(directory):
     killed, removed."""
     for name in os.listdir(directory):
         pid = name[len("mcp-exec-"):]
-        if not (name.startswith("mcp-exec-")
-                and pid.isdigit()) or os.path.exists(
-                "/proc/" + pid):
+        dead = (name.startswith("mcp-exec-") and pid.isdigit()
+                and not os.path.exists("/proc/" + pid))
+        if not dead:
             continue
         base = os.path.join(directory, name)
-        for call in [entry.path for entry in os.scandir(base)
-                     if entry.is_dir()] + [base]:
-            for task in (_read_text(os.path.join(call, "cgroup.procs"))
-                         or "").split():
+        calls = [entry.path for entry in os.scandir(base) if entry.is_dir()]
+        for call in calls + [base]:
+            procs = _read_text(os.path.join(call, "cgroup.procs")) or ""
+            for task in procs.split():
                 kill_tree(int(task))
             with contextlib.suppress(OSError):
                 os.rmdir(call)
@@ -5639,9 +5637,8 @@ def confine_installer(argv, env, python):
     whatever EXEC_NETWORK says."""
     if not SANDBOX.active:
         return argv
-    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME")
-                                                      or "/nonexistent",
-                                                       ".cache")
+    home = env.get("HOME") or "/nonexistent"
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     tmp = os.path.join(RUN_DIR.path(), "install-tmp")
     env.update(TMPDIR=tmp, TEMP=tmp, TMP=tmp)
     writes = [os.path.dirname(os.path.dirname(python)), tmp, "/dev/null",
@@ -5725,8 +5722,8 @@ class CachedEnvironments(Environments):
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result);
         lease.close() after the run."""
-        key = _digest("\n".join([sys.executable, sys.version]
-                                + sorted(requirements)), 20)
+        names = [sys.executable, sys.version] + sorted(requirements)
+        key = _digest("\n".join(names), 20)
         cache = os.path.join(self.root, "venvs")
         pointer = os.path.join(cache, key + ".ready")
         with self.lock:
@@ -5990,8 +5987,6 @@ def _value_png(value, max_bytes):
     return None
 
 
-
-
 def apply_record(result, record):
     """Server side: the results-pipe record into the Result. The code can forge
     it: only sound PNGs of sane size pass (a tiny PNG may claim 100000 x 100000
@@ -6002,7 +5997,7 @@ def apply_record(result, record):
         result.truncated = result.truncated or result.value_truncated
     # forged: maybe no lists
     images, notes = record.get("images"), record.get("notes")
-    about = typed(record.get("about"), list, [])
+    about = typed(record.get("about"), list, []) + ["an image"] * IMAGE_LIMIT
     for n, data in enumerate(typed(images, list, [])[:IMAGE_LIMIT]):
         try:
             png = base64.b64decode(data, validate=True)
@@ -6019,8 +6014,7 @@ def apply_record(result, record):
                         % (width, height, IMAGE_MAX_SIDE,
                            IMAGE_MAX_PIXELS // 10 ** 6))
             continue
-        result.images.append({"about": str(about[n] if n < len(about)
-                                           else "an image")[:100],
+        result.images.append({"about": str(about[n])[:100],
                               "mimeType": "image/png", "width": width,
                               "height": height, "bytes": len(png)})
         result.blocks.append((None, {"type": "image", "data": data,
@@ -6035,7 +6029,9 @@ def apply_record(result, record):
 def check_files(arguments, call):
     """The "files" argument -> call.files = [(relative path, bytes)], or the
     problem."""
-    files = [] if arguments.get("files") is None else arguments["files"]
+    files = arguments.get("files")
+    if files is None:
+        files = []
     if not isinstance(files, list) or len(files) > FILES_IN_MAX:
         return ('"files" must be a list of at most %d {"path": ..., '
                 '"content": ...} objects' % FILES_IN_MAX)
@@ -6061,9 +6057,9 @@ def check_files(arguments, call):
             return ('files[%d].encoding must be "utf-8" (the default) or '
                     '"base64"' % n)
         try:
-            data = (base64.b64decode(entry["content"], validate=True)
-                    if encoding == "base64"
-                    else entry["content"].encode("utf-8"))
+            data = entry["content"].encode("utf-8")
+            if encoding == "base64":
+                data = base64.b64decode(data, validate=True)
         # bad base64, or a lone surrogate (UnicodeEncodeError)
         except ValueError:
             return "files[%d].content is not valid %s" % (
@@ -6266,9 +6262,8 @@ class OutputStore:
                 finally:
                     os.close(parent)
             else:
-                with os.fdopen(_open_inside(work, rel, os.O_RDONLY),
-                               "rb") as src, \
-                        open(target, "wb") as dst:
+                fd = _open_inside(work, rel, os.O_RDONLY)
+                with os.fdopen(fd, "rb") as src, open(target, "wb") as dst:
                     # the file may have grown meanwhile
                     dst.write(src.read(FILE_KEEP_MAX + 1))
             size = os.path.getsize(target)
@@ -6343,7 +6338,6 @@ class OutputStore:
         if now - self.swept > 60:
             self.swept = now
             for token in names_in(self.root):
-
                 path = os.path.join(self.root, token)
                 with contextlib.suppress(OSError):
                     if now - os.path.getmtime(path) > OUTPUT_TTL:
@@ -6365,20 +6359,21 @@ def handle_resources_read(request):
     # Over stdio the client is the machine's user, who may read the store on
     # disk anyway: so a file of an earlier stdio server (an earlier `client`
     # run) is read too, not only its own.
-    local = request.session.local
-    data = OUTPUTS.read(uri, None if local else request.session.owner)
+    reader, whose = request.session.owner, (
+        ", or is another MCP session's (a session reads only its own calls' "
+        "files)")
+    if request.session.local:
+        reader, whose = None, ""
+    data = OUTPUTS.read(uri, reader)
     # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
     if data is None:
-        message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):],
-                                  uri) or (
+        handle = "f-" + uri[len(OutputStore.PREFIX):]
+        message = lives_elsewhere(handle, uri) or (
             "%s expired (files are kept %g s, OUTPUT_TTL) or never existed%s; "
-            "run the code again to make it"
-            % (uri, OUTPUT_TTL, "" if local
-               else ", or is another MCP session's (a "
-                            "session reads only its own calls' files)"))
-        raise ProtocolError(INVALID_PARAMS if request.modern
-                            else RESOURCE_NOT_FOUND, "Resource not found: "
-                            + message, {"uri": uri})
+            "run the code again to make it" % (uri, OUTPUT_TTL, whose))
+        code = INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND
+        raise ProtocolError(code, "Resource not found: " + message,
+                            {"uri": uri})
     mime_type = mimetypes.guess_type(uri)[0] or "application/octet-stream"
     return {"contents": [resource_contents(uri, mime_type, data)]}
 
@@ -6442,8 +6437,8 @@ def result_shape(request):
     if RESULT_SHAPE in ("structured", "text", "original"):
         return RESULT_SHAPE
     name = request.session.client_name
-    client = typed(typed(request.params.get("_meta"), dict,
-                         {}).get(META_CLIENT), dict)
+    meta = typed(request.params.get("_meta"), dict, {})
+    client = typed(meta.get(META_CLIENT), dict)
     if request.modern and client is not None:
         name = client.get("name")
     return "text" if str(name).lower().startswith("codex") else "structured"
@@ -6478,7 +6473,6 @@ def as_text(block):
         return block
     return {"type": "text", "text": "%s:\n%s"
             % (resource["uri"], resource["text"])}
-
 
 
 def as_original(result):
@@ -6614,8 +6608,8 @@ class Kernel(Child):
                 return Result.refusal(
                     "This session runs in an isolated environment with %s; "
                     "its packages cannot change. Start a new session with the "
-                    "packages you need." % (", ".join(self.env.packages)
-                                            or "no packages"))
+                    "packages you need."
+                    % (", ".join(self.env.packages) or "no packages"))
             if packages and not self.env.isolated:
                 with Environment(packages, False, cancel) as env:
                     if env.failure:
@@ -6632,8 +6626,8 @@ class Kernel(Child):
                 KERNELS.end(self)
                 return Result.refusal("The session's interpreter is gone.")
             self.pipes.close_child_ends()
-        result = supervise(self, call.code.encode("utf-8", "surrogatepass"),
-                           call.timeout,
+        code = call.code.encode("utf-8", "surrogatepass")
+        result = supervise(self, code, call.timeout,
                            # an interpreter that died ends its kernel
                            cancel, on_output)
         if not self.ended:
@@ -6700,8 +6694,8 @@ class Kernels:
                             on_output))
             if env.failure:
                 return None, env.failure
-            directory = CallDir(os.path.join(RUN_DIR.path(), "kernel-"
-                                             + os.urandom(6).hex()))
+            name = "kernel-" + os.urandom(6).hex()
+            directory = CallDir(os.path.join(RUN_DIR.path(), name))
             undo.callback(directory.remove)
             problem = write_input_files(directory.work, call.files)
             if problem:
@@ -6736,7 +6730,9 @@ class Kernels:
         """Queue the call at its kernel in arrival order, before it moves to
         its job's thread."""
         kernel = self.get(call.session or "")
-        call.turn = kernel.turns.enqueue() if kernel else "none yet"
+        call.turn = "none yet"
+        if kernel:
+            call.turn = kernel.turns.enqueue()
 
     def end(self, kernel, reason=None):
         """End a kernel: its processes die, its directory goes; its next call
@@ -7009,8 +7005,8 @@ def declares_extension(request, name):
     (basic/versioning.mdx)?"""
     if not request.modern:
         return False
-    capabilities = typed(request.params["_meta"].get(META_CAPABILITIES), dict,
-                         {})
+    meta = request.params["_meta"]
+    capabilities = typed(meta.get(META_CAPABILITIES), dict, {})
     return name in typed(capabilities.get("extensions"), dict, {})
 
 
@@ -7036,9 +7032,9 @@ def modern_http_post(server, payload, headers, client_disconnected):
     if "id" in payload and "method" in payload:
         problem = header_mismatch(payload, headers)
         if problem:
-            return json_reply(error_response(payload["id"], HEADER_MISMATCH,
-                                             "Header mismatch: " + problem),
-                              400)
+            mismatch = error_response(payload["id"], HEADER_MISMATCH,
+                                      "Header mismatch: " + problem)
+            return json_reply(mismatch, 400)
     request = parse_request(payload, session)
     if request is None:
         return text_reply(202)
@@ -7277,9 +7273,9 @@ class Job:
         ended = self.done.is_set()
         # still going: no exit status yet
         final = self.result if ended else Result(None)
+        truncated = out.truncated or err.truncated or final.value_truncated
         answer = Result(final.returncode, out.text(), err.text(),
-                        final.timed_out, out.truncated or err.truncated
-                        or final.value_truncated, final.cancelled)
+                        final.timed_out, truncated, final.cancelled)
         if not self.code_wrote_stderr:
             # all of it is the server's: a refusal, its notes
             answer.stderr = final.stderr
@@ -7308,15 +7304,18 @@ class Job:
         the ttl from creation grows while it runs."""
         with self.lock:
             status, updated = self.status, self.updated
-        ended = updated if status != "working" else time.time()
+        ended = updated
+        if status == "working":
+            ended = time.time()
         ttl = int((ended - self.created + JOB_TTL) * 1000)
         task = {"taskId": self.handle, "status": status,
                 "createdAt": time.strftime(ISO_TIME,
                                            time.gmtime(self.created)),
                 "lastUpdatedAt": time.strftime(ISO_TIME, time.gmtime(updated))}
-        task.update({"ttlMs": ttl, "pollIntervalMs": POLL_INTERVAL_MS}
-                    if modern else {"ttl": ttl,
-                                    "pollInterval": POLL_INTERVAL_MS})
+        if modern:
+            task.update(ttlMs=ttl, pollIntervalMs=POLL_INTERVAL_MS)
+        else:
+            task.update(ttl=ttl, pollInterval=POLL_INTERVAL_MS)
         if status == "cancelled":
             task["statusMessage"] = self.reason
         return task
@@ -7426,7 +7425,6 @@ def wait_for_job(job, request, cancel, seconds):
     return job.done.is_set()
 
 
-
 def job_call_mode(request, call):
     """The "call" step with jobs: a poll, a task, or a call that is a job once
     it outlives CALL_WAIT. Where another thread may answer
@@ -7449,7 +7447,6 @@ def job_call_mode(request, call):
             # its last output went out: no copy may hand it over again
             for answered in HOOKS["job_answered"]:
                 answered(job)
-
         return answer
     if (protocol(request.version).tasks
             and isinstance(request.params.get("task"), dict)):
@@ -7540,8 +7537,8 @@ def publish_job(job, request, task):
         problem = published(job, request)
         if problem and task:
             job.stop(problem)
-            raise ProtocolError(INTERNAL_ERROR, "The task was not created: "
-                                + problem)
+            raise ProtocolError(INTERNAL_ERROR,
+                                "The task was not created: " + problem)
 
 
 def _unknown_job(handle):
@@ -7635,7 +7632,9 @@ def handle_tasks_cancel(request):
         raise ProtocolError(INVALID_PARAMS,
                             "Invalid params: task %s already %s"
                             % (job.handle, job.status))
-    return {} if request.modern else job.task(False)
+    if request.modern:
+        return {}
+    return job.task(False)
 
 
 JOB_NOTE = ("Code still running after %g s answers \"status\": \"running\" (no returncode "
@@ -7754,7 +7753,6 @@ class McpClient:
             if self.progress and update:
                 sent = reply["params"]
                 progress = sent.get("message", sent.get("progress"))
-
                 sys.stderr.write("progress: %s\n" % progress)
             if reply.get("id") == message["id"] and "error" in reply:
                 raise ClientError("%s failed: %s"
@@ -7890,8 +7888,12 @@ class HttpClient(McpClient):
         kind = resp.headers.get("Content-Type", "")
         if kind.startswith("text/event-stream"):
             return (json.loads(data) for _, data in _sse_events(resp))
-        body = resp.read()            # empty (202) for a notification
-        return [json.loads(body)] if body else []
+        # empty (202) for a notification
+        body = resp.read()
+        if not body:
+            return []
+        return [json.loads(body)]
+
 
     def close(self):
         """End the session politely (transports.mdx), unless work was left in
@@ -8012,9 +8014,8 @@ def client_arguments(args):
     parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION,
                         choices=SUPPORTED_VERSIONS)
     # a person: text; a program: JSON
-    tty = sys.stdout.isatty()
-    parser.add_argument("--format", choices=("text", "json"), default="text"
-                        if tty else "json")
+    shown = "text" if sys.stdout.isatty() else "json"
+    parser.add_argument("--format", choices=("text", "json"), default=shown)
     # options may come after the code too
     options = parser.parse_intermixed_args(args)
     needs = {"call": 'code (an argument, --file FILE, or "-")',
@@ -8106,8 +8107,9 @@ def client_call(client, options):
     running = last.get("status") == "running"
     client.leaves_work = running or bool(last.get("session")
                                          and not last.get("session_ended"))
-    saved = save_outputs(client, answers[-1], result,
-                         options.save) if options.save else []
+    saved = []
+    if options.save:
+        saved = save_outputs(client, answers[-1], result, options.save)
     show_result(answers, options.format, time.monotonic() - started, saved)
     # as asked
     stopped = options.cancel and answers[-1].get("status") == "cancelled"
@@ -8117,7 +8119,9 @@ def client_call(client, options):
 def call_arguments(options):
     """The tool's arguments for `call`: the code, and the options that were
     given."""
-    code = sys.stdin.read() if options.target == "-" else options.target
+    code = options.target
+    if options.target == "-":
+        code = sys.stdin.read()
     if options.file:
         code = options.file.read()
     files = [{"path": os.path.basename(f.name), "encoding": "base64",
@@ -8183,8 +8187,9 @@ def show_result(answers, form, seconds, saved):
         status = ("still running as job %s: `client job %s` follows it"
                   % (obj["job"], obj["job"]))
     if obj.get("session"):
-        ended = " (ended)" if obj.get("session_ended") else ""
-        status += ", session %s%s" % (obj["session"], ended)
+        status += ", session %s" % obj["session"]
+        if obj.get("session_ended"):
+            status += " (ended)"
     sys.stderr.write("".join(line + "\n" for line in saved) + "[%s]\n"
                      % status)
 
@@ -8268,8 +8273,8 @@ def redis_reachable_by_code(url, network_off):
     if network_off:
         return None
     try:
-        found = {a[4][0] for a in socket.getaddrinfo(parts.hostname
-                                                     or "localhost", 6379)}
+        host = parts.hostname or "localhost"
+        found = {a[4][0] for a in socket.getaddrinfo(host, 6379)}
     except (OSError, UnicodeError):
         # ping() says it cannot be reached
         return None
@@ -8436,8 +8441,9 @@ class SharedStore:
         """The live instances, this one included."""
         found = self.do("list the instances", lambda: list(
             self.redis.scan_iter(self.name("hb", "*"), count=1000)))
-        beats = self.do("read the heartbeats",
-                        lambda: self.redis.mget(found)) if found else []
+        if not found:
+            return []
+        beats = self.do("read the heartbeats", lambda: self.redis.mget(found))
         return sorted(key.decode()[len(self.name("hb", "")):]
                       for key, sealed in zip(found, beats)
                       if self.beating(key.decode(), sealed))
@@ -8448,20 +8454,23 @@ class SharedStore:
         key = self.name(kind, hid)
         sealed = {field: self.seal(key + " " + field, value)
                   for field, value in record.items()}
-        self.pipelined("store a %s" % kind,
-                       lambda pipe: pipe.hset(key, mapping=sealed).pexpire(
-            key, int(ttl * 1000)))
+        self.pipelined("store a %s" % kind, lambda pipe: pipe.hset(
+            key, mapping=sealed).pexpire(key, int(ttl * 1000)))
 
     def get(self, kind, hid, ttl=None):
         """The record, its TTL renewed if given -> a dict of str, or None (a
         forged field drops the whole record)."""
         key = self.name(kind, hid)
-        found = self.pipelined("read a %s" % kind,
-                               lambda pipe: pipe.hgetall(key).pexpire(
-            key, int(ttl * 1000)) if ttl else pipe.hgetall(key))[0]
+        def read(pipe):
+            pipe.hgetall(key)
+            if ttl:
+                pipe.pexpire(key, int(ttl * 1000))
+        found = self.pipelined("read a %s" % kind, read)[0]
         record = {k.decode(): self.opened(key + " " + k.decode(), v)
                   for k, v in found.items()}
-        return None if None in record.values() else record or None
+        if None in record.values():
+            return None
+        return record or None
 
     def ttls(self, kind, hids):
         """The seconds each record has left (negative: none)."""
@@ -8858,8 +8867,8 @@ class SharedService:
         if instance == INSTANCE:
             return None
         try:
-            response = self.carry(instance, "request", EXEC_TIMEOUT_MAX
-                                  + CARRIED_WAIT,
+            response = self.carry(instance, "request",
+                                  EXEC_TIMEOUT_MAX + CARRIED_WAIT,
                                   message=request_message(request),
                                   session=self.described(request.session))
         except OwnerGone:
@@ -8867,7 +8876,9 @@ class SharedService:
                     or lost_response(request, handle, instance))
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
-        return CANCELLED if response is None else response
+        if response is None:
+            return CANCELLED
+        return response
 
     def described(self, session):
         return {"hid": self.session_hid(session), "owner": session.owner,
@@ -8912,8 +8923,9 @@ class SharedService:
             session.cancel(message["id"])
 
     def health(self):
-        return {"instance": INSTANCE, "shared": "redis down" if self.down_since
-                else "redis", "files_capacity": OUTPUTS.capacity}
+        shared = "redis down" if self.down_since else "redis"
+        return {"instance": INSTANCE, "shared": shared,
+                "files_capacity": OUTPUTS.capacity}
 
     # -- jobs and tasks: a record in Redis, from before the handle goes out
     # ---------------
@@ -8986,8 +8998,10 @@ class SharedService:
             if request.method == "tools/call":
                 tail = self.store.take_field("job", self.store.hid(handle),
                                              "tail")
-                result = json.loads(tail.replace(HANDLE_MARK, handle) if tail
-                                    else record["done"])
+                done = record["done"]
+                if tail:
+                    done = tail.replace(HANDLE_MARK, handle)
+                result = json.loads(done)
             else:
                 result = task_from_record(request, record, handle)
         except StoreError as exc:
@@ -9046,12 +9060,11 @@ def handle_named(request):
             value = arguments.get(name)
             if isinstance(value, str) and value not in ("new", ""):
                 return value
-
     if request.method in ("tasks/get", "tasks/result", "tasks/cancel"):
         return typed(params.get("taskId"), str)
-
-    uri = params.get("uri") if request.method == "resources/read" else None
-    if isinstance(uri, str) and uri.startswith(OutputStore.PREFIX):
+    uri = params.get("uri")
+    if (request.method == "resources/read" and isinstance(uri, str)
+            and uri.startswith(OutputStore.PREFIX)):
         return "f-" + uri[len(OutputStore.PREFIX):]
     return None
 
@@ -9068,11 +9081,12 @@ def lost_response(request, handle, instance):
             "f": "file"}.get(handle[:1], "handle")
     if request.method.startswith("tasks/"):
         kind = "task"
-    text = ("The %s %s was on instance %s, which stopped (no heartbeat for %g "
-            "s): it is lost, with its state, output and result. Run the code "
-            "again." % (kind, handle if kind != "file"
-                        else request.params.get("uri"), instance,
-               HEARTBEAT_TTL))
+    shown = handle
+    if kind == "file":
+        shown = request.params.get("uri")
+    text = ("The %s %s was on instance %s, which stopped (no heartbeat for "
+            "%g s): it is lost, with its state, output and result. Run the "
+            "code again." % (kind, shown, instance, HEARTBEAT_TTL))
     return failed_response(request, text)
 
 
@@ -9092,8 +9106,8 @@ def failed_response(request, text):
     if request.method == "resources/read":
         code = INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND
         return error_response(request.id, code, "Resource not found: " + text)
-    return error_response(request.id, INVALID_PARAMS if "lost" in text
-                          else INTERNAL_ERROR, text)
+    code = INVALID_PARAMS if "lost" in text else INTERNAL_ERROR
+    return error_response(request.id, code, text)
 
 
 def shared_setup():
@@ -9106,8 +9120,8 @@ def shared_setup():
         return
     # per boot: Heroku reuses web.1
     INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())
-    reachable = redis_reachable_by_code(REDIS_URL, EXEC_NETWORK == "off"
-                                        and SANDBOX.active)
+    network_off = EXEC_NETWORK == "off" and SANDBOX.active
+    reachable = redis_reachable_by_code(REDIS_URL, network_off)
     if reachable:
         log("cannot start: the code this server runs could reach the Redis at "
             "%s (REDIS_URL), and speak for this service: %s"
@@ -9117,8 +9131,8 @@ def shared_setup():
         store = SharedStore(REDIS_URL, API_KEY, INSTANCE)
         version = store.ping()
     except ImportError:
-        log("REDIS_URL is set, but redis-py is not installed: pip install "
-            "redis")
+        log("REDIS_URL is set, but redis-py is not installed: "
+            "pip install redis")
         raise SystemExit(2)
     except StoreError as exc:
         log("cannot start: %s (REDIS_URL)" % exc)
