@@ -5762,8 +5762,8 @@ class CachedEnvironments(Environments):
                 _flock(lease, shared=True)
                 # Read-only, directories too, against accidents (the code could
                 # chmod it back).
-                entries = [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20))
-                for rel, info in entries:
+                entries = list(walk_tree(venv, 1 << 20))
+                for rel, info in [("", os.lstat(venv))] + entries:
                     if not stat.S_ISLNK(info.st_mode):
                         with contextlib.suppress(OSError):
                             os.chmod(os.path.join(venv, rel),
@@ -7917,8 +7917,8 @@ class SseClient(McpClient):
         self.headers = {}
         if api_key:
             self.headers["Authorization"] = "Bearer " + api_key
-        self.stream = _http_open(url, "GET", None,
-                                 dict(self.headers, Accept="text/event-stream"))
+        accept = dict(self.headers, Accept="text/event-stream")
+        self.stream = _http_open(url, "GET", None, accept)
         self.events = _sse_events(self.stream)
         event, data = next(self.events, (None, None))
         if event != "endpoint":
@@ -8897,9 +8897,10 @@ class SharedService:
                 if instance == INSTANCE:
                     tasks += handle_tasks_list(request)["tasks"]
                     continue
+                described = self.described(request.session)
                 with contextlib.suppress(OwnerGone):
                     tasks += self.carry(instance, "tasks", 10.0,
-                                        session=self.described(request.session))
+                                        session=described)
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
         return result_response(request.id, {"tasks": tasks})
@@ -8961,7 +8962,8 @@ class SharedService:
         done.stdout, done.truncated = "", False
         if job.code_wrote_stderr:
             done.stderr = ""
-        sealed = lambda value: json.dumps(value).replace(job.handle, HANDLE_MARK)  # noqa: E731
+        def sealed(value):
+            return json.dumps(value).replace(job.handle, HANDLE_MARK)
         record = {"status": job.status, "task": sealed(job.task(False)),
                   "modern_task": sealed(job.task(True)),
                   "result": sealed(tool_result(job.result, version)),
