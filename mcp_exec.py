@@ -4471,8 +4471,9 @@ class Templates:
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # Never preloaded: modules whose import acts (opens a browser, prints, starts a
 # GUI); this file.
-NEVER_PRELOAD = {"antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
-                 "turtledemo", "__main__", "mcp_exec", __name__}
+NEVER_PRELOAD = {"antigravity", "this", "__hello__", "__phello__", "idlelib",
+                 "tkinter", "turtle", "turtledemo", "__main__", "mcp_exec",
+                 __name__}
 
 
 def template_environment():
@@ -6427,7 +6428,8 @@ def value_limits(config, environ, directory, local):
 # from_call_tool_result). So Codex gets the "text" shape: no outputSchema, no
 # structuredContent, the JSON as text, images.
 
-ORIGINAL_SCHEMA = {"type": "object", "required": ["result"], "properties": {"result": {}}}
+ORIGINAL_SCHEMA = {"type": "object", "required": ["result"],
+                   "properties": {"result": {}}}
 
 
 def result_shape(request):
@@ -6938,7 +6940,8 @@ MISSING_CAPABILITY = -32021
 # How long a result may be cached, and by whom (2026-07-28
 # server/utilities/caching.mdx): the tool list and discovery never change while
 # we run; files are private and fleeting.
-CACHING = {"tools/list": (3600 * 1000, "public"), "server/discover": (3600 * 1000, "public"),
+CACHING = {"tools/list": (3600 * 1000, "public"),
+           "server/discover": (3600 * 1000, "public"),
            "resources/read": (0, "private"), "resources/list": (0, "private")}
 
 
@@ -7177,7 +7180,8 @@ class Progress:
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 # 2025-11-25
-TASKS_CAPABILITY = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+TASKS_CAPABILITY = {"list": {}, "cancel": {},
+                    "requests": {"tools": {"call": {}}}}
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 # seconds a 2026-07-28 call waits before it becomes a task
 TASK_WAIT = 1.0
@@ -7642,8 +7646,10 @@ JOB_NOTE = ("Code still running after %g s answers \"status\": \"running\" (no r
             "its \"timeout\"." % (CALL_WAIT, JOB_TOOL))
 # 2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension.
 JOB_CAPABILITIES = {
-    "tasks": lambda version: TASKS_CAPABILITY if protocol(version).tasks else None,
-    "extensions": lambda version: {TASKS_EXTENSION: {}} if protocol(version).modern else None}
+    "tasks": lambda version: (TASKS_CAPABILITY if protocol(version).tasks
+                              else None),
+    "extensions": lambda version: ({TASKS_EXTENSION: {}}
+                                   if protocol(version).modern else None)}
 JOB_RESULTS = {
     "returncode": {"type": "integer", "description": "Exit status; negative = killed by that "
                    "signal; absent while the code runs on."},
@@ -9015,7 +9021,8 @@ class SharedService:
 
 
 # What another instance may ask of this one (SharedService.answer).
-CARRIED = {"request": SharedService.request_here, "sse_post": SharedService.sse_post_here,
+CARRIED = {"request": SharedService.request_here,
+           "sse_post": SharedService.sse_post_here,
            "tasks": SharedService.tasks_here, "cancel": SharedService.cancel_here,
            "end": SharedService.end_copy}
 
@@ -9262,8 +9269,10 @@ def start_as_import():
 
 # heroku/mcp-code-exec-python's variables that do nothing here: a mover hears
 # so, once each.
-RETIRED = {"USE_TEMP_DIR": 'a call asks for an isolated environment: "use_temp_dir": true',
-           "REMOTE_SERVER_TRANSPORT_MODULE": "one server serves /mcp and /sse at once"}
+RETIRED = {"USE_TEMP_DIR":
+           'a call asks for an isolated environment: "use_temp_dir": true',
+           "REMOTE_SERVER_TRANSPORT_MODULE":
+           "one server serves /mcp and /sse at once"}
 
 
 def retired_settings():
@@ -9279,7 +9288,8 @@ register_command(["client"], client_main)
 # every section has registered: the server's long-lived objects, here
 build_parts()
 if __name__ == "__main__":
-    if __spec__ is None and POSIX and sys.argv[1:2] in ([], ["--http"], ["http"]):
+    serving = sys.argv[1:2] in ([], ["--http"], ["http"])
+    if __spec__ is None and POSIX and serving:
         # the servers, which live long, as an import
         start_as_import()
     sys.exit(main())
