@@ -6211,11 +6211,9 @@ def collect_files(result, work, before, session, move=True):
         # ResourceLink content arrived in 2025-06-18; before it, the list in
         # the text is all
         else:
-            result.blocks.append(("resource_links",
-                                  {"type": "resource_link", "uri": uri,
-                                                     "name": rel,
-                                   "mimeType": entry["mimeType"],
-                                                     "size": size}))
+            link = {"type": "resource_link", "uri": uri, "name": rel,
+                    "mimeType": entry["mimeType"], "size": size}
+            result.blocks.append(("resource_links", link))
     if len(changed) > FILES_LISTED_MAX:
         result.note("the code created or changed %d files; the first %d are "
                     "listed" % (len(changed), FILES_LISTED_MAX))
@@ -7900,7 +7898,6 @@ class HttpClient(McpClient):
             return []
         return [json.loads(body)]
 
-
     def close(self):
         """End the session politely (transports.mdx), unless work was left in
         it: a job still running or a kernel kept for later ends with its
@@ -8460,13 +8457,14 @@ class SharedStore:
         key = self.name(kind, hid)
         sealed = {field: self.seal(key + " " + field, value)
                   for field, value in record.items()}
-        self.pipelined("store a %s" % kind, lambda pipe: pipe.hset(
-            key, mapping=sealed).pexpire(key, int(ttl * 1000)))
+        self.pipelined("store a %s" % kind, lambda pipe: (
+            pipe.hset(key, mapping=sealed).pexpire(key, int(ttl * 1000))))
 
     def get(self, kind, hid, ttl=None):
         """The record, its TTL renewed if given -> a dict of str, or None (a
         forged field drops the whole record)."""
         key = self.name(kind, hid)
+
         def read(pipe):
             pipe.hgetall(key)
             if ttl:
@@ -8520,9 +8518,8 @@ class SharedStore:
         sealed = self.seal(inbox, dict(message, sender=self.instance,
                                        sent=time.time(),
                                        nonce=os.urandom(12).hex()))
-        self.pipelined("send a request to %s" % instance,
-                       lambda pipe: pipe.rpush(
-            inbox, sealed).pexpire(inbox, 60000))
+        self.pipelined("send a request to %s" % instance, lambda pipe: (
+            pipe.rpush(inbox, sealed).pexpire(inbox, 60000)))
 
     def next_request(self):
         """The next request in this instance's inbox, waiting up to REDIS_BLOCK
@@ -8968,6 +8965,7 @@ class SharedService:
         done.stdout, done.truncated = "", False
         if job.code_wrote_stderr:
             done.stderr = ""
+
         def sealed(value):
             return json.dumps(value).replace(job.handle, HANDLE_MARK)
         record = {"status": job.status, "task": sealed(job.task(False)),
