@@ -3695,11 +3695,27 @@ def lives_elsewhere(handle, shown=None):
     """What to say of a handle another instance minted (`shown` as the client
     knows it), or None."""
     parts = handle.split("-")
-    if len(parts) < 3 or parts[1] == INSTANCE or not re.match(r"^[A-Za-z0-9.]+$", parts[1]):
+    if (len(parts) < 3 or parts[1] == INSTANCE
+            or not re.match(r"^[A-Za-z0-9.]+$", parts[1])):
         return None
     return ("%s lives on instance %s, and this is %s: jobs, sessions and files stay on the server "
             "process that made them. Retry until the request reaches it, or run the code again."
             % (shown or handle, parts[1], INSTANCE))
+
+
+def typed(value, kind, default=None):
+    """`value` if it is a `kind` (a type or a tuple of them), else `default`:
+    for what came from a client or a child, which may be anything."""
+    if isinstance(value, kind):
+        return value
+    return default
+
+
+def names_in(directory):
+    """os.listdir(directory), or [] where there is no such directory (yet)."""
+    if os.path.isdir(directory):
+        return os.listdir(directory)
+    return []
 
 
 # =============================================================================
@@ -3936,7 +3952,8 @@ def _prepare_template(sandbox, own_uids=False):
     become_subreaper()
     libc = c_library()
     if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
-        for network_off, remote, own_uid in itertools.product((False, True), repeat=3):
+        both = (False, True)
+        for network_off, remote, own_uid in itertools.product(both, repeat=3):
             _filter(os.uname().machine, network_off, remote, own_uid)
     # else each child setuid()s first
     if sandbox and libc is not None and not own_uids:
@@ -3960,7 +3977,8 @@ def preload_modules(config, fresh_modules, sock):
     # import-time code runs in each call's sandbox only.
     names = config.get("preload", ()) if SITE_DONE else ()
     forget_modules(fresh_modules if names else set(sys.modules))
-    before, mapped, path, skipped = set(sys.modules), statm_mb(os.getpid(), 0), sys.path[:], {}
+    before, path, skipped = set(sys.modules), sys.path[:], {}
+    mapped = statm_mb(os.getpid(), 0)
     try:
         here = os.getcwd()
     # the run directory is gone: the server is stopping
@@ -3975,7 +3993,8 @@ def preload_modules(config, fresh_modules, sock):
         # not installed, or broken: its calls will see why
         except BaseException as exc:
             skipped[name] = ("%s: %s" % (type(exc).__name__, exc))[:200]
-        if len(os.listdir("/proc/self/task")) > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
+        threads = len(os.listdir("/proc/self/task"))
+        if threads > 1 or statm_mb(os.getpid()) > config["budget_mb"]:
             # a thread, or over its budget: we end
             with contextlib.suppress(OSError):
                 sock.send(json.dumps({"refused": name}).encode())
@@ -4018,8 +4037,9 @@ def modules_code_loaded(value, config):
 
 def _rlimits():
     import resource
-    return [resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_NOFILE",
-            "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")]
+    names = ("RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_AS", "RLIMIT_CPU",
+             "RLIMIT_FSIZE", "RLIMIT_CORE")
+    return [resource.getrlimit(getattr(resource, name)) for name in names]
 
 
 # --- The server's side: a Template per interpreter ---------------------------
@@ -4130,8 +4150,8 @@ class Template:
                     child.code = message["code"]
                     child.ended.set()
         if not self.retired:
-            log("the template for %s ended; calls are spawned until a new one starts"
-                % self.python)
+            log("the template for %s ended; calls are spawned until a new one "
+                "starts" % self.python)
 
     def done(self, pid=None):
         """A child's call is over: forget it. A retired template stops once it
@@ -4181,7 +4201,7 @@ class ForkedChild(Child):
         """Its exit status; and its template learns the modules its code
         loaded."""
         modules = record.get("modules")
-        TEMPLATES.learn(self.template, modules if isinstance(modules, list) else [])
+        TEMPLATES.learn(self.template, typed(modules, list, []))
         return super().status(record)
 
     def wait(self, seconds):
@@ -4284,11 +4304,13 @@ class Templates:
         with self.lock:
             wanted = self.wanted[template.python]
             for name in names:
-                if len(wanted) < 64 and isinstance(name, str) and MODULE_NAME.fullmatch(name):
+                if (len(wanted) < 64 and isinstance(name, str)
+                        and MODULE_NAME.fullmatch(name)):
                     # 64 modules learned per environment at most
                     wanted.setdefault(name)
+            preload = set(self.preload_list(template.python))
             if (template.python in self.building or TEMPLATE_MEMORY_MB <= 0
-                    or set(self.preload_list(template.python)) <= set(template.asked)):
+                    or preload <= set(template.asked)):
                 return
             self.building.add(template.python)
         threading.Thread(target=self._build, args=(template.python, template.generation),
@@ -4309,7 +4331,8 @@ class Templates:
         names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
         # A root template (Sandbox.own_uids) keeps its capabilities: it imports
         # no module a call chose, only those named.
-        names += [] if "*" in never or SANDBOX.own_uids else list(self.wanted[python])
+        if "*" not in never and not SANDBOX.own_uids:
+            names += self.wanted[python]
         return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
                 and name not in self.never[python]]
 
@@ -4321,8 +4344,10 @@ class Templates:
             while True:
                 with self.lock:
                     names = self.preload_list(python)
-                    budget = TEMPLATE_MEMORY_MB - sum(statm_mb(t.proc.pid) for other, t in
-                                                      self.by_python.items() if other != python)
+                    others = [t for other, t in self.by_python.items()
+                              if other != python]
+                    budget = TEMPLATE_MEMORY_MB - sum(statm_mb(t.proc.pid)
+                                                      for t in others)
                 # the others hold it: not even a bare one would fit
                 if budget < 32:
                     return
@@ -4335,7 +4360,7 @@ class Templates:
                         log("no preloading template for %s (%s)" % (python, exc))
                     current = self.by_python.get(python)
                     self.never[python].update(dict.fromkeys(
-                        set(names) - set(current.asked if current else ()), True))
+                        set(names) - set(getattr(current, "asked", ())), True))
                     return
                 refused = fresh.status.get("refused")
                 if refused:
@@ -4360,7 +4385,8 @@ class Templates:
             start_lock = self.starting.setdefault(python, threading.Lock())
         with start_lock, self.lock:
             old = self.by_python.get(python)
-            if self.enabled and old and old.alive and old.generation == generation:
+            if (self.enabled and old and old.alive
+                    and old.generation == generation):
                 self.by_python[python] = fresh
             else:
                 old = fresh
@@ -4421,7 +4447,8 @@ def modules_imported(code, packages=()):
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        elif (isinstance(node, ast.ImportFrom) and node.module
+              and not node.level):
             names.append(node.module)
     return names
 
@@ -4429,7 +4456,8 @@ def modules_imported(code, packages=()):
 def hear_imports(work_dir, call):
     """The "inputs" hook: what this call imports, for its template to learn
     (Templates.fork)."""
-    if TEMPLATES.enabled and TEMPLATE_MEMORY_MB > 0 and len(TEMPLATES.heard) < 4096:
+    if (TEMPLATES.enabled and TEMPLATE_MEMORY_MB > 0
+            and len(TEMPLATES.heard) < 4096):
         TEMPLATES.heard[work_dir] = modules_imported(call.code, call.packages)
 
 
@@ -4587,9 +4615,11 @@ class Sandbox:
         """The kernel's Landlock ABI version, 0 where there is none: asked on
         first use (by the server, not by each child that imports this file),
         with the version flag (1)."""
-        libc = c_library() if self.mode != "off" else None
-        abi = 0 if libc is None else max(0, libc.syscall(
-            LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+        abi = 0
+        if self.mode != "off" and c_library() is not None:
+            abi = max(0, c_library().syscall(LANDLOCK_CREATE_RULESET, None,
+                                         ctypes.c_size_t(0),
+                                         ctypes.c_uint32(1)))
         if self.mode == "landlock" and not abi:
             raise SystemExit(
                 "mcp-exec: EXEC_SANDBOX=landlock, but this kernel has no Landlock (Linux 5.13 or "
@@ -4598,25 +4628,38 @@ class Sandbox:
 
     def describe(self):
         if not self.active:
-            why = "EXEC_SANDBOX=off" if self.mode == "off" else "no Landlock, no seccomp here"
+            why = "no Landlock, no seccomp here"
+            if self.mode == "off":
+                why = "EXEC_SANDBOX=off"
             return "off: code runs with this user's rights (%s)" % why
+        landlock = "NO Landlock in this kernel"
+        if self.abi:
+            landlock = "Landlock ABI %d" % self.abi
+        signals = "signals NOT scoped (Landlock ABI < 6)"
+        if self.abi >= 6:
+            signals = "signals and abstract sockets scoped"
+        seccomp = "NO seccomp (%s)" % os.uname().machine
+        if self.seccomp:
+            seccomp = ("seccomp filter: no unix sockets (socketpair works), "
+                       "over HTTP no file watches")
+        metadata = "seccomp refuses chmod, chown, xattrs; utime always"
+        if self.own_uids:
+            metadata = "each HTTP call its own uid; over stdio " + metadata
+        if self.uid_problem:
+            metadata += (" (no uid per call: others cannot read %s)"
+                         % self.uid_problem)
+        nproc = self.nproc_limit and "RLIMIT_NPROC for this user"
+        if self.own_uids:
+            nproc = "RLIMIT_NPROC per call uid"
+        limits = [CGROUPS.describe(), nproc, "RLIMIT_FSIZE, RLIMIT_AS"]
         return ", ".join([
-            "Landlock ABI %d" % self.abi if self.abi else "NO Landlock in this kernel",
-            "writes only in the call's directory",
-            "reads everywhere over stdio, only Python and system files over HTTP",
-            "signals and abstract sockets scoped" if self.abi >= 6 else
-            "signals NOT scoped (Landlock ABI < 6)", "no capabilities",
-            "seccomp filter: no unix sockets (socketpair works), over HTTP no file watches"
-            if self.seccomp else "NO seccomp (%s)" % os.uname().machine,
-            "file metadata: " + ("each HTTP call its own uid; over stdio " if self.own_uids
-                                 else "") + "seccomp refuses chmod, chown, xattrs; utime always" +
-            (" (no uid per call: others cannot read %s)" % self.uid_problem
-             if self.uid_problem else ""),
+            landlock, "writes only in the call's directory",
+            "reads everywhere over stdio, only Python and system files over "
+            "HTTP", signals, "no capabilities", seccomp,
+            "file metadata: " + metadata,
             "network off" if self.network == "off" else "network on",
-            "limits the kernel keeps: " + ", ".join(filter(None, [
-                CGROUPS.describe(), "RLIMIT_NPROC per call uid" if self.own_uids else
-                "RLIMIT_NPROC for this user" if self.nproc_limit else None,
-                "RLIMIT_FSIZE, RLIMIT_AS"])) + "; totals also polled"])
+            "limits the kernel keeps: %s; totals also polled"
+            % ", ".join(filter(None, limits))])
 
 
 def _others_reach(path):
@@ -4627,7 +4670,8 @@ def _others_reach(path):
         # what does not exist yet is made 0755 (umask)
         with contextlib.suppress(OSError):
             mode = os.stat("/".join(parts[:i]) or "/").st_mode
-            if not mode & (stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH):
+            needed = stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH
+            if not mode & needed:
                 return False
     return True
 
@@ -4641,7 +4685,10 @@ def sandbox_config(call_root, local):
     # which a workspace's .pth adds, are named here, as they are not yet on the
     # child's sys.path.
     site_dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
-    reads = None if local else list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root] + site_dirs
+    reads = None
+    if not local:
+        reads = (list(SYSTEM_READ_PATHS) + EXEC_READ_PATHS + [call_root]
+                 + site_dirs)
     return {"abi": SANDBOX.abi, "read": reads,
             "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
             "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp,
@@ -4702,38 +4749,42 @@ def apply_sandbox(spec):
             load_seccomp_filter(libc, spec["network_off"], spec["remote"],
                             bool(spec.get("own_uid") or spec.get("metadata")))
     except OSError as exc:
-        sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); the code was not run\n"
-                         % exc)
+        sys.stderr.write("mcp-exec: the sandbox could not be applied (%s); "
+                         "the code was not run\n" % exc)
         os._exit(125)
 
 
 def _apply_landlock(libc, spec):
     abi = spec["abi"]
-    handled = ((1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0)
-               | (1 << 15 if abi >= 5 else 0))
+    # the 13 rights of ABI 1, then REFER (2), TRUNCATE (3), IOCTL_DEV (5)
+    handled = (1 << 13) - 1 | sum(1 << bit
+                                  for bit, since in ((13, 2), (14, 3), (15, 5))
+                                  if abi >= since)
     # bind_tcp, connect_tcp
-    net = 3 if spec["network_off"] and abi >= 4 else 0
+    net = 3 * (spec["network_off"] and abi >= 4)
     # abstract unix sockets, signals
-    scoped = 3 if abi >= 6 else 0
+    scoped = 3 * (abi >= 6)
     # only the fields this ABI knows
-    size = 8 if abi < 4 else 16 if abi < 6 else 24
-    attr = ctypes.create_string_buffer(struct.pack("=QQQ", handled, net, scoped)[:size])
-    ruleset = _check(libc.syscall(LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size),
-                                  ctypes.c_uint32(0)))
-    reads = spec["read"] if spec["read"] is not None else ["/"]
+    size = 8 * (1 + (abi >= 4) + (abi >= 6))
+    fields = struct.pack("=QQQ", handled, net, scoped)[:size]
+    attr = ctypes.create_string_buffer(fields)
+    ruleset = _check(libc.syscall(LANDLOCK_CREATE_RULESET, attr,
+                                  ctypes.c_size_t(size), ctypes.c_uint32(0)))
+    reads = ["/"]
     # the interpreter's own directories, wherever they are
     if spec["read"] is not None:
         # site makes it sys.prefix
         venv = os.path.dirname(os.path.dirname(sys.executable))
-        reads = reads + [sys.prefix, sys.base_prefix, sys.exec_prefix, venv,
-                         os.path.dirname(os.path.realpath(sys.executable))]
+        real = os.path.dirname(os.path.realpath(sys.executable))
+        reads = spec["read"] + [sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                venv, real]
         reads += [p for p in sys.path if os.path.isabs(p)]
     for paths, access in ((reads, FS_READ), (spec["write"], handled)):
         for path in paths:
             _landlock_rule(libc, ruleset, path, access)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
     _check(libc.syscall(LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset),
-                        ctypes.c_uint32(1 if abi >= 7 else 0)))
+                        ctypes.c_uint32(abi >= 7)))
     os.close(ruleset)
 
 
@@ -4759,8 +4810,8 @@ def _landlock_rule(libc, ruleset, path, access):
             access &= FS_FILE_RIGHTS
         # packed, 12 bytes
         attr = ctypes.create_string_buffer(struct.pack("=Qi", access, fd))
-        _check(libc.syscall(LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), attr,
-                            ctypes.c_uint32(0)))
+        _check(libc.syscall(LANDLOCK_ADD_RULE, ctypes.c_int(ruleset),
+                            ctypes.c_int(1), attr, ctypes.c_uint32(0)))
     finally:
         os.close(fd)
 
@@ -4889,7 +4940,7 @@ def _program(arch, network_off, remote=False, own_uid=False):
     cmd = 1 << 32 | TIOCSTI slip past the ioctl check. `remote`: a call over
     HTTP, which also gets no watch; `own_uid`: file metadata is allowed."""
     t = (_ALWAYS + " " + _REMOTE + " " + _METADATA + " " + _BY_ARG).split()
-    column = 1 if arch == "x86_64" else 2
+    column = 1 + list(_ARCH).index(arch)
     nr = {t[i]: int(t[i + column]) for i in range(0, len(t), 3) if t[i + column] != "-"}
     # seccomp_data.args[i], low word (little-endian)
     arg = lambda i: (LD, 0, 0, 16 + 8 * i)
@@ -4898,14 +4949,14 @@ def _program(arch, network_off, remote=False, own_uid=False):
     if arch == "x86_64":
         # x32 aliases of every call
         p.append((JGE, "deny", 0, 0x40000000))
-    denied = (_ALWAYS.split()[::3] + (_REMOTE.split()[::3] if remote else []) +
-              ([] if own_uid else _METADATA.split()[::3]))
+    denied = (_ALWAYS.split()[::3] + (_REMOTE.split()[::3] if remote else [])
+              + ([] if own_uid else _METADATA.split()[::3]))
     p += [(JEQ, "deny", 0, nr[n]) for n in denied if n in nr]
     p += [(JEQ, n, 0, nr[n]) for n in _BY_ARG.split()[::3] if n != "clone3"]
     # clone3: its flags are unreadable
     p += [(JEQ, "nosys", 0, nr["clone3"]), (RET, 0, 0, ALLOW)]
-    for n in ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
-              "sched_setattr"):
+    for n in ("prlimit64", "sched_setaffinity", "sched_setscheduler",
+              "sched_setparam", "sched_setattr"):
         # only pid 0, this process
         p += [n, arg(0), (JEQ, "allow", "deny", 0)]
     # PRIO_/IOPRIO_WHO_PROCESS
@@ -5075,7 +5126,8 @@ def _held_kb(pids):
             target = info = None
             with contextlib.suppress(OSError):         # closed meanwhile
                 target = os.readlink(fds + fd)
-                info = os.stat(fds + fd) if target.endswith(" (deleted)") else None
+                if target.endswith(" (deleted)"):
+                    info = os.stat(fds + fd)
             if info is None or (info.st_dev, info.st_ino) in seen:
                 continue
             seen.add((info.st_dev, info.st_ino))
@@ -5104,7 +5156,7 @@ def walk_tree(top, limit):
         except OSError:
             continue
         for entry in entries:
-            rel = posixpath.join(base, entry.name) if base else entry.name
+            rel = posixpath.join(base, entry.name)
             try:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
@@ -5128,11 +5180,11 @@ def _disk_over(directory, unlinked_kb=0):
         # 512-byte blocks (only Linux calls are watched)
         kb += info.st_blocks // 2
     if EXEC_MAX_ENTRIES and entries > EXEC_MAX_ENTRIES:
-        return ("Stopped: the call made more than %d files and directories (EXEC_MAX_ENTRIES)."
-                % EXEC_MAX_ENTRIES)
+        return ("Stopped: the call made more than %d files and directories "
+                "(EXEC_MAX_ENTRIES)." % EXEC_MAX_ENTRIES)
     if EXEC_DISK_MB and kb > EXEC_DISK_MB * 1024:
-        return "Stopped: the call wrote more than %d MB in its directory (EXEC_DISK_MB)." % (
-            EXEC_DISK_MB)
+        return ("Stopped: the call wrote more than %d MB in its directory "
+                "(EXEC_DISK_MB)." % EXEC_DISK_MB)
     return None
 
 
@@ -5225,9 +5277,12 @@ class CallCgroups:
     def describe(self):
         """Which controllers calls get (before start(), as --help asks: which
         they would)."""
-        found = self.bases or (_cgroup_v1_dirs() if LINUX and SANDBOX.active and EXEC_CGROUPS
-                               else {})
-        return "cgroup v1 %s per call" % "+".join(sorted(found)) if found else None
+        found = self.bases
+        if not found and LINUX and SANDBOX.active and EXEC_CGROUPS:
+            found = _cgroup_v1_dirs()
+        if not found:
+            return None
+        return "cgroup v1 %s per call" % "+".join(sorted(found))
 
     def make(self, name):
         """-> the call's cgroup directories, made with their limits (none where
@@ -5336,7 +5391,9 @@ def _cgroup_v1_dirs():
         for controller in controllers.split(","):
             if controller in ("pids", "memory") and controller in mounts:
                 root, mount_point = mounts[controller]
-                relative = path[len(root):] if path.startswith(root) and root != "/" else path
+                relative = path
+                if path.startswith(root) and root != "/":
+                    relative = path[len(root):]
                 found[controller] = mount_point + relative.rstrip("/")
     return {c: d for c, d in found.items() if os.access(d, os.W_OK)}
 
@@ -5346,12 +5403,15 @@ def _remove_dead_servers_cgroups(directory):
     killed, removed."""
     for name in os.listdir(directory):
         pid = name[len("mcp-exec-"):]
-        if not (name.startswith("mcp-exec-") and pid.isdigit()) or os.path.exists(
-                "/proc/" + pid):
+        dead = (name.startswith("mcp-exec-") and pid.isdigit()
+                and not os.path.exists("/proc/" + pid))
+        if not dead:
             continue
         base = os.path.join(directory, name)
-        for call in [entry.path for entry in os.scandir(base) if entry.is_dir()] + [base]:
-            for task in (read_text(os.path.join(call, "cgroup.procs")) or "").split():
+        calls = [entry.path for entry in os.scandir(base) if entry.is_dir()]
+        for call in calls + [base]:
+            procs = read_text(os.path.join(call, "cgroup.procs")) or ""
+            for task in procs.split():
                 kill_tree(int(task))
             with contextlib.suppress(OSError):
                 os.rmdir(call)
@@ -5506,7 +5566,7 @@ def recover_dead_servers(run_dir):
     """Kill and remove what dead servers sharing STATE_DIR (their lock free)
     left, never a live server's. A failure is logged, no more: whatever a call
     left there, the server starts."""
-    for name in os.listdir(run_dir.base) if os.path.isdir(run_dir.base) else []:
+    for name in names_in(run_dir.base):
         path = os.path.join(run_dir.base, name)
         lock = _open_lock(path)
         if lock is None:
@@ -5517,8 +5577,8 @@ def recover_dead_servers(run_dir):
                     continue                          # its server lives
                 killed = _kill_lock_holders(lock) + _kill_leftovers(path)
                 remove_tree(path)
-            log("a server that used %s had died: killed %d of its processes, removed its "
-                "directory" % (path, killed))
+            log("a server that used %s had died: killed %d of its processes, "
+                "removed its directory" % (path, killed))
         except Exception:
             log("could not recover %s:\n%s" % (path, traceback.format_exc()))
 
@@ -5577,7 +5637,8 @@ def _kill_leftovers(path):
         for entry in filter(str.isdigit, os.listdir("/proc")):
             # a process that ended meanwhile
             with contextlib.suppress(OSError):
-                if os.readlink("/proc/%s/cwd" % entry).startswith(path + os.sep):
+                cwd = os.readlink("/proc/%s/cwd" % entry)
+                if cwd.startswith(path + os.sep):
                     kill_tree(int(entry))
                     killed += 1
     return killed
@@ -5588,19 +5649,27 @@ def limits_note(local):
     memory = "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"
     note = "Memory: %s for the call's processes together. " % memory
     if not SANDBOX.abi:
-        return note + "The code is not sandboxed: it runs with the server user's rights."
-    seccomp_limits = ", and cannot open unix sockets (socketpair() works)%s%s" % (
-        "" if local else " or watch files",
-        " or change file times (shutil.copy2 fails; use shutil.copyfile)"
-        if SANDBOX.own_uids and not local else
-        " or change modes, owners, times or xattrs (os.chmod, shutil.copy2 fail; "
-        "use shutil.copyfile)")
-    return note + ("The code is sandboxed (Landlock%s): it can write only in its working "
-                   "directory and TMPDIR%s, and cannot touch other processes%s%s." % (
-                       ", seccomp" if SANDBOX.seccomp else "",
-                       "" if local else ", read only Python and system files",
-                       seccomp_limits if SANDBOX.seccomp else "",
-                       "; it has no network" if SANDBOX.network == "off" else ""))
+        return (note + "The code is not sandboxed: it runs with the server "
+                "user's rights.")
+    layers, reads, limits, network = "Landlock", "", "", ""
+    if not local:
+        reads = ", read only Python and system files"
+    if SANDBOX.seccomp:
+        layers += ", seccomp"
+        limits = ", and cannot open unix sockets (socketpair() works)"
+        if not local:
+            limits += " or watch files"
+        if SANDBOX.own_uids and not local:
+            limits += (" or change file times (shutil.copy2 fails; use "
+                       "shutil.copyfile)")
+        else:
+            limits += (" or change modes, owners, times or xattrs (os.chmod, "
+                       "shutil.copy2 fail; use shutil.copyfile)")
+    if SANDBOX.network == "off":
+        network = "; it has no network"
+    return note + ("The code is sandboxed (%s): it can write only in its "
+                   "working directory and TMPDIR%s, and cannot touch other "
+                   "processes%s%s." % (layers, reads, limits, network))
 
 
 def contain_child(config, environ, directory, local):
@@ -5633,8 +5702,8 @@ def confine_installer(argv, env, python):
     whatever EXEC_NETWORK says."""
     if not SANDBOX.active:
         return argv
-    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or "/nonexistent",
-                                                       ".cache")
+    home = env.get("HOME") or "/nonexistent"
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     tmp = os.path.join(RUN_DIR.path(), "install-tmp")
     env.update(TMPDIR=tmp, TEMP=tmp, TMP=tmp)
     writes = [os.path.dirname(os.path.dirname(python)), tmp, "/dev/null",
@@ -5720,16 +5789,17 @@ class CachedEnvironments(Environments):
     def isolated(self, requirements, deadline, cancel, report=None):
         """-> (python, lease, None) or (None, None, failure Result);
         lease.close() after the run."""
-        key = short_digest("\n".join([sys.executable, sys.version] + sorted(requirements)), 20)
+        names = [sys.executable, sys.version] + sorted(requirements)
+        key = short_digest("\n".join(names), 20)
         cache = os.path.join(self.root, "venvs")
         pointer = os.path.join(cache, key + ".ready")
         with self.lock:
             key_lock = self.key_locks.setdefault(key, threading.Lock())
-        with waiting_for(lambda: key_lock.acquire(blocking=False), cancel, deadline,
-                      key_lock.release) as got:
+        with waiting_for(lambda: key_lock.acquire(blocking=False), cancel,
+                      deadline, key_lock.release) as got:
             if not got:
-                return None, None, wait_failure(cancel,
-                                                "waiting for the same environment to be built")
+                return None, None, wait_failure(cancel, "waiting for the same "
+                                           "environment to be built")
             lease = self._lease(cache, pointer)
             if lease is None:
                 lease, failure = self._build(pointer, requirements, deadline, cancel, report)
@@ -5750,14 +5820,16 @@ class CachedEnvironments(Environments):
             # while building; recover() clears a dead builder's
             flock_file(building, shared=False)
             try:
-                failure = build_isolated(venv, requirements, deadline, cancel, report)
+                failure = build_isolated(venv, requirements, deadline, cancel,
+                                         report)
                 if failure:
                     return None, failure
                 lease = open(os.path.join(venv, LEASE_FILE), "w")
                 flock_file(lease, shared=True)
                 # Read-only, directories too, against accidents (the code could
                 # chmod it back).
-                for rel, info in [("", os.lstat(venv))] + list(walk_tree(venv, 1 << 20)):
+                entries = list(walk_tree(venv, 1 << 20))
+                for rel, info in [("", os.lstat(venv))] + entries:
                     if not stat.S_ISLNK(info.st_mode):
                         with contextlib.suppress(OSError):
                             os.chmod(os.path.join(venv, rel), stat.S_IMODE(info.st_mode & ~0o222))
@@ -5776,11 +5848,12 @@ class CachedEnvironments(Environments):
         """Remove what dead servers left half built (OSError: another server
         removed it first)."""
         cache = os.path.join(self.root, "venvs")
-        for name in os.listdir(cache) if os.path.isdir(cache) else []:
+        for name in names_in(cache):
             if name.endswith(".building"):
-                with contextlib.suppress(OSError), open(os.path.join(cache, name)) as lock:
+                path = os.path.join(cache, name)
+                with contextlib.suppress(OSError), open(path) as lock:
                     if flock_file(lock, shared=False, wait=False):
-                        remove_tree(os.path.join(cache, name[:-len(".building")]))
+                        remove_tree(path[:-len(".building")])
                         os.unlink(os.path.join(cache, name))
 
     def _lease(self, cache, pointer):
@@ -5818,8 +5891,10 @@ class CachedEnvironments(Environments):
                 if name.endswith(".ready"):
                     # another server evicted it
                     with contextlib.suppress(OSError):
-                        pointers.append((os.path.getmtime(os.path.join(cache, name)), name))
-            for _, name in sorted(pointers)[:max(0, len(pointers) - VENV_CACHE_SIZE)]:
+                        when = os.path.getmtime(os.path.join(cache, name))
+                        pointers.append((when, name))
+            excess = max(0, len(pointers) - VENV_CACHE_SIZE)
+            for _, name in sorted(pointers)[:excess]:
                 venv = read_text(os.path.join(cache, name))
                 held = venv and _exclusive_lease(os.path.join(cache, venv))
                 if held:
@@ -5831,8 +5906,8 @@ class CachedEnvironments(Environments):
         # the same order.
         built = {name for name in os.listdir(cache) if os.path.isdir(os.path.join(cache, name))
                  and not os.path.exists(os.path.join(cache, name + ".building"))}
-        named = {read_text(os.path.join(cache, name)) for name in os.listdir(cache)
-                 if name.endswith(".ready")}
+        named = {read_text(os.path.join(cache, name))
+                 for name in os.listdir(cache) if name.endswith(".ready")}
         # dropped, failed, abandoned, or the loser of a two-server race
         for name in built - named:
             held = _exclusive_lease(os.path.join(cache, name))
@@ -5923,13 +5998,14 @@ def describe_value(value, config):
                 notes.append("figure %d did not fit in %d bytes (IMAGE_MAX_BYTES) even at a "
                              "low resolution" % (number, max_bytes))
         if len(numbers) > limit:
-            notes.append("%d figures were open; the first %d are returned (IMAGE_LIMIT)"
-                         % (len(numbers), limit))
+            notes.append("%d figures were open; the first %d are returned "
+                         "(IMAGE_LIMIT)" % (len(numbers), limit))
         plt.close("all")
     if value is not None:
         buffer = OutputBuffer(config["value_limit"])
         buffer.add(repr(value).encode("utf-8", "backslashreplace"))
-        record["value"], record["value_truncated"] = buffer.text(), buffer.truncated
+        record["value"] = buffer.text()
+        record["value_truncated"] = buffer.truncated
         png = _value_png(value, max_bytes)
         if png and len(images) < limit:
             images.append(png)
@@ -5964,10 +6040,14 @@ def _value_png(value, max_bytes):
             (max(1, int(value.width * s)), max(1, int(value.height * s))))).save(f, format="PNG"),
                         max_bytes)
     render = getattr(value, "_repr_png_", None)
-    png = render() if callable(render) else None
+    if not callable(render):
+        return None
+    png = render()
     png = png[0] if isinstance(png, tuple) else png
-    return (png if isinstance(png, bytes) and png.startswith(PNG_SIGNATURE)
-            and len(png) <= max_bytes else None)
+    if (isinstance(png, bytes) and png.startswith(PNG_SIGNATURE)
+            and len(png) <= max_bytes):
+        return png
+    return None
 
 
 def apply_record(result, record):
@@ -5980,8 +6060,8 @@ def apply_record(result, record):
         result.truncated = result.truncated or result.value_truncated
     # forged: maybe no lists
     images, notes = record.get("images"), record.get("notes")
-    about = record.get("about") if isinstance(record.get("about"), list) else []
-    for n, data in enumerate((images if isinstance(images, list) else [])[:IMAGE_LIMIT]):
+    about = typed(record.get("about"), list, []) + ["an image"] * IMAGE_LIMIT
+    for n, data in enumerate(typed(images, list, [])[:IMAGE_LIMIT]):
         try:
             png = base64.b64decode(data, validate=True)
             width, height = struct.unpack(">II", png[16:24])
@@ -5990,16 +6070,17 @@ def apply_record(result, record):
             continue
         if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
             continue
-        if max(width, height) > IMAGE_MAX_SIDE or width * height > IMAGE_MAX_PIXELS:
+        if (max(width, height) > IMAGE_MAX_SIDE
+                or width * height > IMAGE_MAX_PIXELS):
             result.note("an image of %d x %d pixels was dropped: more than %d a side or %d "
                         "megapixels"
                         % (width, height, IMAGE_MAX_SIDE, IMAGE_MAX_PIXELS // 10 ** 6))
             continue
-        result.images.append({"about": str(about[n] if n < len(about) else "an image")[:100],
-                              "mimeType": "image/png", "width": width, "height": height,
-                              "bytes": len(png)})
+        result.images.append({"about": str(about[n])[:100],
+                              "mimeType": "image/png", "width": width,
+                              "height": height, "bytes": len(png)})
         result.blocks.append((None, {"type": "image", "data": data, "mimeType": "image/png"}))
-    for note in (notes if isinstance(notes, list) else [])[:10]:
+    for note in typed(notes, list, [])[:10]:
         result.note(str(note)[:300])
 
 
@@ -6008,32 +6089,36 @@ def apply_record(result, record):
 def check_files(arguments, call):
     """The "files" argument -> call.files = [(relative path, bytes)], or the
     problem."""
-    files = [] if arguments.get("files") is None else arguments["files"]
+    files = arguments.get("files")
+    if files is None:
+        files = []
     if not isinstance(files, list) or len(files) > FILES_IN_MAX:
-        return ('"files" must be a list of at most %d {"path": ..., "content": ...} objects'
-                % FILES_IN_MAX)
+        return ('"files" must be a list of at most %d {"path": ..., '
+                '"content": ...} objects' % FILES_IN_MAX)
     seen = set()
     for n, entry in enumerate(files):
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
                 and isinstance(entry.get("content"), str)
                 and not set(entry) - {"path", "content", "encoding"}):
-            return ('files[%d] must be {"path": "data.csv", "content": "..."}, with '
-                    '"encoding": "base64" for binary content' % n)
+            return ('files[%d] must be {"path": "data.csv", "content": '
+                    '"..."}, with "encoding": "base64" for binary content' % n)
         path = relative_path(entry["path"])
         if path is None:
             return ('files[%d].path %s must be a relative path inside the working directory, such '
                     'as "data/input.csv": no "..", no leading "/", at most 1024 characters and 32 '
                     'directories deep' % (n, json.dumps(entry["path"])[:100]))
         if path in seen:
-            return ("files[%d].path %s names a file given before; give each file once"
-                    % (n, json.dumps(path)))
+            return ("files[%d].path %s names a file given before; give each "
+                    "file once" % (n, json.dumps(path)))
         seen.add(path)
         encoding = entry.get("encoding", "utf-8")
         if encoding not in ("utf-8", "text", "base64"):
-            return 'files[%d].encoding must be "utf-8" (the default) or "base64"' % n
+            return ('files[%d].encoding must be "utf-8" (the default) or '
+                    '"base64"' % n)
         try:
-            data = (base64.b64decode(entry["content"], validate=True) if encoding == "base64"
-                    else entry["content"].encode("utf-8"))
+            data = entry["content"].encode("utf-8")
+            if encoding == "base64":
+                data = base64.b64decode(data, validate=True)
         # bad base64, or a lone surrogate (UnicodeEncodeError)
         except ValueError:
             return "files[%d].content is not valid %s" % (
@@ -6046,9 +6131,11 @@ def relative_path(path):
     """'a/./b.csv' -> 'a/b.csv'; None for what could leave the directory, is
     not UTF-8 (a lone surrogate, a name in another encoding), is over 1024
     characters or 32 directories deep."""
-    if not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path or "\\" in path:
+    if (not path or len(path) > 1024 or path.count("/") >= 32 or "\0" in path
+            or "\\" in path):
         return None
-    if path.startswith("/") or re.match(r"^[A-Za-z]:", path) or re.search("[\ud800-\udfff]", path):
+    if (path.startswith("/") or re.match(r"^[A-Za-z]:", path)
+            or re.search("[\ud800-\udfff]", path)):
         # a lone surrogate: the only characters that UTF-8 cannot encode
         return None
     normal = posixpath.normpath(path)
@@ -6112,7 +6199,8 @@ def write_input_files(work, files):
         try:
             fd = _open_inside(work, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         except OSError as exc:
-            return "Could not write %s into the working directory: %s" % (path, exc.strerror)
+            return ("Could not write %s into the working directory: %s"
+                    % (path, exc.strerror))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
     return None
@@ -6123,8 +6211,8 @@ def write_input_files(work, files):
 def snapshot_files(work):
     """{relative path: (kind, size, mtime, inode)} of the files and links in a
     directory."""
-    return {rel: ("link" if stat.S_ISLNK(info.st_mode) else "file", info.st_size, info.st_mtime_ns,
-                  info.st_ino)
+    return {rel: ("link" if stat.S_ISLNK(info.st_mode) else "file",
+                  info.st_size, info.st_mtime_ns, info.st_ino)
             for rel, info in walk_tree(work, 10000)
             if stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)}
 
@@ -6147,12 +6235,15 @@ def collect_files(result, work, before, session, move=True):
             continue
         if size > FILE_KEEP_MAX or relative_path(rel) is None:
             entry["path"] = os.fsencode(rel).decode("utf-8", "backslashreplace")
-            entry["note"] = ("larger than %d MB: not returned" % (FILE_KEEP_MAX >> 20)
-                             if size > FILE_KEEP_MAX
-                             else "its name is not UTF-8, or too long or deep: not returned")
+            entry["note"] = ("its name is not UTF-8, or too long or deep: not "
+                             "returned")
+            if size > FILE_KEEP_MAX:
+                entry["note"] = ("larger than %d MB: not returned"
+                                 % (FILE_KEEP_MAX >> 20))
             continue
         if not OUTPUTS.make_room(size, session.owner, token):
-            entry["note"] = "not kept: the store of returned files is full (OUTPUT_STORE_MB)"
+            entry["note"] = ("not kept: the store of returned files is full "
+                             "(OUTPUT_STORE_MB)")
             continue
         # moved if `work` is about to go
         uri = OUTPUTS.keep(token, work, rel, move, session)
@@ -6163,17 +6254,18 @@ def collect_files(result, work, before, session, move=True):
         data = OUTPUTS.read(uri) if size <= FILE_INLINE_BYTES else None
         if data is not None and inline + len(data) <= FILES_INLINE_TOTAL:
             inline += len(data)
-            result.blocks.append((None, {"type": "resource", "resource": resource_contents(
-                uri, entry["mimeType"], data)}))
+            contents = resource_contents(uri, entry["mimeType"], data)
+            result.blocks.append((None, {"type": "resource",
+                                         "resource": contents}))
         # ResourceLink content arrived in 2025-06-18; before it, the list in
         # the text is all
         else:
-            result.blocks.append(("resource_links", {"type": "resource_link", "uri": uri,
-                                                     "name": rel, "mimeType": entry["mimeType"],
-                                                     "size": size}))
+            link = {"type": "resource_link", "uri": uri, "name": rel,
+                    "mimeType": entry["mimeType"], "size": size}
+            result.blocks.append(("resource_links", link))
     if len(changed) > FILES_LISTED_MAX:
-        result.note("the code created or changed %d files; the first %d are listed"
-                    % (len(changed), FILES_LISTED_MAX))
+        result.note("the code created or changed %d files; the first %d are "
+                    "listed" % (len(changed), FILES_LISTED_MAX))
 
 
 def resource_contents(uri, mime_type, data):
@@ -6221,8 +6313,8 @@ class OutputStore:
                 finally:
                     os.close(parent)
             else:
-                with os.fdopen(_open_inside(work, rel, os.O_RDONLY), "rb") as src, \
-                        open(target, "wb") as dst:
+                fd = _open_inside(work, rel, os.O_RDONLY)
+                with os.fdopen(fd, "rb") as src, open(target, "wb") as dst:
                     # the file may have grown meanwhile
                     dst.write(src.read(FILE_KEEP_MAX + 1))
             size = os.path.getsize(target)
@@ -6261,7 +6353,8 @@ class OutputStore:
         rel = relative_path(unquote(rel))
         # A token the store made starts with a letter or digit: never "." or
         # "..", no climbing out.
-        known = uri.startswith(self.PREFIX) and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token)
+        known = (uri.startswith(self.PREFIX)
+                 and re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", token))
         with self.lock:
             entry = self.calls.get(token)
         if reader is not None and (entry is None or (entry[3] and entry[2] != reader)):
@@ -6281,7 +6374,8 @@ class OutputStore:
         with self.lock:
             tokens = [token for token, entry in self.calls.items() if entry[2] == owner]
         for token in reversed(tokens):
-            for rel, info in sorted(snapshot_files(os.path.join(self.root, token)).items()):
+            files = snapshot_files(os.path.join(self.root, token))
+            for rel, info in sorted(files.items()):
                 yield self.PREFIX + token + "/" + quote(rel), rel, info[1]
 
     def expire(self):
@@ -6290,10 +6384,11 @@ class OutputStore:
         # also what servers gone before us left on disk
         if now - self.swept > 60:
             self.swept = now
-            for token in os.listdir(self.root) if os.path.isdir(self.root) else []:
+            for token in names_in(self.root):
+                path = os.path.join(self.root, token)
                 with contextlib.suppress(OSError):
-                    if now - os.path.getmtime(os.path.join(self.root, token)) > OUTPUT_TTL:
-                        remove_tree(os.path.join(self.root, token))
+                    if now - os.path.getmtime(path) > OUTPUT_TTL:
+                        remove_tree(path)
         with self.lock:
             doomed = [token for token, entry in self.calls.items() if now - entry[0] > OUTPUT_TTL]
             for token in doomed:
@@ -6309,16 +6404,21 @@ def handle_resources_read(request):
     # Over stdio the client is the machine's user, who may read the store on
     # disk anyway: so a file of an earlier stdio server (an earlier `client`
     # run) is read too, not only its own.
-    local = request.session.local
-    data = OUTPUTS.read(uri, None if local else request.session.owner)
+    reader, whose = request.session.owner, (
+        ", or is another MCP session's (a session reads only its own calls' "
+        "files)")
+    if request.session.local:
+        reader, whose = None, ""
+    data = OUTPUTS.read(uri, reader)
     # -32002 up to 2025-11-25; 2026-07-28 says -32602 (server/resources.mdx)
     if data is None:
-        message = lives_elsewhere("f-" + uri[len(OutputStore.PREFIX):], uri) or (
-            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed%s; run the code again "
-            "to make it" % (uri, OUTPUT_TTL, "" if local else ", or is another MCP session's (a "
-                            "session reads only its own calls' files)"))
-        raise ProtocolError(INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND,
-                            "Resource not found: " + message, {"uri": uri})
+        handle = "f-" + uri[len(OutputStore.PREFIX):]
+        message = lives_elsewhere(handle, uri) or (
+            "%s expired (files are kept %g s, OUTPUT_TTL) or never existed%s; "
+            "run the code again to make it" % (uri, OUTPUT_TTL, whose))
+        code = INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND
+        raise ProtocolError(code, "Resource not found: " + message,
+                            {"uri": uri})
     mime_type = mimetypes.guess_type(uri)[0] or "application/octet-stream"
     return {"contents": [resource_contents(uri, mime_type, data)]}
 
@@ -6376,21 +6476,27 @@ def result_shape(request):
     """RESULT_SHAPE, or for auto, by the client's name: at initialize, or in a
     2026-07-28 request's _meta. Codex says "codex-mcp-client" (earlier
     "codex")."""
-    meta = request.params.get("_meta") if request.modern else None
-    client = meta.get(META_CLIENT) if isinstance(meta, dict) else None
-    name = client.get("name") if isinstance(client, dict) else request.session.client_name
-    auto = "text" if str(name).lower().startswith("codex") else "structured"
-    return RESULT_SHAPE if RESULT_SHAPE in ("structured", "text", "original") else auto
+    if RESULT_SHAPE in ("structured", "text", "original"):
+        return RESULT_SHAPE
+    name = request.session.client_name
+    meta = typed(request.params.get("_meta"), dict, {})
+    client = typed(meta.get(META_CLIENT), dict)
+    if request.modern and client is not None:
+        name = client.get("name")
+    return "text" if str(name).lower().startswith("codex") else "structured"
 
 
 def shape_result(request, result):
     """The "decorate" hook: the tool list and results in the shape of the
     request's client."""
     shape = result_shape(request)
-    for tool in result.get("tools", []) if shape != "structured" else ():
+    if shape == "structured":
+        return
+    for tool in result.get("tools", []):
         if tool.pop("outputSchema", None) and shape == "original":
             tool["outputSchema"] = ORIGINAL_SCHEMA
-        result.update({"cacheScope": "private"} if "cacheScope" in result else {})
+        if "cacheScope" in result:
+            result["cacheScope"] = "private"
     # a file's link and data: in "files" already
     if "content" in result and shape == "text":
         result.pop("structuredContent", None)
@@ -6404,9 +6510,11 @@ def shape_result(request, result):
 def as_text(block):
     """A content block as Codex keeps it: an embedded text file becomes
     text."""
-    resource = block.get("resource") if block["type"] == "resource" else None
-    return {"type": "text", "text": "%s:\n%s" % (resource["uri"], resource["text"])} \
-        if resource else block
+    resource = block.get("resource")
+    if block["type"] != "resource" or not resource:
+        return block
+    return {"type": "text", "text": "%s:\n%s"
+            % (resource["uri"], resource["text"])}
 
 
 def as_original(result):
@@ -6517,7 +6625,8 @@ class Kernel(Child):
     def enter(self, cancel, turn):
         """Wait for the turn (`turn`: the place line_up took on arrival, or
         "none yet") -> None, or a refusal Result (no turn held)."""
-        turn = self.turns.enqueue() if turn == "none yet" else turn
+        if turn == "none yet":
+            turn = self.turns.enqueue()
         if turn is None:
             return Result.refusal("Session busy: %d calls are waiting for it; try again shortly."
                                   % KERNEL_QUEUE, returncode=-1)
@@ -6537,7 +6646,8 @@ class Kernel(Child):
         packages = call.packages
         if before is None:
             # both sorted
-            if packages and self.env.isolated and packages != self.env.packages:
+            if (packages and self.env.isolated
+                    and packages != self.env.packages):
                 return Result.refusal(
                     "This session runs in an isolated environment with %s; its packages cannot "
                     "change. Start a new session with the packages you need."
@@ -6558,7 +6668,8 @@ class Kernel(Child):
                 KERNELS.end(self)
                 return Result.refusal("The session's interpreter is gone.")
             self.pipes.close_child_ends()
-        result = supervise(self, call.code.encode("utf-8", "surrogatepass"), call.timeout,
+        code = call.code.encode("utf-8", "surrogatepass")
+        result = supervise(self, code, call.timeout,
                            # an interpreter that died ends its kernel
                            cancel, on_output)
         if not self.ended:
@@ -6621,7 +6732,8 @@ class Kernels:
                 Environment(call.packages, call.use_temp_dir, cancel, on_output))
             if env.failure:
                 return None, env.failure
-            directory = CallDir(os.path.join(RUN_DIR.path(), "kernel-" + os.urandom(6).hex()))
+            name = "kernel-" + os.urandom(6).hex()
+            directory = CallDir(os.path.join(RUN_DIR.path(), name))
             undo.callback(directory.remove)
             problem = write_input_files(directory.work, call.files)
             if problem:
@@ -6654,7 +6766,9 @@ class Kernels:
         """Queue the call at its kernel in arrival order, before it moves to
         its job's thread."""
         kernel = self.get(call.session or "")
-        call.turn = kernel.turns.enqueue() if kernel else "none yet"
+        call.turn = "none yet"
+        if kernel:
+            call.turn = kernel.turns.enqueue()
 
     def end(self, kernel, reason=None):
         """End a kernel: its processes die, its directory goes; its next call
@@ -6713,7 +6827,8 @@ def run_in_kernel(call, session, cancel, on_output):
     naming it."""
     handle = call.session
     new = handle == "new"
-    kernel = None if new else KERNELS.get(handle)
+    # None for "new": no kernel has that handle
+    kernel = KERNELS.get(handle)
     if not new and kernel is None and handle in KERNELS.reasons:
         return Result.refusal("The session %s was ended: %s Its state is lost; start a new one "
                               "with \"session\": \"new\"." % (handle, KERNELS.reasons[handle]))
@@ -6723,7 +6838,7 @@ def run_in_kernel(call, session, cancel, on_output):
             "their code cannot be interrupted, with end_session, or when the server restarts, and "
             "a handle is valid only on the server process that made it. Start a new one with "
             "\"session\": \"new\" and redo its setup." % (json.dumps(handle), SESSION_IDLE)))
-    refusal = None if new else kernel.enter(cancel, call.turn)
+    refusal = kernel and kernel.enter(cancel, call.turn)
     if refusal:
         return refusal
     slot = EXEC_SLOTS.acquire(cancel, share_of(session))
@@ -6786,11 +6901,11 @@ def check_kernel(arguments, call):
     kernel, end = arguments.get("session"), arguments.get("end_session", False)
     handle_like = isinstance(kernel, str) and (kernel == "new" or kernel.startswith("s-"))
     if kernel is not None and not handle_like:
-        return ('"session" must be "new" (to start one) or a handle a result gave you, such as '
-                '"s-..."')
+        return ('"session" must be "new" (to start one) or a handle a result '
+                'gave you, such as "s-..."')
     if not isinstance(end, bool) or (end and kernel is None):
-        return ('"end_session" must be true or false, and goes with "session": the handle of '
-                'the session to end')
+        return ('"end_session" must be true or false, and goes with '
+                '"session": the handle of the session to end')
     call.session = kernel
     call.end_session = end
     call.turn = "none yet"
@@ -6888,7 +7003,7 @@ def modern_request(request_id, method, params, session, notify):
     transport of that era alone: HTTP+SSE)."""
     if not (session.modern and is_modern_request(method, params)):
         return None
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    meta = typed(params.get("_meta"), dict, {})
     missing = [name for name, kind in ((META_VERSION, str), (META_CAPABILITIES, dict))
                if not isinstance(meta.get(name), kind)]
     if missing:   # basic/index.mdx, _meta: both are required
@@ -6914,9 +7029,11 @@ def handle_discover(request):
 def declares_extension(request, name):
     """Did this request's own _meta declare a client extension
     (basic/versioning.mdx)?"""
-    capabilities = request.params["_meta"].get(META_CAPABILITIES) if request.modern else None
-    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
-    return isinstance(extensions, dict) and name in extensions
+    if not request.modern:
+        return False
+    meta = request.params["_meta"]
+    capabilities = typed(meta.get(META_CAPABILITIES), dict, {})
+    return name in typed(capabilities.get("extensions"), dict, {})
 
 
 # --- Over HTTP: a request stands alone, and its headers mirror its body ------
@@ -6925,10 +7042,10 @@ def modern_http_post(server, payload, headers, client_disconnected):
     """The "http_post" hook: a 2026-07-28 POST /mcp -> its reply, or None (not
     of this era). Its headers must mirror the body, and no session exists
     (streamable-http.mdx)."""
-    first = payload if isinstance(payload, dict) else {}
+    first = typed(payload, dict, {})
     # mcp_post checked it is ours
     header_version = headers.get("MCP-Protocol-Version")
-    params = first.get("params") if isinstance(first.get("params"), dict) else {}
+    params = typed(first.get("params"), dict, {})
     if not (header_version in MODERN_VERSIONS or is_modern_request(first.get("method"), params)):
         return None
     session = HttpSession(server.allow_exec)
@@ -6939,14 +7056,15 @@ def modern_http_post(server, payload, headers, client_disconnected):
     if "id" in payload and "method" in payload:
         problem = header_mismatch(payload, headers)
         if problem:
-            return json_reply(error_response(payload["id"], HEADER_MISMATCH,
-                                             "Header mismatch: " + problem), 400)
+            mismatch = error_response(payload["id"], HEADER_MISMATCH,
+                                      "Header mismatch: " + problem)
+            return json_reply(mismatch, 400)
     request = parse_request(payload, session)
     if request is None:
         return text_reply(202)
     # validated once, here, so errors get their status
     if not isinstance(request, Request):
-        status = 404 if request["error"]["code"] == METHOD_NOT_FOUND else 400
+        status = {METHOD_NOT_FOUND: 404}.get(request["error"]["code"], 400)
         return json_reply(request, status)
     return server.answer(request, headers.get("Accept", ""), client_disconnected)
 
@@ -6954,7 +7072,8 @@ def modern_http_post(server, payload, headers, client_disconnected):
 def _header_value(value):
     """Decode the =?base64?...?= sentinel of Mcp-Name (2026-07-28
     streamable-http.mdx, Value Encoding)."""
-    if value is not None and value.startswith("=?base64?") and value.endswith("?="):
+    if (value is not None and value.startswith("=?base64?")
+            and value.endswith("?=")):
         try:
             return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
         # not base64 (binascii.Error, non-ASCII), or not UTF-8
@@ -6966,8 +7085,8 @@ def _header_value(value):
 def header_mismatch(message, headers):
     """What is wrong with a modern request's mirrored headers, or None
     (2026-07-28 streamable-http.mdx, Server Validation)."""
-    params = message.get("params") if isinstance(message.get("params"), dict) else {}
-    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    params = typed(message.get("params"), dict, {})
+    meta = typed(params.get("_meta"), dict, {})
     checks = [("MCP-Protocol-Version", headers.get("MCP-Protocol-Version"),
                meta.get(META_VERSION)),
               ("Mcp-Method", headers.get("Mcp-Method"), message.get("method"))]
@@ -6977,7 +7096,8 @@ def header_mismatch(message, headers):
         if header is None:
             return "the %s header is required" % name
         if body is not None and header != body:
-            return "%s header value %r does not match body value %r" % (name, header, body)
+            return ("%s header value %r does not match body value %r"
+                    % (name, header, body))
     return None
 
 
@@ -7040,7 +7160,7 @@ class Progress:
 
     def __init__(self, request):
         meta = request.params.get("_meta")
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        token = typed(meta, dict, {}).get("progressToken")
         self.token = token if valid_id(token) and request.notify else None
         self.notify = request.notify
         self.with_message = protocol(request.version).progress_messages
@@ -7053,12 +7173,15 @@ class Progress:
         wrote."""
         line = self.latest[stream].feed(chunk)
         if line:
-            self.line = ("installing: " + line) if stream == "install" else line
+            self.line = line
+            if stream == "install":
+                self.line = "installing: " + line
             self.fresh = True
 
     def due(self):
         gap = PROGRESS_MIN_GAP if self.fresh else PROGRESS_INTERVAL
-        return self.token is not None and time.monotonic() - self.last_sent >= gap
+        return (self.token is not None
+                and time.monotonic() - self.last_sent >= gap)
 
     def send(self):
         now = time.monotonic()
@@ -7135,7 +7258,8 @@ class Job:
         if stream in self.unread:
             with self.lock:
                 self.unread[stream].add(chunk)
-                self.code_wrote_stderr = self.code_wrote_stderr or stream == "stderr"
+                if stream == "stderr":
+                    self.code_wrote_stderr = True
         # the progress of a request waiting on us
         listener = self.listener
         if listener:
@@ -7147,7 +7271,8 @@ class Job:
         with self.lock:
             if self.status != "working":
                 return False
-            self.status, self.updated, self.reason = "cancelled", time.time(), reason
+            self.status, self.reason = "cancelled", reason
+            self.updated = time.time()
         self.cancel.set()
         return True
 
@@ -7162,19 +7287,23 @@ class Job:
         ended = self.done.is_set()
         # still going: no exit status yet
         final = self.result if ended else Result(None)
-        answer = Result(final.returncode, out.text(), err.text(), final.timed_out,
-                        out.truncated or err.truncated or final.value_truncated, final.cancelled)
+        truncated = out.truncated or err.truncated or final.value_truncated
+        answer = Result(final.returncode, out.text(), err.text(),
+                        final.timed_out, truncated, final.cancelled)
         if not self.code_wrote_stderr:
             # all of it is the server's: a refusal, its notes
             answer.stderr = final.stderr
-        for text in final.notes if self.code_wrote_stderr else ():
-            answer.note(text)
+        else:
+            for text in final.notes:
+                answer.note(text)
         answer.notes = list(final.notes)
         for name in ("value", "images", "files", "session", "session_ended", "blocks"):
             setattr(answer, name, getattr(final, name))
-        answer.status = "cancelled" if self.status == "cancelled" else "completed"
-        if self.status == "cancelled" and self.reason != "Cancelled on request.":
-            answer.note(self.reason)
+        answer.status = "completed"
+        if self.status == "cancelled":
+            answer.status = "cancelled"
+            if self.reason != "Cancelled on request.":
+                answer.note(self.reason)
         answer.job = self.handle
         # what to do next goes in the JSON: hosts show only that
         if not ended:
@@ -7188,13 +7317,17 @@ class Job:
         the ttl from creation grows while it runs."""
         with self.lock:
             status, updated = self.status, self.updated
-        ended = updated if status != "working" else time.time()
+        ended = updated
+        if status == "working":
+            ended = time.time()
         ttl = int((ended - self.created + JOB_TTL) * 1000)
         task = {"taskId": self.handle, "status": status,
                 "createdAt": time.strftime(ISO_TIME, time.gmtime(self.created)),
                 "lastUpdatedAt": time.strftime(ISO_TIME, time.gmtime(updated))}
-        task.update({"ttlMs": ttl, "pollIntervalMs": POLL_INTERVAL_MS} if modern
-                    else {"ttl": ttl, "pollInterval": POLL_INTERVAL_MS})
+        if modern:
+            task.update(ttlMs=ttl, pollIntervalMs=POLL_INTERVAL_MS)
+        else:
+            task.update(ttl=ttl, pollInterval=POLL_INTERVAL_MS)
         if status == "cancelled":
             task["statusMessage"] = self.reason
         return task
@@ -7285,8 +7418,8 @@ def wait_for_job(job, request, cancel, seconds):
     job.listener = progress.output if progress.token is not None else None
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
-        while wait_or_cancel(lambda: job.done.is_set() or progress.due(), cancel, deadline,
-                             wake=job.done):
+        while wait_or_cancel(lambda: job.done.is_set() or progress.due(),
+                             cancel, deadline, wake=job.done):
             if job.done.is_set():
                 break
             # never after the answer, which another thread may send
@@ -7297,7 +7430,9 @@ def wait_for_job(job, request, cancel, seconds):
         job.listener = None
         # (the id may be in use again)
         request.session.end_call(request.id, cancel)
-    return None if cancel.is_set() and not job.done.is_set() else job.done.is_set()
+    if cancel.is_set() and not job.done.is_set():
+        return None
+    return job.done.is_set()
 
 
 def job_call_mode(request, call):
@@ -7317,12 +7452,15 @@ def job_call_mode(request, call):
         if wait_for_job(job, request, cancel, CALL_WAIT or None) is None:
             return CANCELLED
         answer = tool_result(job.answer(), request.version)
-        for answered in HOOKS["job_answered"] if job.done.is_set() else ():
+        if job.done.is_set():
             # its last output went out: no copy may hand it over again
-            answered(job)
+            for answered in HOOKS["job_answered"]:
+                answered(job)
         return answer
-    if protocol(request.version).tasks and isinstance(request.params.get("task"), dict):
-        lasting = request.session.lasting_channel          # stdio, not a POST
+    if (protocol(request.version).tasks
+            and isinstance(request.params.get("task"), dict)):
+        # stdio, not a POST
+        lasting = request.session.lasting_channel
         job = JOBS.start(call, request.session, request.notify if lasting else None)
         publish_job(job, request, task=True)
         # at once (tasks.mdx)
@@ -7384,7 +7522,9 @@ def job_answer(job, request, ended, as_task):
     if ended:
         # never a job: the call looks as it always did
         JOBS.forget(job)
-        return CANCELLED if job.result.cancelled else tool_result(job.result, request.version)
+        if job.result.cancelled:
+            return CANCELLED
+        return tool_result(job.result, request.version)
     publish_job(job, request, task=as_task)
     if as_task:
         # 2026-07-28 extension, Task Creation
@@ -7415,11 +7555,14 @@ def check_job(arguments, call):
     problem."""
     job, cancel = arguments.get("job"), arguments.get("cancel", False)
     if job is not None and not (isinstance(job, str) and job.startswith("j-")):
-        return '"job" must be the handle of a run that a result gave you, such as "j-..."'
+        return ('"job" must be the handle of a run that a result gave you, '
+                'such as "j-..."')
     if job is not None and arguments.get("code") is not None:
-        return '"job" goes without "code": it waits for a run that is already going'
+        return ('"job" goes without "code": it waits for a run that is '
+                'already going')
     if not isinstance(cancel, bool) or (cancel and job is None):
-        return '"cancel" must be true or false, and goes with "job": the handle of the run to stop'
+        return ('"cancel" must be true or false, and goes with "job": the '
+                'handle of the run to stop')
     call.job, call.cancel_job = job, cancel
     return None
 
@@ -7482,7 +7625,9 @@ def handle_tasks_cancel(request):
     if not job.stop() and not request.modern:
         raise ProtocolError(INVALID_PARAMS, "Invalid params: task %s already %s"
                             % (job.handle, job.status))
-    return {} if request.modern else job.task(False)
+    if request.modern:
+        return {}
+    return job.task(False)
 
 
 JOB_NOTE = ("Code still running after %g s answers \"status\": \"running\" (no returncode "
@@ -7490,8 +7635,10 @@ JOB_NOTE = ("Code still running after %g s answers \"status\": \"running\" (no r
             "its \"timeout\"." % (CALL_WAIT, JOB_TOOL))
 # 2025-11-25 declares tasks in the capabilities; 2026-07-28 as an extension.
 JOB_CAPABILITIES = {
-    "tasks": lambda version: TASKS_CAPABILITY if protocol(version).tasks else None,
-    "extensions": lambda version: {TASKS_EXTENSION: {}} if protocol(version).modern else None}
+    "tasks": lambda version: (TASKS_CAPABILITY if protocol(version).tasks
+                              else None),
+    "extensions": lambda version: ({TASKS_EXTENSION: {}}
+                                   if protocol(version).modern else None)}
 JOB_RESULTS = {
     "returncode": {"type": "integer", "description": "Exit status; negative = killed by that "
                    "signal; absent while the code runs on."},
@@ -7513,7 +7660,8 @@ def job_tool_arguments(arguments):
     """code_exec_job's arguments -> code_exec_python's that do the same, or
     what is wrong."""
     if ("job" in arguments) == ("end_session" in arguments):
-        return 'give either "job" (a run to follow) or "end_session" (a session to end)'
+        return ('give either "job" (a run to follow) or "end_session" (a '
+                'session to end)')
     if "job" in arguments:
         return arguments
     return dict(arguments, code="", session=arguments["end_session"], end_session=True)
@@ -7595,8 +7743,10 @@ class McpClient:
         self.show("-->", message)
         for reply in self.send(message):
             self.show("<--", reply)
-            if self.progress and reply.get("method") == "notifications/progress":
-                progress = reply["params"].get("message", reply["params"].get("progress"))
+            update = reply.get("method") == "notifications/progress"
+            if self.progress and update:
+                sent = reply["params"]
+                progress = sent.get("message", sent.get("progress"))
                 sys.stderr.write("progress: %s\n" % progress)
             if reply.get("id") == message["id"] and "error" in reply:
                 raise ClientError("%s failed: %s" % (method, json.dumps(reply["error"])))
@@ -7673,7 +7823,9 @@ def _http_open(url, method, body, headers, timeout=EXEC_TIMEOUT_MAX + 60):
         return urlopen(Request(url, body, headers, method=method), timeout=timeout)
     except HTTPError as exc:
         detail = exc.read()[:300].decode("utf-8", "replace").strip()
-        hint = " (check the API key: --api-key or API_KEY)" if exc.code == 401 else ""
+        hint = ""
+        if exc.code == 401:
+            hint = " (check the API key: --api-key or API_KEY)"
         raise ClientError("HTTP %d from %s: %s%s" % (exc.code, url, detail, hint))
     except (OSError, ValueError) as exc:        # URLError is an OSError
         raise ClientError("cannot reach %s: %s" % (url, exc))
@@ -7719,10 +7871,14 @@ class HttpClient(McpClient):
         resp = _http_open(self.url, "POST", encode_message(message), headers)
         if resp.headers.get("Mcp-Session-Id"):
             self.headers["Mcp-Session-Id"] = resp.headers["Mcp-Session-Id"]
-        if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+        kind = resp.headers.get("Content-Type", "")
+        if kind.startswith("text/event-stream"):
             return (json.loads(data) for _, data in _sse_events(resp))
-        body = resp.read()            # empty (202) for a notification
-        return [json.loads(body)] if body else []
+        # empty (202) for a notification
+        body = resp.read()
+        if not body:
+            return []
+        return [json.loads(body)]
 
     def close(self):
         """End the session politely (transports.mdx), unless work was left in
@@ -7741,8 +7897,11 @@ class SseClient(McpClient):
     def __init__(self, url, api_key, version=LATEST_HANDSHAKE_VERSION, trace=None):
         super().__init__(version, trace)
         from urllib.parse import urljoin
-        self.headers = {"Authorization": "Bearer " + api_key} if api_key else {}
-        self.stream = _http_open(url, "GET", None, dict(self.headers, Accept="text/event-stream"))
+        self.headers = {}
+        if api_key:
+            self.headers["Authorization"] = "Bearer " + api_key
+        accept = dict(self.headers, Accept="text/event-stream")
+        self.stream = _http_open(url, "GET", None, accept)
         self.events = _sse_events(self.stream)
         event, data = next(self.events, (None, None))
         if event != "endpoint":
@@ -7766,7 +7925,8 @@ def client_url(url):
     """What --url (or MCP_SERVER_URL) names -> a full URL: "127.0.0.1:8000" and
     "https://app.example.com/" get their scheme and /mcp, as the original
     project's clients took a base URL; a URL ending in /sse speaks HTTP+SSE."""
-    url = url if "://" in url else "http://" + url
+    if "://" not in url:
+        url = "http://" + url
     if urlsplit(url).path in ("", "/"):
         url = url.rstrip("/") + "/mcp"
     return url
@@ -7807,9 +7967,10 @@ def client_arguments(args):
         def error(self, message):
             # a second CODE, most likely
             if message.startswith("unrecognized arguments"):
-                message += ': CODE is one argument (quote it); --packages takes one: "numpy scipy"'
+                message += (': CODE is one argument (quote it); --packages '
+                            'takes one: "numpy scipy"')
             self.exit(2, "%s: %s (try --help)\n" % (self.prog, message))
-    end = args.index("--") if "--" in args else len(args)
+    end = (args + ["--"]).index("--")
     args, command = args[:end], args[end + 1:]
     parser = Arguments(prog="mcp_exec.py client", usage=CLIENT_HELP, add_help=False)
     parser.add_argument("action", nargs="?", choices=("list", "call", "job", "read"))
@@ -7827,14 +7988,15 @@ def client_arguments(args):
     parser.add_argument("--api-key", default=os.environ.get("API_KEY"))
     parser.add_argument("--protocol", default=LATEST_HANDSHAKE_VERSION, choices=SUPPORTED_VERSIONS)
     # a person: text; a program: JSON
-    tty = sys.stdout.isatty()
-    parser.add_argument("--format", choices=("text", "json"), default="text" if tty else "json")
+    shown = "text" if sys.stdout.isatty() else "json"
+    parser.add_argument("--format", choices=("text", "json"), default=shown)
     # options may come after the code too
     options = parser.parse_intermixed_args(args)
     needs = {"call": 'code (an argument, --file FILE, or "-")', "job": "a HANDLE", "read": "a URI"}
     if options.action in needs and options.target is None and not options.file:
         parser.error("%s needs %s" % (options.action, needs[options.action]))
-    options.url = options.url or (None if command else os.environ.get("MCP_SERVER_URL"))
+    if not (options.url or command):
+        options.url = os.environ.get("MCP_SERVER_URL")
     if options.url:
         options.url = client_url(options.url)
     return options, command
@@ -7846,18 +8008,23 @@ def client_main(args):
     options, command = client_arguments(args)
     if options.version:
         return main(["--version"])
-    if options.help or not options.action:
-        (sys.stdout if options.help else sys.stderr).write(CLIENT_HELP)
-        return 0 if options.help else 2
+    if options.help:
+        sys.stdout.write(CLIENT_HELP)
+        return 0
+    if not options.action:
+        sys.stderr.write(CLIENT_HELP)
+        return 2
     trace = sys.stderr if options.trace else None
     try:
-        if options.url and urlsplit(options.url).path.rstrip("/").endswith("/sse"):
+        path = urlsplit(options.url or "").path
+        if options.url and path.rstrip("/").endswith("/sse"):
             client = SseClient(options.url, options.api_key, options.protocol, trace)
         elif options.url:
             client = HttpClient(options.url, options.api_key, options.protocol, trace)
         # this file as its server, as the import a script start becomes
         else:
-            command = command or import_command([]) or [sys.executable, os.path.abspath(__file__)]
+            command = (command or import_command([])
+                       or [sys.executable, os.path.abspath(__file__)])
             client = StdioClient(command, options.protocol, trace)
         client.progress = options.progress
         with contextlib.closing(client):
@@ -7867,7 +8034,8 @@ def client_main(args):
                 print(json.dumps(tools, indent=2, ensure_ascii=False))
             elif options.action == "read" and options.save:
                 name = unquote(options.target.rsplit("/", 1)[-1])
-                sys.stderr.write("%s\n" % _save(options.save, name, client.read(options.target)))
+                saved = _save(options.save, name, client.read(options.target))
+                sys.stderr.write("%s\n" % saved)
             elif options.action == "read":
                 sys.stdout.buffer.write(client.read(options.target))
             else:
@@ -7909,7 +8077,9 @@ def client_call(client, options):
     last = answers[-1]
     running = last.get("status") == "running"
     client.leaves_work = running or bool(last.get("session") and not last.get("session_ended"))
-    saved = save_outputs(client, answers[-1], result, options.save) if options.save else []
+    saved = []
+    if options.save:
+        saved = save_outputs(client, answers[-1], result, options.save)
     show_result(answers, options.format, time.monotonic() - started, saved)
     # as asked
     stopped = options.cancel and answers[-1].get("status") == "cancelled"
@@ -7919,7 +8089,9 @@ def client_call(client, options):
 def call_arguments(options):
     """The tool's arguments for `call`: the code, and the options that were
     given."""
-    code = sys.stdin.read() if options.target == "-" else options.target
+    code = options.target
+    if options.target == "-":
+        code = sys.stdin.read()
     if options.file:
         code = options.file.read()
     files = [{"path": os.path.basename(f.name), "encoding": "base64",
@@ -7976,10 +8148,12 @@ def show_result(answers, form, seconds, saved):
     if obj.get("status") == "cancelled":
         status = "cancelled after %.2f s" % seconds
     if obj.get("status") == "running":
-        status = "still running as job %s: `client job %s` follows it" % (obj["job"], obj["job"])
+        status = ("still running as job %s: `client job %s` follows it"
+                  % (obj["job"], obj["job"]))
     if obj.get("session"):
-        ended = " (ended)" if obj.get("session_ended") else ""
-        status += ", session %s%s" % (obj["session"], ended)
+        status += ", session %s" % obj["session"]
+        if obj.get("session_ended"):
+            status += " (ended)"
     sys.stderr.write("".join(line + "\n" for line in saved) + "[%s]\n" % status)
 
 
@@ -8062,7 +8236,8 @@ def redis_reachable_by_code(url, network_off):
     if network_off:
         return None
     try:
-        found = {a[4][0] for a in socket.getaddrinfo(parts.hostname or "localhost", 6379)}
+        host = parts.hostname or "localhost"
+        found = {a[4][0] for a in socket.getaddrinfo(host, 6379)}
     except (OSError, UnicodeError):
         # ping() says it cannot be reached
         return None
@@ -8094,7 +8269,8 @@ class SharedStore:
         self.key = hmac.new(secret.encode(), b"mcp-exec shared state", hashlib.sha256).digest()
         self.sign_key = hmac.new(secret.encode(), b"mcp-exec relay v1", hashlib.sha256).digest()
         self.cipher_key = hmac.new(secret.encode(), b"mcp-exec cipher v1", hashlib.sha256).digest()
-        self._hmac, self._sha, self._shake = hmac, hashlib.sha256, hashlib.shake_256
+        self._hmac, self._sha = hmac, hashlib.sha256
+        self._shake = hashlib.shake_256
         # message nonce -> until when: a replay is dropped
         self.seen = {}
         options = {"socket_timeout": REDIS_TIMEOUT, "socket_connect_timeout": REDIS_TIMEOUT,
@@ -8139,8 +8315,8 @@ class SharedStore:
 
     def _crypt(self, nonce, data):
         stream = self._shake(self.cipher_key + nonce).digest(len(data))
-        return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
-            len(data), "big")
+        mixed = int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")
+        return mixed.to_bytes(len(data), "big")
 
     def opened(self, place, sealed, default=None):
         """unseal(), or `default` for a missing item; a forged or malformed one
@@ -8162,7 +8338,8 @@ class SharedStore:
                 return act()
             except (self.errors.ConnectionError, self.errors.TimeoutError) as exc:
                 failure = exc
-                if attempt == 2 or time.monotonic() - started > REDIS_TIMEOUT / 2:
+                late = time.monotonic() - started > REDIS_TIMEOUT / 2
+                if attempt == 2 or late:
                     break
             # OOM, READONLY, a refused command
             except self.errors.RedisError as exc:
@@ -8214,7 +8391,9 @@ class SharedStore:
         """The live instances, this one included."""
         found = self.do("list the instances", lambda: list(
             self.redis.scan_iter(self.name("hb", "*"), count=1000)))
-        beats = self.do("read the heartbeats", lambda: self.redis.mget(found)) if found else []
+        if not found:
+            return []
+        beats = self.do("read the heartbeats", lambda: self.redis.mget(found))
         return sorted(key.decode()[len(self.name("hb", "")):]
                       for key, sealed in zip(found, beats) if self.beating(key.decode(), sealed))
 
@@ -8223,17 +8402,23 @@ class SharedStore:
         never one without its TTL)."""
         key = self.name(kind, hid)
         sealed = {field: self.seal(key + " " + field, value) for field, value in record.items()}
-        self.pipelined("store a %s" % kind, lambda pipe: pipe.hset(key, mapping=sealed).pexpire(
-            key, int(ttl * 1000)))
+        self.pipelined("store a %s" % kind, lambda pipe: (
+            pipe.hset(key, mapping=sealed).pexpire(key, int(ttl * 1000))))
 
     def get(self, kind, hid, ttl=None):
         """The record, its TTL renewed if given -> a dict of str, or None (a
         forged field drops the whole record)."""
         key = self.name(kind, hid)
-        found = self.pipelined("read a %s" % kind, lambda pipe: pipe.hgetall(key).pexpire(
-            key, int(ttl * 1000)) if ttl else pipe.hgetall(key))[0]
+
+        def read(pipe):
+            pipe.hgetall(key)
+            if ttl:
+                pipe.pexpire(key, int(ttl * 1000))
+        found = self.pipelined("read a %s" % kind, read)[0]
         record = {k.decode(): self.opened(key + " " + k.decode(), v) for k, v in found.items()}
-        return None if None in record.values() else record or None
+        if None in record.values():
+            return None
+        return record or None
 
     def ttls(self, kind, hids):
         """The seconds each record has left (negative: none)."""
@@ -8264,7 +8449,8 @@ class SharedStore:
 
     def owner_of_stream(self, hid):
         key = self.name("sse", hid)
-        return self.opened(key, self.do("find an /sse stream", lambda: self.redis.get(key)))
+        found = self.do("find an /sse stream", lambda: self.redis.get(key))
+        return self.opened(key, found)
 
     def send(self, instance, message):
         """Put a request in an instance's inbox, sealed with this sender, the
@@ -8273,8 +8459,8 @@ class SharedStore:
         inbox = self.name("inbox", instance)
         sealed = self.seal(inbox, dict(message, sender=self.instance, sent=time.time(),
                                        nonce=os.urandom(12).hex()))
-        self.pipelined("send a request to %s" % instance, lambda pipe: pipe.rpush(
-            inbox, sealed).pexpire(inbox, 60000))
+        self.pipelined("send a request to %s" % instance, lambda pipe: (
+            pipe.rpush(inbox, sealed).pexpire(inbox, 60000)))
 
     def next_request(self):
         """The next request in this instance's inbox, waiting up to REDIS_BLOCK
@@ -8385,9 +8571,11 @@ class SharedService:
         renewing the record for it would keep an idle session forever."""
         now = time.monotonic()
         self.followed = {hid: self.followed[hid] for hid in known if hid in self.followed}
-        for (hid, session), left in zip(known.items(), self.store.ttls("session", list(known))):
-            if left > 0 and now - (SESSION_IDLE_TIMEOUT - left) > session.last_used:
-                session.last_used = now - (SESSION_IDLE_TIMEOUT - left)
+        ttls = self.store.ttls("session", list(known))
+        for (hid, session), left in zip(known.items(), ttls):
+            used = now - (SESSION_IDLE_TIMEOUT - left)
+            if left > 0 and used > session.last_used:
+                session.last_used = used
                 self.followed[hid] = session.last_used
             # over, everywhere
             elif now - session.last_used > SESSION_IDLE_TIMEOUT:
@@ -8489,7 +8677,8 @@ class SharedService:
         if record is None:
             return None
         session = HttpSession(server.allow_exec, session_id)
-        session.owner, session.protocol_version = record["owner"], record["version"]
+        session.owner = record["owner"]
+        session.protocol_version = record["version"]
         session.client_capabilities = json.loads(record["capabilities"])
         session.client_name = record.get("client", "")
         session = server.adopt_session(session)
@@ -8526,7 +8715,8 @@ class SharedService:
             return session
         session = HttpSession(not STDIO_MODE_ONLY)
         session.identified = hid is not None
-        session.owner, session.protocol_version = described["owner"], described["version"]
+        session.owner = described["owner"]
+        session.protocol_version = described["version"]
         session.modern = described["modern"]
         if hid:
             self.remember(hid, session)
@@ -8569,8 +8759,8 @@ class SharedService:
                                "stopped: open a new stream with GET /sse" % gone)
         except (StoreError, RuntimeError) as exc:
             return error_reply(503, str(exc), INTERNAL_ERROR, {"Retry-After": "2"})
-        return HttpReply(reply["status"], base64.b64decode(reply["body"]), None,
-                         reply["content_type"])
+        return HttpReply(reply["status"], base64.b64decode(reply["body"]),
+                         None, reply["content_type"])
 
     def sse_post_here(self, message):
         reply = self.server.sse_post(message["session_id"], base64.b64decode(message["body"]))
@@ -8586,18 +8776,23 @@ class SharedService:
         if request.method == "tasks/list" and protocol(request.version).tasks:
             return self.list_everywhere(request)
         handle = handle_named(request)
-        instance = handle.split("-")[1] if handle and handle.count("-") >= 2 else None
-        if instance is None or instance == INSTANCE:
+        if not handle or handle.count("-") < 2:
+            return None
+        instance = handle.split("-")[1]
+        if instance == INSTANCE:
             return None
         try:
             response = self.carry(instance, "request", EXEC_TIMEOUT_MAX + CARRIED_WAIT,
                                   message=request_message(request),
                                   session=self.described(request.session))
         except OwnerGone:
-            return self.from_record(request, handle) or lost_response(request, handle, instance)
+            return (self.from_record(request, handle)
+                    or lost_response(request, handle, instance))
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
-        return CANCELLED if response is None else response
+        if response is None:
+            return CANCELLED
+        return response
 
     def described(self, session):
         return {"hid": self.session_hid(session), "owner": session.owner,
@@ -8615,9 +8810,10 @@ class SharedService:
                 if instance == INSTANCE:
                     tasks += handle_tasks_list(request)["tasks"]
                     continue
+                described = self.described(request.session)
                 with contextlib.suppress(OwnerGone):
                     tasks += self.carry(instance, "tasks", 10.0,
-                                        session=self.described(request.session))
+                                        session=described)
         except (StoreError, RuntimeError) as exc:
             return failed_response(request, str(exc))
         return result_response(request.id, {"tasks": tasks})
@@ -8640,7 +8836,8 @@ class SharedService:
             session.cancel(message["id"])
 
     def health(self):
-        return {"instance": INSTANCE, "shared": "redis down" if self.down_since else "redis",
+        shared = "redis down" if self.down_since else "redis"
+        return {"instance": INSTANCE, "shared": shared,
                 "files_capacity": OUTPUTS.capacity}
 
     # -- jobs and tasks: a record in Redis, from before the handle goes out
@@ -8675,7 +8872,9 @@ class SharedService:
         done.stdout, done.truncated = "", False
         if job.code_wrote_stderr:
             done.stderr = ""
-        sealed = lambda value: json.dumps(value).replace(job.handle, HANDLE_MARK)  # noqa: E731
+
+        def sealed(value):
+            return json.dumps(value).replace(job.handle, HANDLE_MARK)
         record = {"status": job.status, "task": sealed(job.task(False)),
                   "modern_task": sealed(job.task(True)),
                   "result": sealed(tool_result(job.result, version)),
@@ -8699,13 +8898,18 @@ class SharedService:
         response its record gives (each output line still once), or None:
         nothing was kept (lost)."""
         try:
-            record = self.store.get("job", self.store.hid(handle)) if handle[:2] == "j-" else None
+            if handle[:2] != "j-":
+                return None
+            record = self.store.get("job", self.store.hid(handle))
             if not record or "result" not in record:
                 return None
             record = {k: v.replace(HANDLE_MARK, handle) for k, v in record.items()}
             if request.method == "tools/call":
                 tail = self.store.take_field("job", self.store.hid(handle), "tail")
-                result = json.loads(tail.replace(HANDLE_MARK, handle) if tail else record["done"])
+                done = record["done"]
+                if tail:
+                    done = tail.replace(HANDLE_MARK, handle)
+                result = json.loads(done)
             else:
                 result = task_from_record(request, record, handle)
         except StoreError as exc:
@@ -8757,16 +8961,17 @@ def handle_named(request):
     """The job, task, kernel or file handle a request names, or None."""
     params = request.params
     if request.method == "tools/call":
-        arguments = params.get("arguments")
-        arguments = arguments if isinstance(arguments, dict) else {}
+        arguments = typed(params.get("arguments"), dict, {})
         # end_session: code_exec_job's
         for name in ("job", "session", "end_session"):
-            if isinstance(arguments.get(name), str) and arguments[name] not in ("new", ""):
-                return arguments[name]
+            value = arguments.get(name)
+            if isinstance(value, str) and value not in ("new", ""):
+                return value
     if request.method in ("tasks/get", "tasks/result", "tasks/cancel"):
-        return params.get("taskId") if isinstance(params.get("taskId"), str) else None
-    uri = params.get("uri") if request.method == "resources/read" else None
-    if isinstance(uri, str) and uri.startswith(OutputStore.PREFIX):
+        return typed(params.get("taskId"), str)
+    uri = params.get("uri")
+    if (request.method == "resources/read" and isinstance(uri, str)
+            and uri.startswith(OutputStore.PREFIX)):
         return "f-" + uri[len(OutputStore.PREFIX):]
     return None
 
@@ -8782,10 +8987,12 @@ def lost_response(request, handle, instance):
     kind = {"j": "job", "s": "session (kernel)", "f": "file"}.get(handle[:1], "handle")
     if request.method.startswith("tasks/"):
         kind = "task"
-    text = ("The %s %s was on instance %s, which stopped (no heartbeat for %g s): it is lost, "
-            "with its state, output and result. Run the code again."
-            % (kind, handle if kind != "file" else request.params.get("uri"), instance,
-               HEARTBEAT_TTL))
+    shown = handle
+    if kind == "file":
+        shown = request.params.get("uri")
+    text = ("The %s %s was on instance %s, which stopped (no heartbeat for "
+            "%g s): it is lost, with its state, output and result. Run the "
+            "code again." % (kind, shown, instance, HEARTBEAT_TTL))
     return failed_response(request, text)
 
 
@@ -8804,7 +9011,8 @@ def failed_response(request, text):
     if request.method == "resources/read":
         code = INVALID_PARAMS if request.modern else RESOURCE_NOT_FOUND
         return error_response(request.id, code, "Resource not found: " + text)
-    return error_response(request.id, INVALID_PARAMS if "lost" in text else INTERNAL_ERROR, text)
+    code = INVALID_PARAMS if "lost" in text else INTERNAL_ERROR
+    return error_response(request.id, code, text)
 
 
 def shared_setup():
@@ -8817,7 +9025,8 @@ def shared_setup():
         return
     # per boot: Heroku reuses web.1
     INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())
-    reachable = redis_reachable_by_code(REDIS_URL, EXEC_NETWORK == "off" and SANDBOX.active)
+    network_off = EXEC_NETWORK == "off" and SANDBOX.active
+    reachable = redis_reachable_by_code(REDIS_URL, network_off)
     if reachable:
         log("cannot start: the code this server runs could reach the Redis at %s (REDIS_URL), "
             "and speak for this service: %s" % (redacted(REDIS_URL), reachable))
@@ -8927,9 +9136,9 @@ def import_command(args, options=()):
         return None
     # The closing comment keeps the file's path in the command line: `ps`,
     # `pkill -f` find it.
-    run = ("import sys; sys.path[:] = [%r] + [p for p in sys.path if p]; import runpy; "
-           "runpy.run_module(%r, run_name='__main__', alter_sys=True)  # %r"
-           % (folder, module, path))
+    run = ("import sys; sys.path[:] = [%r] + [p for p in sys.path if p]; "
+           "import runpy; runpy.run_module(%r, run_name='__main__', "
+           "alter_sys=True)  # %r" % (folder, module, path))
     return [sys.executable] + list(options) + ["-c", run] + list(args)
 
 
@@ -8996,7 +9205,8 @@ def compose():
 
 compose()
 if __name__ == "__main__":
-    if __spec__ is None and POSIX and sys.argv[1:2] in ([], ["--http"], ["http"]):
+    serving = sys.argv[1:2] in ([], ["--http"], ["http"])
+    if __spec__ is None and POSIX and serving:
         # the servers, which live long, as an import
         start_as_import()
     sys.exit(main())
