@@ -1092,6 +1092,8 @@ def needs_worker(payload):
 #                                                      sse_elsewhere(id, body) -> an HttpReply
 #                                                      job_published(job, request) -> problem
 #                                                      job_ended(job), job_answered(job)
+#                                                      call_arrived(call): before a job
+#                                                        takes it to another thread
 #                                                      decorate(request, result): a last touch
 
 # method name -> its Method(handler, eras, slow)
@@ -6941,6 +6943,7 @@ def install_kernels():
     register_lifecycle(shutdown=lambda: KERNELS.close())
     register_hook("session_ended", lambda session: KERNELS.end_session(session))
     register_hook("busy_owners", lambda: KERNELS.owners())
+    register_hook("call_arrived", lambda call: KERNELS.line_up(call))
     register_tool_feature(check=check_kernel, note=lambda local: KERNEL_NOTE, arguments={
         "session": {"type": "string", "description": '"new" starts a session, which keeps state '
                     "across calls; or the handle a result gave you."},
@@ -7346,8 +7349,10 @@ class Jobs:
     def add(self, call, session, notify=None):
         """A Job for the call, kept here; its run is the caller's to start
         (job.run())."""
-        # in arrival order: the job's thread may start late
-        KERNELS.line_up(call)
+        # in arrival order: the job's thread may start late (a kernel's line,
+        # section 10)
+        for line_up in HOOKS["call_arrived"]:
+            line_up(call)
         job = Job(session.owner, notify)
         with self.lock:
             self._forget_old()
