@@ -1094,6 +1094,9 @@ def needs_worker(payload):
 #                                                      job_ended(job), job_answered(job)
 #                                                      call_arrived(call): before a job
 #                                                        takes it to another thread
+#   template_trust() -> (sandboxed, privileged)        template_config(config, remote)
+#     (sections 6 and 7)                               template_setup(config), in a template
+#                                                      environment_removed(python)
 #                                                      decorate(request, result): a last touch
 
 # method name -> its Method(handler, eras, slow)
@@ -3882,7 +3885,11 @@ def serve_template(config, fresh_modules):
     5.3+) says when a call's child ends; it is reaped and its orphans (ours: we
     are a subreaper) killed, and only then is the exit reported."""
     sock = socket.socket(fileno=config["socket_fd"])
-    _prepare_template(config.get("sandbox"), config.get("own_uids"))
+    become_subreaper()
+    # before anything of its environment's packages: its containment
+    # (section 7's contain_template: filters, capabilities, its sandbox)
+    for setup in HOOKS["template_setup"]:
+        setup(config)
     _template_site(config, fresh_modules)
     poller = select.poll()
     # roots: pidfd -> call's child
@@ -3933,12 +3940,80 @@ def serve_template(config, fresh_modules):
 
 
 def _template_site(config, fresh_modules):
-    """Its own sandbox first, if it has one; then site, where it may run here
-    (Template): what site imports joins fresh_modules, as a `python -c` start
-    would have it."""
-    # before anything of its environment's packages
-    if config.get("template_sandbox"):
-        apply_sandbox(config["template_sandbox"])
+    """site, where it may run here (Template), its containment in place: what
+    site imports joins fresh_modules, as a `python -c` start would have it."""
+    if config.get("run_site"):
+        started = set(sys.modules)
+        finish_startup()
+        # '' is each child's, in its own directory
+        del sys.path[0]
+        SITE_DONE.append(True)
+        fresh_modules.update(set(sys.modules) - started)
+
+
+def serve_template(config, fresh_modules):
+    """Template mode: fork a child per request -> its config, in the child.
+    Single-threaded: fork() copies only the calling thread. A pidfd (Linux
+    5.3+) says when a call's child ends; it is reaped and its orphans (ours: we
+    are a subreaper) killed, and only then is the exit reported."""
+    sock = socket.socket(fileno=config["socket_fd"])
+    become_subreaper()
+    # before anything of its environment's packages: its containment
+    # (section 7's contain_template: filters, capabilities, its sandbox)
+    for setup in HOOKS["template_setup"]:
+        setup(config)
+    _template_site(config, fresh_modules)
+    poller = select.poll()
+    # roots: pidfd -> call's child
+    roots = {}
+    limits = _rlimits()
+    poller.register(sock, select.POLLIN)
+    template_env = dict(os.environ)
+    # kept by the forgetting below
+    preloaded = preload_modules(config, fresh_modules, sock)
+    # once for all its children, who find them forgotten
+    forget_modules(fresh_modules)
+    # our objects are never collected: forked children do not copy them
+    gc.freeze()
+    # the server is gone: the loop below ends us
+    with contextlib.suppress(OSError):
+        sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
+    while True:
+        # a stuck orphan: reaped later
+        events = poller.poll(1000 if _DYING else None)
+        if not events:
+            kill_orphans(lambda: set(roots.values()))
+        for fd, _ in events:
+            if fd in roots:                             # a call's child ended
+                poller.unregister(fd)
+                os.close(fd)
+                pid = roots.pop(fd)
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                # and reaped: no zombie is left
+                kill_orphans(lambda: set(roots.values()))
+                sock.send(json.dumps({"exit": pid, "code": code}).encode())
+                continue
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+            if not data or _rlimits() != limits:
+                # The server is gone, or our limits were changed: we end, with
+                # all we started.
+                kill_orphans(set)
+                os._exit(0)
+            request = json.loads(data)
+            pid = os.fork()
+            if pid == 0:
+                # the template's, not the code's
+                for fd in [sock.detach()] + list(roots):
+                    os.close(fd)
+                adopt_fds(request, fds, template_env)
+                return request
+            follow_child(pid, fds, roots, poller)
+            sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+def _template_site(config, fresh_modules):
+    """site, where it may run here (Template), its containment in place: what
+    site imports joins fresh_modules, as a `python -c` start would have it."""
     if config.get("run_site"):
         started = set(sys.modules)
         finish_startup()
@@ -4063,11 +4138,13 @@ class Template:
         # site (.pth files, sitecustomize) and preloading run here only inside
         # the template's own sandbox, or where no package came with a call
         # (Environments.untouched); else in each child, sandboxed (child_argv).
-        sandbox = template_sandbox(remote)
-        config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
-                  "own_uids": SANDBOX.own_uids, "template_sandbox": sandbox,
-                  "run_site": bool(sandbox) or ENVIRONMENTS.untouched(python),
+        config = {"mode": "template", "socket_fd": theirs.fileno(),
                   "preload": self.asked, "budget_mb": budget_mb}
+        # its containment (section 7: "template_sandbox", its own)
+        for add in HOOKS["template_config"]:
+            add(config, remote)
+        sandboxed = bool(config.get("template_sandbox"))
+        config["run_site"] = sandboxed or ENVIRONMENTS.untouched(python)
         argv = child_argv(python, config)
         try:
             self.proc = spawn(argv, dict(template_environment(), **child_environment()),
@@ -4323,7 +4400,8 @@ class Templates:
         names, then those its calls import, less EXEC_PRELOAD's -NAMEs, those
         refused before and NEVER_PRELOAD. Their imports run outside the
         sandbox, as installed packages' .pth files do (README)."""
-        if not (ENVIRONMENTS.untouched(python) or templates_sandboxed()):
+        sandboxed, privileged = STEPS["template_trust"]()
+        if not (ENVIRONMENTS.untouched(python) or sandboxed):
             if python not in self.untouched_not:
                 self.untouched_not.add(python)
                 log("no preloading for %s: packages came with a call into it, and its "
@@ -4333,7 +4411,7 @@ class Templates:
         names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
         # A root template (Sandbox.own_uids) keeps its capabilities: it imports
         # no module a call chose, only those named.
-        if "*" not in never and not SANDBOX.own_uids:
+        if "*" not in never and not privileged:
             names += self.wanted[python]
         return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
                 and name not in self.never[python]]
@@ -4486,6 +4564,9 @@ def install_fork_server():
     register_lifecycle(setup=give_back_memory)
     register_hook("child_setup", lambda config: become_subreaper())
     register_hook("child_killed", reap_orphans)
+    # no containment: templates are not sandboxed, and keep no privilege
+    register_step("template_trust", lambda: (False, False))
+    register_hook("environment_removed", lambda python: TEMPLATES.discard(python))
     register_parts(build_templates)
     register_step("start_child", fork_child)
     register_child_mode("template", serve_template, before_setup=True)
@@ -4695,6 +4776,32 @@ def sandbox_config(call_root, local):
             "write": [call_root, "/dev/null"] + EXEC_WRITE_PATHS,
             "network_off": SANDBOX.network == "off", "seccomp": SANDBOX.seccomp,
             "remote": not local, "own_uid": SANDBOX.own_uids and not local and call_root}
+
+
+def template_containment(config, remote):
+    """The "template_config" hook: what a template is told of its containment
+    (contain_template() reads it)."""
+    config.update(sandbox=SANDBOX.active, own_uids=SANDBOX.own_uids,
+                  template_sandbox=template_sandbox(remote))
+
+
+def contain_template(config):
+    """The "template_setup" hook, in a template before site or any preloading:
+    what each child would otherwise do for itself, done once before any fork
+    (7.2), then the template's own sandbox."""
+    libc = c_library()
+    if os.uname().machine in _ARCH and struct.calcsize("P") == 8:
+        both = (False, True)
+        for network_off, remote, own_uid in itertools.product(both, repeat=3):
+            _filter(os.uname().machine, network_off, remote, own_uid)
+    # else each child setuid()s first
+    if config.get("sandbox") and libc is not None and not config.get("own_uids"):
+        # if not, each child drops its own
+        with contextlib.suppress(OSError):
+            # its children inherit none, and skip their own drop
+            drop_capabilities(libc)
+    if config.get("template_sandbox"):
+        apply_sandbox(config["template_sandbox"])
 
 
 def templates_sandboxed():
@@ -5646,6 +5753,19 @@ def _kill_leftovers(path):
     return killed
 
 
+def code_network_off():
+    """Does every call's sandbox deny IP sockets (EXEC_NETWORK=off, enforced)?
+    Not where section 7 is left out of compose()."""
+    return EXEC_NETWORK == "off" and bool(SANDBOX and SANDBOX.active)
+
+
+def sandbox_description():
+    """What --help says of the sandbox here."""
+    if SANDBOX is None:
+        return "none (section 7, containment, is left out of compose())"
+    return SANDBOX.describe()
+
+
 def limits_note(local):
     """What the model is told of the limits and the sandbox."""
     memory = "%d MB" % EXEC_MEMORY_MB if EXEC_MEMORY_MB and POSIX else "no cap"
@@ -5761,6 +5881,9 @@ def install_containment():
     register_hook("health", lambda: {"sandbox": SANDBOX.name()})
     register_step("watch", lambda pid, directory: MONITOR.watch(pid, directory))
     register_step("run_dir", RecordedRunDir)
+    register_hook("template_config", template_containment)
+    register_hook("template_setup", contain_template)
+    register_step("template_trust", lambda: (templates_sandboxed(), SANDBOX.own_uids))
     register_step("remove_tree", hardened_remove_tree)
     register_lifecycle(setup=server_setup)
     register_tool_feature(note=limits_note)
@@ -5914,7 +6037,9 @@ class CachedEnvironments(Environments):
         for name in built - named:
             held = _exclusive_lease(os.path.join(cache, name))
             if held:
-                TEMPLATES.discard(venv_python(os.path.join(cache, name)))
+                # its template goes too (section 6)
+                for removed in HOOKS["environment_removed"]:
+                    removed(venv_python(os.path.join(cache, name)))
                 remove_tree(os.path.join(cache, name))
                 held.close()
 
@@ -9030,7 +9155,7 @@ def shared_setup():
         return
     # per boot: Heroku reuses web.1
     INSTANCE = "%s.%s" % (INSTANCE, os.urandom(3).hex())
-    network_off = EXEC_NETWORK == "off" and SANDBOX.active
+    network_off = code_network_off()
     reachable = redis_reachable_by_code(REDIS_URL, network_off)
     if reachable:
         log("cannot start: the code this server runs could reach the Redis at %s (REDIS_URL), "
@@ -9102,7 +9227,8 @@ Settings are environment variables:
 
 
 def show_help(args):
-    sys.stdout.write(HELP + settings_help() + "\nHere, the sandbox: %s\n" % SANDBOX.describe())
+    sys.stdout.write(HELP + settings_help() + "\nHere, the sandbox: %s\n"
+                     % sandbox_description())
     return 0
 
 

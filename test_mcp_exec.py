@@ -1013,6 +1013,43 @@ def test_the_parts_are_built_in_one_place_and_take_fakes():
             setattr(mcp_exec, name, part)
 
 
+SECTION_INSTALLS = ["install_fork_server", "install_containment", "install_environments",
+                    "install_outputs", "install_kernels", "install_modern_era", "install_jobs",
+                    "install_shared", "install_command_line"]
+
+
+def test_compose_calls_every_section_install_in_order():
+    source = open(SERVER, encoding="utf-8").read()
+    body = source[source.index("def compose():"):]
+    called = re.findall(r"^    (install_\w+)\(\)", body, re.M)
+    assert called == SECTION_INSTALLS
+    defined = re.findall(r"^def (install_\w+)\(\):", source, re.M)
+    assert sorted(defined) == sorted(SECTION_INSTALLS)
+    # no section registers anything at module level: all of it sits in its install_*()
+    after = source[source.index("\n# The core ends here"):]
+    assert not re.findall(r"^register_\w+\(", after, re.M)
+
+
+@pytest.mark.parametrize("install", SECTION_INSTALLS)
+def test_the_server_runs_a_call_without_any_one_section(tmp_path, install):
+    # compose() is the one place the full server is put together: leave one section's line
+    # out, and the rest still serves.
+    source = open(SERVER, encoding="utf-8").read()
+    line = re.search(r"^    %s\(\).*$" % install, source, re.M)
+    assert line, install
+    server = tmp_path / "mcp_exec.py"
+    server.write_text(source[:line.start()] + "    pass" + source[line.end():], encoding="utf-8")
+    frames = [json.dumps(init_message(LATEST)),
+              json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+              json.dumps(call_message("print(6 * 7)", 2))]
+    proc = subprocess.run([sys.executable, str(server)], input="\n".join(frames) + "\n",
+                          capture_output=True, text=True, timeout=HANG,
+                          env=make_env(tmp_path), cwd=tmp_path)
+    by_id = {r.get("id"): r for r in map(json.loads, proc.stdout.splitlines())}
+    assert tool_output(by_id[2]["result"])["stdout"] == "42\n", (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_a_call_is_one_typed_object_that_sections_cannot_add_to():
     call, problem = mcp_exec.validate_arguments({"code": "1", "files": [
         {"path": "a.txt", "content": "x"}], "session": "new"})
