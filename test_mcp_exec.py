@@ -3341,7 +3341,7 @@ def test_a_run_directory_locked_but_not_yet_signed_is_left_alone(start_server, t
 
 HOPPERS = """import ctypes, os, time
 ctypes.CDLL(None).prctl(15, b"mcpexec-hopper", 0, 0, 0)
-end = time.time() + 20
+end = time.time() + 300                 # past any wait of the test's: only a kill ends them
 for _ in range(20):
     if os.fork() == 0:
         while time.time() < end:        # fork, and let the parent die: always a new pid
@@ -3370,11 +3370,17 @@ def processes_named(name):
 def test_processes_that_keep_forking_new_pids_die_with_their_call(start_initialized, fork):
     """Each hopper forks and exits, again and again, so a new pid keeps coming up under the
     reaper: a single pass over the reaper's children would miss some. None may outlive the
-    call, or leave a zombie behind."""
+    call, or leave a zombie behind. Every one is killed before the answer; the reaper never
+    waits long for one (kill_orphans), so under load a killed one may still be dying or a
+    zombie then: it stops hopping, and the next call's reaping leaves none."""
     s = start_initialized(FORK_SERVER=fork)
     assert s.run(HOPPERS)[1]["stdout"] == "hopping\n"
-    assert processes_named("mcpexec-hopper") == []
+    # no new pid comes up: what is left only dies
+    assert wait_until(lambda: not [pid for pid in processes_named("mcpexec-hopper")
+                                   if alive(pid)], seconds=HANG)
     assert s.run("print('next')")[1]["stdout"] == "next\n"
+    assert wait_until(lambda: processes_named("mcpexec-hopper") == [], seconds=HANG), \
+        processes_named("mcpexec-hopper")
 
 
 def limits_of(pid):
