@@ -3636,6 +3636,33 @@ def test_the_kernel_keeps_the_task_limit_with_a_cgroup_per_call(start_initialize
     assert "more than 20 processes and threads at once (EXEC_MAX_PROCS)" in out["stderr"], out
 
 
+WHERE_AM_I = """import json, os
+print(json.dumps([line.split(':')[2] for line in open('/proc/self/cgroup') if ':pids:' in line
+                  or ':memory:' in line]))
+print(json.dumps([os.readlink('/proc/self/fd/' + fd) for fd in os.listdir('/proc/self/fd')
+                  if os.path.exists('/proc/self/fd/' + fd)]))"""
+
+
+@pytest.mark.skipif(not CGROUP_V1, reason="per-call cgroups need root and the cgroup v1 pids and "
+                                          "memory controllers, writable")
+@pytest.mark.parametrize("fork_server", [1, 0])
+def test_a_call_is_in_its_own_cgroups_before_its_code_and_keeps_no_way_in(start_initialized,
+                                                                          fork_server):
+    # The child moves itself in (join_cgroups) through files the server opened for it: forked or
+    # spawned, a call or a session, its code finds itself there, and none of those files open.
+    s = start_initialized(FORK_SERVER=fork_server)
+    seen = []
+    for session in (None, "new"):
+        out = s.run(WHERE_AM_I, **({"session": session} if session else {}))[1]
+        cgroups, fds = [json.loads(line) for line in out["stdout"].splitlines()]
+        [name] = {path.rsplit("/", 1)[1] for path in cgroups}
+        assert len(cgroups) == 2 and name.startswith("kernel-" if session else "call-"), out
+        assert all(path.endswith("/mcp-exec-%d/%s" % (s.proc.pid, name)) for path in cgroups)
+        assert not [fd for fd in fds if "cgroup" in fd], fds
+        seen.append(name)
+    assert seen[0] != seen[1]
+
+
 def test_a_sessions_files_are_listed_and_read_by_that_session_alone(web):
     a, _ = web.initialize("2025-11-25")
     b, _ = web.initialize("2025-11-25")
