@@ -3507,42 +3507,75 @@ def serve_template(config, fresh_modules):
     gc.freeze()         # our objects are never collected: forked children do not copy them
     with contextlib.suppress(OSError):      # the server is gone: the loop below ends us
         sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
+    spare = None                    # (pid, socket): the next call's child, forked ahead
     while True:
-        events = poller.poll(1000 if _DYING else None)      # a stuck orphan: reaped later
-        if not events:
-            kill_orphans(lambda: set(roots.values()))
-        for fd, _ in events:
-            if fd in roots:                             # a call's child ended
-                poller.unregister(fd)
-                os.close(fd)
-                pid = roots.pop(fd)
-                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                kill_orphans(lambda: set(roots.values()))     # and reaped: no zombie is left
-                sock.send(json.dumps({"exit": pid, "code": code}).encode())
-                continue
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
-            if not data or _rlimits() != limits:
-                # The server is gone, or our limits were changed: we end, with all we started.
-                kill_orphans(set)
-                os._exit(0)
-            request = json.loads(data)
-            pid = os.fork()
-            if pid == 0:
-                for fd in [sock.detach()] + list(roots):    # the template's, not the code's
-                    os.close(fd)
-                adopt_fds(request, fds, template_env)
-                return request
-            for fd in fds:
-                os.close(fd)
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:         # it cannot be followed: it dies, and the template with it
-                kill_tree(pid)      # (the server then spawns the call)
-                os.waitpid(pid, 0)
-                raise
-            roots[pidfd] = pid
-            poller.register(pidfd, select.POLLIN)
-            sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+        events = poller.poll(SPARE_IDLE_MS if spare is None else 1000 if _DYING else None)
+        if _DYING and not events:
+            kill_orphans(lambda: set(roots.values()))     # a stuck orphan: reaped later
+        fd = events[0][0] if events else None             # one at a time
+        if spare is None and fd not in roots:       # idle a moment, or a call came: fork it
+            spare = fork_spare(sock, roots, poller, template_env)
+            if isinstance(spare, dict):
+                return spare                # in that child, its call came: the call's config
+        if fd is None:
+            continue
+        if fd in roots:                     # a call's child ended (or the spare died)
+            poller.unregister(fd)
+            os.close(fd)
+            pid = roots.pop(fd)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            kill_orphans(lambda: set(roots.values()))     # and reaped: no zombie is left
+            sock.send(json.dumps({"exit": pid, "code": code}).encode())
+            if spare and spare[0] == pid:   # the spare died before a call came
+                spare[1].close()
+                spare = None
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+        if not data or _rlimits() != limits:
+            # The server is gone, or our limits were changed: we end, with all we started.
+            kill_orphans(set)
+            os._exit(0)
+        (pid, to_spare), spare = spare, None
+        with contextlib.suppress(OSError):     # it died meanwhile: its exit (-9) ends the call
+            socket.send_fds(to_spare, [data], fds)
+        for fd in fds + [to_spare.detach()]:
+            os.close(fd)
+        sock.send(json.dumps({"id": json.loads(data)["id"], "pid": pid}).encode())
+
+
+# A template forks the next call's child once it has been idle this long: not while the last
+# call's child sets up and its answer goes out (on 2 cores, they would wait for the fork).
+SPARE_IDLE_MS = 3
+
+
+def fork_spare(sock, roots, poller, template_env):
+    """Fork the next call's child before its call comes -> (its pid, the socket its call will
+    come on); in that child, once it came: the call's config (adopt_fds). The fork, and what
+    Python does after one in the child (about 1 ms here), are then done between calls. The spare
+    is followed as a call's child is (roots): one that dies is reaped, and its exit reported
+    (no call's: the server ignores it)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        for fd in [sock.detach(), ours.detach()] + list(roots):    # the template's, not the code's
+            os.close(fd)
+        data, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 16)
+        if not data:
+            os._exit(0)                     # the template ended before a call came
+        theirs.close()
+        request = json.loads(data)
+        adopt_fds(request, fds, template_env)
+        return request
+    theirs.close()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:         # it cannot be followed: it dies, and the template with it
+        kill_tree(pid)      # (the server then spawns the calls)
+        os.waitpid(pid, 0)
+        raise
+    roots[pidfd] = pid
+    poller.register(pidfd, select.POLLIN)
+    return pid, ours
 
 
 def _template_site(config, fresh_modules):
