@@ -49,7 +49,9 @@ these appear in this order):
     run_code()               the "run" step: run_call_or_kernel() (section 10), then
     run_stateless()          a slot (CallSlots), an environment, then run_once():
     run_once()               a directory, the "inputs" hooks, start_child(), supervise(), finish()
-    start_child()            the "start_child" step: fork_child() from a template (section 6)
+    start_child()            the "start_child" step: fork_child(); the template (section 6)
+                             hands the call to a child it forked before it came (fork_spare),
+                             which moves itself into the call's cgroups (join_cgroups, 7.3)
     supervise()              code in, output and results out, the "watch" step; all killed at
                              the end
     finish()                 the Result; the "read_record" hooks (section 9) read the results pipe
@@ -3458,8 +3460,8 @@ def lives_elsewhere(handle, shown=None):
 # =============================================================================
 # Starting Python costs tens of milliseconds of CPU; forking a running one, about one. A template
 # is a clean, single-threaded interpreter of one environment that, like multiprocessing's
-# forkserver, forks a child per call; the request and its pipes come over a unix socket
-# (SCM_RIGHTS). The child runs child_main() like a spawned one: the code cannot tell them apart.
+# forkserver, forks a child per call (ahead of it, once idle); the request and its pipes come
+# over a unix socket (SCM_RIGHTS). The child runs child_main() like a spawned one: the code cannot tell them apart.
 # Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
 # Warm imports: a template also preloads the modules its environment's calls use (learned from
 # their code and what their interpreters loaded, and EXEC_PRELOAD), each call getting a fresh

@@ -2625,13 +2625,34 @@ def test_a_call_that_fit_in_its_memory_limit_still_fits_beside_preloaded_modules
 @pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
 def test_the_orphans_of_a_call_leave_no_zombie_in_its_template(server):
     """A call that leaves processes running: the template kills them, and reaps them before
-    it reports the call's end, so no zombie holds a pid (or counts against RLIMIT_NPROC)."""
+    it reports the call's end, so no zombie holds a pid (or counts against RLIMIT_NPROC). What
+    a template may have beside is its spare, the next call's child, a fork of its own."""
     code = "import subprocess\nfor _ in range(5):\n    subprocess.Popen(['sleep', '30'])\n"
     assert server.run(code)[1]["returncode"] == 0
     templates = proc_children(server.proc.pid)
     assert templates, "no fork-server template"
-    left = [(t, p, proc_state(p)) for t in templates for p in proc_children(t)]
+    argv = lambda pid: pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()  # noqa: E731
+    left = [(t, p, proc_state(p)) for t in templates for p in proc_children(t)
+            if argv(p) != argv(t)]
     assert left == [], left
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_call_runs_in_the_child_its_template_forked_before_the_call_came(start_initialized):
+    # fork_spare: an idle template forks the next call's child, which waits for its call; the
+    # call is handed to it, and the next one forked once the template is idle again.
+    s = start_initialized(TEMPLATE_MEMORY_MB=0)          # one template, no preloading one
+    s.run("pass")
+    [template] = proc_children(s.proc.pid)
+    argv = lambda pid: pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()  # noqa: E731
+    spares = lambda: [p for p in proc_children(template) if argv(p) == argv(template)]  # noqa
+    assert wait_until(lambda: len(spares()) == 1), proc_children(template)
+    [spare] = spares()
+    out = s.run("import os, random\nprint(os.getpid(), random.random())")[1]
+    assert int(out["stdout"].split()[0]) == spare, (out, spare)
+    assert wait_until(lambda: spares() and spares() != [spare])     # the next one
+    again = s.run("import os, random\nprint(os.getpid(), random.random())")[1]
+    assert again["stdout"].split()[1] != out["stdout"].split()[1]     # seeded after its fork
 
 
 # ===== 7. Containment: a call cannot reach another call, the server, or its secret =====
