@@ -3461,7 +3461,8 @@ def lives_elsewhere(handle, shown=None):
 # Starting Python costs tens of milliseconds of CPU; forking a running one, about one. A template
 # is a clean, single-threaded interpreter of one environment that, like multiprocessing's
 # forkserver, forks a child per call (ahead of it, once idle); the request and its pipes come
-# over a unix socket (SCM_RIGHTS). The child runs child_main() like a spawned one: the code cannot tell them apart.
+# over a unix socket (SCM_RIGHTS). The child runs child_main() like a spawned one: the code
+# cannot tell them apart.
 # Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
 # Warm imports: a template also preloads the modules its environment's calls use (learned from
 # their code and what their interpreters loaded, and EXEC_PRELOAD), each call getting a fresh
