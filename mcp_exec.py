@@ -3548,11 +3548,13 @@ def serve_template(config, fresh_modules):
 
 def warm_up():
     """In a spare, before its call: what every call's child does first, done on data of its own,
-    never a call's: parse a config (json) and compile a cell. The pages they write (the
-    allocator's, the parser's and compiler's objects) are copied from the template now, not on
-    the call's way: about 150 of the 400 page faults a print(2+2) child takes after its call
-    came (5 us each here)."""
+    never a call's: parse a config (json), read the names in sys.modules (reseed_preloaded) and
+    compile a cell. The pages they write (the allocator's, the parser's and compiler's objects,
+    the names' reference counts) are copied from the template now, not on the call's way:
+    about 200 of the 400 page faults a print(2+2) child took after its call came (each some
+    5 us here)."""
     json.loads(json.dumps({"mode": "run", "limits": {"RLIMIT_AS": 1}, "env": dict(os.environ)}))
+    set(sys.modules)
     compile(compile("import os\nx = [1, 'a']\nprint(x)\n", CODE_FILENAME, "exec",
                     ast.PyCF_ONLY_AST), CODE_FILENAME, "exec")
 
