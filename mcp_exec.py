@@ -3510,40 +3510,35 @@ def serve_template(config, fresh_modules):
     gc.freeze()         # our objects are never collected: forked children do not copy them
     with contextlib.suppress(OSError):      # the server is gone: the loop below ends us
         sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
-    spare = None                    # (pid, socket): the next call's child, forked ahead
+    spares = set()                  # the spares forked ahead that the server has not taken
     while True:
-        events = poller.poll(SPARE_IDLE_MS if spare is None else 1000 if _DYING else None)
+        events = poller.poll(SPARE_IDLE_MS if not spares else 1000 if _DYING else None)
         if _DYING and not events:
             kill_orphans(lambda: set(roots.values()))     # a stuck orphan: reaped later
-        fd = events[0][0] if events else None             # one at a time
-        if spare is None and fd not in roots:       # idle a moment, or a call came: fork it
+        fork = not (events or spares)               # idle a moment, and none is ready: fork
+        for fd, _ in events:
+            if fd in roots:                 # a call's child ended (or a spare died)
+                poller.unregister(fd)
+                os.close(fd)
+                pid = roots.pop(fd)
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                kill_orphans(lambda: set(roots.values()))     # and reaped: no zombie is left
+                sock.send(json.dumps({"exit": pid, "code": code}).encode())
+                spares.discard(pid)
+                continue
+            message = sock.recv(65536)
+            if not message or _rlimits() != limits:
+                # The server is gone, or our limits were changed: we end, with all we started.
+                kill_orphans(set)
+                os._exit(0)
+            message = json.loads(message)       # {"took": pid}, or {"want": true}: fork now
+            spares.discard(message.get("took"))
+            fork = fork or message.get("want", False)
+        if fork:
             spare = fork_spare(sock, roots, poller, template_env)
             if isinstance(spare, dict):
-                return spare                # in that child, its call came: the call's config
-        if fd is None:
-            continue
-        if fd in roots:                     # a call's child ended (or the spare died)
-            poller.unregister(fd)
-            os.close(fd)
-            pid = roots.pop(fd)
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            kill_orphans(lambda: set(roots.values()))     # and reaped: no zombie is left
-            sock.send(json.dumps({"exit": pid, "code": code}).encode())
-            if spare and spare[0] == pid:   # the spare died before a call came
-                spare[1].close()
-                spare = None
-            continue
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
-        if not data or _rlimits() != limits:
-            # The server is gone, or our limits were changed: we end, with all we started.
-            kill_orphans(set)
-            os._exit(0)
-        (pid, to_spare), spare = spare, None
-        with contextlib.suppress(OSError):     # it died meanwhile: its exit (-9) ends the call
-            socket.send_fds(to_spare, [data], fds)
-        for fd in fds + [to_spare.detach()]:
-            os.close(fd)
-        sock.send(json.dumps({"id": json.loads(data)["id"], "pid": pid}).encode())
+                return spare                # in the spare, its call came: the call's config
+            spares.add(spare)
 
 
 def warm_up():
@@ -3565,11 +3560,12 @@ SPARE_IDLE_MS = 3
 
 
 def fork_spare(sock, roots, poller, template_env):
-    """Fork the next call's child before its call comes -> (its pid, the socket its call will
-    come on); in that child, once it came: the call's config (adopt_fds). The fork, and what
-    Python does after one in the child (about 1 ms here), are then done between calls. The spare
-    is followed as a call's child is (roots): one that dies is reaped, and its exit reported
-    (no call's: the server ignores it)."""
+    """Fork the next call's child before its call comes, and give the server the socket its call
+    will come on (SCM_RIGHTS) -> its pid; in that child, once its call came: the call's config
+    (adopt_fds). The fork, and what Python does after one in the child (about 1 ms here), are
+    then done between calls, and a call goes from the server to its child with no hop through
+    the template. The spare is followed as a call's child is (roots): one that dies is reaped,
+    and its exit reported (no call's: the server drops it)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -3578,7 +3574,7 @@ def fork_spare(sock, roots, poller, template_env):
         warm_up()
         data, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 16)
         if not data:
-            os._exit(0)                     # the template ended before a call came
+            os._exit(0)                     # no call came: its template ended
         theirs.close()
         request = json.loads(data)
         adopt_fds(request, fds, template_env)
@@ -3592,7 +3588,9 @@ def fork_spare(sock, roots, poller, template_env):
         raise
     roots[pidfd] = pid
     poller.register(pidfd, select.POLLIN)
-    return pid, ours
+    with ours:
+        socket.send_fds(sock, [json.dumps({"spare": pid}).encode()], [ours.fileno()])
+    return pid
 
 
 def _template_site(config, fresh_modules):
@@ -3696,10 +3694,10 @@ class Template:
         self.python, self.generation, self.asked = python, generation, list(preload)
         self.remote = remote                    # its calls come over HTTP (their reads narrow)
         self.lock = threading.Lock()
-        self.forking, self.running = {}, {}     # request id -> ForkedChild, pid -> ForkedChild
+        self.spare_came = threading.Condition(self.lock)
+        self.spares, self.running = [], {}     # (pid, socket) forked ahead, pid -> ForkedChild
         self.alive = True
         self.retired = False
-        self.next_id = 0
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # site (.pth files, sitecustomize) and preloading run here only inside the template's
         # own sandbox, or where no package came with a call (Environments.untouched); else in
@@ -3738,49 +3736,59 @@ class Template:
         return dict(config, limits={name: v for name, v in limits.items() if v is not None})
 
     def fork(self, config, pipes, extra_fds):
-        """Fork a child for a call -> ForkedChild, or None if this template is gone."""
+        """Hand a call to a child the template forked ahead (fork_spare; asked for one if none
+        is ready) -> ForkedChild, or None if this template is gone or that child died."""
         child = ForkedChild(self, pipes)
         with self.lock:
-            if not self.alive:
-                return None
-            self.next_id += 1
-            request_id = self.next_id
-            self.forking[request_id] = child
-        try:            # one sendmsg, one whole record (SOCK_SEQPACKET): threads need no lock
-            socket.send_fds(self.sock, [json.dumps(dict(config, id=request_id)).encode()],
-                            pipes.child + list(extra_fds) + config.get("pass_fds", []))
-        except OSError:
-            child.forked.set()
-        if not child.forked.wait(30):
-            # It forked nothing in 30 s: it must not fork onto these pipes later, so it ends,
-            # and so do the calls it forked. Its reaping never waits (kill_orphans): this is a
-            # template that is broken, not one busy with a stuck call.
+            if self.alive and not self.spares:
+                with contextlib.suppress(OSError):  # one sendmsg, one record (SOCK_SEQPACKET)
+                    self.sock.send(b'{"want": true}')
+            forked = self.spare_came.wait_for(lambda: bool(self.spares) or not self.alive, 30)
+            if self.spares:
+                child.pid, to_spare = self.spares.pop(0)
+                self.running[child.pid] = child
+        if not forked:
+            # It forked nothing in 30 s: it ends, and so do the calls it forked. Its reaping
+            # never waits (kill_orphans): this is a template that is broken, not one busy with
+            # a stuck call.
             log("the template for %s did not fork a call in 30 s: it is stopped, and so are the "
                 "%d calls and kernels it runs" % (self.python, len(self.running)))
             self.close()
-        with self.lock:
-            self.forking.pop(request_id, None)
-            return child if child.pid is not None else None
+        if child.pid is None:
+            return None
+        with to_spare:
+            try:
+                socket.send_fds(to_spare, [json.dumps(config).encode()],
+                                pipes.child + list(extra_fds) + config.get("pass_fds", []))
+            except OSError:                 # it died before its call came: the call is spawned
+                self.done(child.pid)
+                return None
+        with contextlib.suppress(OSError):              # the template forks the next one
+            self.sock.send(json.dumps({"took": child.pid}).encode())
+        return child
 
     def _reader(self):
-        """Reader thread: each ForkedChild's pid once forked, its exit status once ended."""
+        """Reader thread: each spare the template forked (its pid, its socket), each
+        ForkedChild's exit status once it ended."""
         while True:
             try:
-                message = json.loads(self.sock.recv(65536) or b"null")
+                data, fds, _, _ = socket.recv_fds(self.sock, 65536, 1)
+                message = json.loads(data or b"null")
             except (OSError, ValueError):
                 message = None
             with self.lock:
                 if message is None:
                     self.alive = False
-                    for child in list(self.forking.values()) + list(self.running.values()):
-                        child.forked.set()
+                    for child in self.running.values():
                         child.ended.set()
+                    for _, to_spare in self.spares:
+                        to_spare.close()            # it sees EOF and ends
+                    self.spares = []
+                    self.spare_came.notify_all()
                     break
-                if "pid" in message and message["id"] in self.forking:
-                    child = self.forking[message["id"]]
-                    child.pid = message["pid"]
-                    self.running[child.pid] = child
-                    child.forked.set()
+                if "spare" in message and fds:
+                    self.spares.append((message["spare"], socket.socket(fileno=fds[0])))
+                    self.spare_came.notify()
                 elif "exit" in message and message["exit"] in self.running:
                     child = self.running[message["exit"]]
                     child.code = message["code"]
@@ -3816,13 +3824,13 @@ class Template:
 
 
 class ForkedChild(Child):
-    """Forked by a template, which tells us its pid (`forked`) and exit (`ended`, or it died)."""
+    """Forked by a template, which tells us its exit (`ended`, or it died)."""
 
     def __init__(self, template, pipes):
         self.template = template
         self.pipes = pipes
         self.code = -9                                                # -9 if its template dies
-        self.forked, self.ended = threading.Event(), threading.Event()
+        self.ended = threading.Event()
 
     def exit_code(self):
         return self.code if self.ended.is_set() else None
