@@ -200,7 +200,7 @@ SETTINGS = [
     Setting(EXECUTION, "EXEC_NETWORK", str, "on", "off = the sandbox denies every IP socket"),
     Setting(EXECUTION, "EXEC_CGROUPS", bool, True, "a cgroup per call where the server may make "
             "one (root, cgroup v1): the kernel keeps EXEC_MAX_PROCS and EXEC_MEMORY_MB; each "
-            "costs a call 0.5-4 ms (the kernel's RCU grace period); false = polled only"),
+            "costs a call about 0.3 ms (made, joined, removed); false = polled only"),
     Setting(EXECUTION, "EXEC_READ_PATHS", list, [],
             "over HTTP, more paths the code may read (sandbox)"),
     Setting(EXECUTION, "EXEC_WRITE_PATHS", list, [], "more paths the code may write (sandbox)"),
