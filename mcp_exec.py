@@ -3704,8 +3704,7 @@ class Template:
         # each child, sandboxed (child_argv).
         sandbox = template_sandbox(remote)
         config = {"mode": "template", "socket_fd": theirs.fileno(), "sandbox": SANDBOX.active,
-                  # Only HTTP calls get uids of their own: a stdio template drops capabilities.
-                  "own_uids": SANDBOX.own_uids and remote, "template_sandbox": sandbox,
+                  "own_uids": SANDBOX.own_uids, "template_sandbox": sandbox,
                   "run_site": bool(sandbox) or ENVIRONMENTS.untouched(python),
                   "preload": self.asked, "budget_mb": budget_mb}
         argv = child_argv(python, config)
@@ -3945,8 +3944,8 @@ class Templates:
             return []
         never = {name[1:] for name in EXEC_PRELOAD if name.startswith("-")} | NEVER_PRELOAD
         names = [name for name in EXEC_PRELOAD if not name.startswith("-")]
-        # A root template of HTTP calls (Sandbox.own_uids) keeps its capabilities: root
-        # templates import no module a call chose, only those named.
+        # A root template (Sandbox.own_uids) keeps its capabilities: it imports no module a call
+        # chose, only those named.
         names += [] if "*" in never or SANDBOX.own_uids else list(self.wanted[python])
         return [name for name in dict.fromkeys(names) if name.split(".")[0] not in never
                 and name not in self.never[python]]
