@@ -49,9 +49,9 @@ these appear in this order):
     run_code()               the "run" step: run_call_or_kernel() (section 10), then
     run_stateless()          a slot (CallSlots), an environment, then run_once():
     run_once()               a directory, the "inputs" hooks, start_child(), supervise(), finish()
-    start_child()            the "start_child" step: fork_child(); the template (section 6)
-                             hands the call to a child it forked before it came (fork_spare),
-                             which moves itself into the call's cgroups (join_cgroups, 7.3)
+    start_child()            the "start_child" step: fork_child() hands the call to a child
+                             its template (section 6) forked before it came (fork_spare), which
+                             moves itself into the call's cgroups (join_cgroups, 7.3)
     supervise()              code in, output and results out, the "watch" step; all killed at
                              the end
     finish()                 the Result; the "read_record" hooks (section 9) read the results pipe
@@ -3460,9 +3460,9 @@ def lives_elsewhere(handle, shown=None):
 # =============================================================================
 # Starting Python costs tens of milliseconds of CPU; forking a running one, about one. A template
 # is a clean, single-threaded interpreter of one environment that, like multiprocessing's
-# forkserver, forks a child per call (ahead of it, once idle); the request and its pipes come
-# over a unix socket (SCM_RIGHTS). The child runs child_main() like a spawned one: the code
-# cannot tell them apart.
+# forkserver, forks a child per call, ahead of it (a spare); the call's config and pipes go to
+# that child over a unix socket (SCM_RIGHTS). The child runs child_main() like a spawned one:
+# the code cannot tell them apart.
 # Calls are spawned with FORK_SERVER=0, off Linux, or while no template can start.
 # Warm imports: a template also preloads the modules its environment's calls use (learned from
 # their code and what their interpreters loaded, and EXEC_PRELOAD), each call getting a fresh
@@ -3565,7 +3565,7 @@ def fork_spare(sock, roots, poller, template_env):
     (adopt_fds). The fork, and what Python does after one in the child (about 1 ms here), are
     then done between calls, and a call goes from the server to its child with no hop through
     the template. The spare is followed as a call's child is (roots): one that dies is reaped,
-    and its exit reported (no call's: the server drops it)."""
+    and its exit reported (no call's: the server ignores it, and spawns a call it was given)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
