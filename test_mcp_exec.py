@@ -2655,6 +2655,22 @@ def test_a_call_runs_in_the_child_its_template_forked_before_the_call_came(start
     assert again["stdout"].split()[1] != out["stdout"].split()[1]     # seeded after its fork
 
 
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_call_given_to_a_spare_that_died_still_runs(start_initialized):
+    # A spare killed while it waited: the call the server hands it is spawned instead.
+    s = start_initialized(TEMPLATE_MEMORY_MB=0)
+    s.run("pass")
+    [template] = proc_children(s.proc.pid)
+    argv = lambda pid: pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()  # noqa: E731
+    spares = lambda: [p for p in proc_children(template) if argv(p) == argv(template)]  # noqa
+    assert wait_until(lambda: len(spares()) == 1), proc_children(template)
+    [spare] = spares()
+    os.kill(spare, signal.SIGKILL)
+    out = s.run("import os\nprint(os.getpid())")[1]
+    assert out["returncode"] == 0 and int(out["stdout"]) != spare, out
+    assert s.run("print('and the next')")[1]["stdout"] == "and the next\n"
+
+
 # ===== 7. Containment: a call cannot reach another call, the server, or its secret =====
 
 def landlock_abi():
