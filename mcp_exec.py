@@ -3534,8 +3534,8 @@ def serve_template(config, fresh_modules):
             message = json.loads(message)       # {"took": pid}, or {"want": true}: fork now
             spares.discard(message.get("took"))
             fork = fork or message.get("want", False)
-        if fork:
-            spare = fork_spare(sock, roots, poller, template_env)
+        if fork:                    # a call waits for one asked for: it goes without warm_up
+            spare = fork_spare(sock, roots, poller, template_env, warm=not events)
             if isinstance(spare, dict):
                 return spare                # in the spare, its call came: the call's config
             spares.add(spare)
@@ -3559,7 +3559,7 @@ def warm_up():
 SPARE_IDLE_MS = 3
 
 
-def fork_spare(sock, roots, poller, template_env):
+def fork_spare(sock, roots, poller, template_env, warm=True):
     """Fork the next call's child before its call comes, and give the server the socket its call
     will come on (SCM_RIGHTS) -> its pid; in that child, once its call came: the call's config
     (adopt_fds). The fork, and what Python does after one in the child (about 1 ms here), are
@@ -3571,7 +3571,8 @@ def fork_spare(sock, roots, poller, template_env):
     if pid == 0:
         for fd in [sock.detach(), ours.detach()] + list(roots):    # the template's, not the code's
             os.close(fd)
-        warm_up()
+        if warm:
+            warm_up()
         data, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 16)
         if not data:
             os._exit(0)                     # no call came: its template ended
