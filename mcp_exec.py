@@ -2333,8 +2333,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 @functools.lru_cache(maxsize=None)
 def _libc():
-    """The C library through ctypes (Linux), loaded once (a forked child finds its template's,
-    its functions looked up already); None elsewhere."""
+    """The C library through ctypes (Linux), loaded once; None elsewhere."""
     try:
         lib = ctypes.CDLL(None, use_errno=True) if LINUX and ctypes else None
         if lib is not None:
