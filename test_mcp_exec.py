@@ -2662,13 +2662,50 @@ def test_a_call_that_fit_in_its_memory_limit_still_fits_beside_preloaded_modules
 @pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
 def test_the_orphans_of_a_call_leave_no_zombie_in_its_template(server):
     """A call that leaves processes running: the template kills them, and reaps them before
-    it reports the call's end, so no zombie holds a pid (or counts against RLIMIT_NPROC)."""
+    it reports the call's end, so no zombie holds a pid (or counts against RLIMIT_NPROC). What
+    a template may have beside is its spare, the next call's child, a fork of its own."""
     code = "import subprocess\nfor _ in range(5):\n    subprocess.Popen(['sleep', '30'])\n"
     assert server.run(code)[1]["returncode"] == 0
     templates = proc_children(server.proc.pid)
     assert templates, "no fork-server template"
-    left = [(t, p, proc_state(p)) for t in templates for p in proc_children(t)]
+    argv = lambda pid: pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()  # noqa: E731
+    left = [(t, p, proc_state(p)) for t in templates for p in proc_children(t)
+            if argv(p) != argv(t)]
     assert left == [], left
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_call_runs_in_the_child_its_template_forked_before_the_call_came(start_initialized):
+    # fork_spare: an idle template forks the next call's child, which waits for its call; the
+    # call is handed to it, and the next one forked once the template is idle again.
+    s = start_initialized(TEMPLATE_MEMORY_MB=0)          # one template, no preloading one
+    s.run("pass")
+    [template] = proc_children(s.proc.pid)
+    argv = lambda pid: pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()  # noqa: E731
+    spares = lambda: [p for p in proc_children(template) if argv(p) == argv(template)]  # noqa
+    assert wait_until(lambda: len(spares()) == 1), proc_children(template)
+    [spare] = spares()
+    out = s.run("import os, random\nprint(os.getpid(), random.random())")[1]
+    assert int(out["stdout"].split()[0]) == spare, (out, spare)
+    assert wait_until(lambda: spares() and spares() != [spare])     # the next one
+    again = s.run("import os, random\nprint(os.getpid(), random.random())")[1]
+    assert again["stdout"].split()[1] != out["stdout"].split()[1]     # seeded after its fork
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_call_given_to_a_spare_that_died_still_runs(start_initialized):
+    # A spare killed while it waited: the call the server hands it is spawned instead.
+    s = start_initialized(TEMPLATE_MEMORY_MB=0)
+    s.run("pass")
+    [template] = proc_children(s.proc.pid)
+    argv = lambda pid: pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()  # noqa: E731
+    spares = lambda: [p for p in proc_children(template) if argv(p) == argv(template)]  # noqa
+    assert wait_until(lambda: len(spares()) == 1), proc_children(template)
+    [spare] = spares()
+    os.kill(spare, signal.SIGKILL)
+    out = s.run("import os\nprint(os.getpid())")[1]
+    assert out["returncode"] == 0 and int(out["stdout"]) != spare, out
+    assert s.run("print('and the next')")[1]["stdout"] == "and the next\n"
 
 
 # ===== 7. Containment: a call cannot reach another call, the server, or its secret =====
@@ -3677,6 +3714,33 @@ def test_the_kernel_keeps_the_task_limit_with_a_cgroup_per_call(start_initialize
     out = s.run(code, timeout=60, guard=60)[1]
     assert out["stdout"] == "19\n", out                # and the main thread makes 20
     assert "more than 20 processes and threads at once (EXEC_MAX_PROCS)" in out["stderr"], out
+
+
+WHERE_AM_I = """import json, os
+print(json.dumps([line.split(':')[2] for line in open('/proc/self/cgroup') if ':pids:' in line
+                  or ':memory:' in line]))
+print(json.dumps([os.readlink('/proc/self/fd/' + fd) for fd in os.listdir('/proc/self/fd')
+                  if os.path.exists('/proc/self/fd/' + fd)]))"""
+
+
+@pytest.mark.skipif(not CGROUP_V1, reason="per-call cgroups need root and the cgroup v1 pids and "
+                                          "memory controllers, writable")
+@pytest.mark.parametrize("fork_server", [1, 0])
+def test_a_call_is_in_its_own_cgroups_before_its_code_and_keeps_no_way_in(start_initialized,
+                                                                          fork_server):
+    # The child moves itself in (join_cgroups) through files the server opened for it: forked or
+    # spawned, a call or a session, its code finds itself there, and none of those files open.
+    s = start_initialized(FORK_SERVER=fork_server)
+    seen = []
+    for session in (None, "new"):
+        out = s.run(WHERE_AM_I, **({"session": session} if session else {}))[1]
+        cgroups, fds = [json.loads(line) for line in out["stdout"].splitlines()]
+        [name] = {path.rsplit("/", 1)[1] for path in cgroups}
+        assert len(cgroups) == 2 and name.startswith("kernel-" if session else "call-"), out
+        assert all(path.endswith("/mcp-exec-%d/%s" % (s.proc.pid, name)) for path in cgroups)
+        assert not [fd for fd in fds if "cgroup" in fd], fds
+        seen.append(name)
+    assert seen[0] != seen[1]
 
 
 def test_a_sessions_files_are_listed_and_read_by_that_session_alone(web):
