@@ -1073,7 +1073,7 @@ def needs_worker(payload):
 #   call(request, call)          how tools/call runs   inputs(work, call) -> problem or None
 #   run(call, session, cancel, on_output) -> Result    outputs(result, work, call, session)
 #   start_child(env, config, pipes, extra_fds)         child_config(config, environ, dir, local)
-#   watch(pid, directory) -> a watch, or None          child_setup(config), in the child
+#   watch(pid, directory, on_over) -> a watch or None  child_setup(config), in the child
 #   installer(argv, env, python) -> argv: how pip/uv start
 #   environments(root) -> the ENVIRONMENTS part        child_killed(): a spawned child's
 #   run_dir(state_dir) -> the RUN_DIR part               tree was killed
@@ -3597,7 +3597,7 @@ register_step("start_child", spawn_child)
 # section 7 confines it
 register_step("installer", lambda argv, env, python: argv)
 # section 7 watches each call's totals
-register_step("watch", lambda pid, directory: None)
+register_step("watch", lambda pid, directory, on_over=None: None)
 register_tool_feature(check=check_packages)
 register_lifecycle(shutdown=executor_shutdown)
 
@@ -5774,6 +5774,11 @@ def warm_landlock():
         os.close(ruleset)
 
 
+def watch_totals(pid, directory, on_over=None):
+    """The "watch" step: MONITOR watches a call's (or kernel's) totals."""
+    return MONITOR.watch(pid, directory, on_over)
+
+
 def code_network_off():
     """Does every call's sandbox deny IP sockets (EXEC_NETWORK=off, enforced)?
     Not where section 7 is left out of compose()."""
@@ -5901,7 +5906,7 @@ def install_containment():
     register_child_mode("exec", exec_after_setup)
     register_lifecycle(setup=lambda: CGROUPS.start(), shutdown=lambda: CGROUPS.shutdown())
     register_hook("health", lambda: {"sandbox": SANDBOX.name()})
-    register_step("watch", lambda pid, directory: MONITOR.watch(pid, directory))
+    register_step("watch", watch_totals)
     register_step("run_dir", RecordedRunDir)
     register_hook("template_config", template_containment)
     register_hook("template_setup", contain_template)
@@ -6770,7 +6775,9 @@ class Kernel(Child):
         self.ended = False
         # Its totals hold for its whole life, between calls too (a thread it
         # left running).
-        self.watch = MONITOR.watch(child.pid, directory.root, functools.partial(KERNELS.end, self))
+        # (section 7 watches them: the "watch" step)
+        self.watch = STEPS["watch"](child.pid, directory.root,
+                                    functools.partial(KERNELS.end, self))
 
     def enter(self, cancel, turn):
         """Wait for the turn (`turn`: the place line_up took on arrival, or
@@ -6932,7 +6939,8 @@ class Kernels:
                 self.reasons[kernel.handle] = reason
                 while len(self.reasons) > 100:
                     self.reasons.pop(next(iter(self.reasons)))
-        MONITOR.unwatch(kernel.watch)
+        if kernel.watch:
+            kernel.watch.close()
         with contextlib.suppress(OSError):
             # the interpreter sees EOF and exits ...
             kernel.control.close()

@@ -1042,11 +1042,16 @@ def test_the_server_runs_a_call_without_any_one_section(tmp_path, install):
     frames = [json.dumps(init_message(LATEST)),
               json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
               json.dumps(call_message("print(6 * 7)", 2))]
+    if install != "install_kernels":             # a session too, where there are kernels
+        frames.append(json.dumps(call_message("x = 6 * 7; print(x)", 3, session="new")))
     proc = subprocess.run([sys.executable, str(server)], input="\n".join(frames) + "\n",
                           capture_output=True, text=True, timeout=HANG,
                           env=make_env(tmp_path), cwd=tmp_path)
     by_id = {r.get("id"): r for r in map(json.loads, proc.stdout.splitlines())}
     assert tool_output(by_id[2]["result"])["stdout"] == "42\n", (proc.stdout, proc.stderr)
+    if install != "install_kernels":
+        session_call = tool_output(by_id[3]["result"])
+        assert session_call["stdout"] == "42\n" and session_call["session"], proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
