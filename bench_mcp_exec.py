@@ -421,7 +421,9 @@ n, code = int(sys.argv[3]), sys.argv[4].encode()
 notes, errors, configs = [], {}, {}
 root = tempfile.mkdtemp(prefix="call-", dir=os.getcwd())     # in a folder the bench removes
 try:
-    m.SANDBOX = m.PARTS["SANDBOX"]()                 # the one part a child's config asks
+    m.SANDBOX = m.PARTS["SANDBOX"]()                 # the parts a child's config asks
+    if "CGROUPS" in m.PARTS:
+        m.CGROUPS = m.PARTS["CGROUPS"]()             # not started: no cgroups are made
     env = types.SimpleNamespace(python=sys.executable, generation=0)
     directory = types.SimpleNamespace(root=root, work=root, tmp=root)
     config = m.child_config("run", env, directory, True)     # as over stdio (a local session)
@@ -430,7 +432,10 @@ try:
         configs["sandboxed"] = config
     else:
         notes.append("no sandbox here (EXEC_SANDBOX=off, or neither Landlock nor seccomp)")
-    m._prepare_template(bool(config.get("sandbox")))
+    if hasattr(m, "contain_template"):               # what a template does before its first fork
+        m.contain_template({"sandbox": bool(config.get("sandbox"))})
+    else:
+        m._prepare_template(bool(config.get("sandbox")))
 except Exception as exc:
     notes.append("only fork + exit: a child's config could not be made (%s: %s)" % (type(exc).__name__, exc))
     configs = {}
