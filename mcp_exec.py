@@ -4234,9 +4234,19 @@ class Template:
                     child = self.running[message["exit"]]
                     child.code = message["code"]
                     child.ended.set()
+                elif "exit" in message:
+                    self.spare_died(message["exit"])
         if not self.retired:
             log("the template for %s ended; calls are spawned until a new one "
                 "starts" % self.python)
+
+    def spare_died(self, pid):
+        """(Under the lock.) A spare ended before a call came: no call goes to
+        it. One that dies as its call is handed over takes that call with it,
+        as any call whose process is killed (-9)."""
+        for spare in [spare for spare in self.spares if spare[0] == pid]:
+            self.spares.remove(spare)
+            spare[1].close()
 
     def template_ended(self):
         """(Under the lock.) Its calls end with it; its spares see EOF and end."""

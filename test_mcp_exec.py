@@ -2708,6 +2708,8 @@ def test_a_call_given_to_a_spare_that_died_still_runs(start_initialized):
     assert wait_until(lambda: len(spares()) == 1), proc_children(template)
     [spare] = spares()
     os.kill(spare, signal.SIGKILL)
+    # dead and reaped (a spare killed while its call is handed over takes the call with it)
+    assert wait_until(lambda: not os.path.exists("/proc/%d" % spare))
     out = s.run("import os\nprint(os.getpid())")[1]
     assert out["returncode"] == 0 and int(out["stdout"]) != spare, out
     assert s.run("print('and the next')")[1]["stdout"] == "and the next\n"
