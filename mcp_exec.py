@@ -102,7 +102,6 @@ import contextlib
 import errno
 import functools
 import gc
-import itertools
 import json
 import linecache
 import os
@@ -112,8 +111,6 @@ import select
 import shutil
 import signal
 import socket
-import stat
-import struct
 import subprocess
 import sys
 import threading
@@ -2611,12 +2608,13 @@ def start_child(env, directory, mode="run", local=True, extra_fds=()):
     config["pass_fds"], the "child_config" hooks' (section 7: the call's
     cgroups), which are closed here once the child has them."""
     config = child_config(mode, env, directory, local)
-    pipes = Pipes()
     try:
-        child = STEPS["start_child"](env, config, pipes, extra_fds)
-    except BaseException:
-        pipes.close_all()
-        raise
+        pipes = Pipes()
+        try:
+            child = STEPS["start_child"](env, config, pipes, extra_fds)
+        except BaseException:
+            pipes.close_all()
+            raise
     finally:
         for fd in config.get("pass_fds", ()):
             os.close(fd)
@@ -3688,8 +3686,11 @@ SECTIONS_FOLLOW = True
 
 import importlib
 import io
+import itertools
 import mimetypes
 import posixpath
+import stat
+import struct
 from urllib.parse import quote, unquote
 
 # Handles (jobs, kernels, files) name their instance, so that another dyno can
@@ -3874,12 +3875,9 @@ def adopt_fds(config, fds, template_env):
     config.update(results_fd=fds[3], extra_fds=fds[4:passed], pass_fds=fds[passed:])
 
 
-def follow_child(pid, fds, roots, poller):
-    """In the template, after forking a child (a spare): close the fds passed
-    for it, and follow it by a pidfd that `poller` watches (roots: pidfd ->
-    pid)."""
-    for fd in fds:
-        os.close(fd)
+def follow_child(pid, roots, poller):
+    """In the template, after forking a child (a spare): follow it by a pidfd
+    that `poller` watches (roots: pidfd -> pid)."""
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
@@ -3903,6 +3901,8 @@ def serve_template(config, fresh_modules):
     for setup in HOOKS["template_setup"]:
         setup(config)
     _template_site(config, fresh_modules)
+    # as set before any module is preloaded: a change ends the template
+    limits = _rlimits()
     template_env = dict(os.environ)
     # kept by the forgetting below
     preloaded = preload_modules(config, fresh_modules, sock)
@@ -3913,20 +3913,20 @@ def serve_template(config, fresh_modules):
     # the server is gone: the loop ends us
     with contextlib.suppress(OSError):
         sock.send(json.dumps(dict(preloaded, ready=os.getpid())).encode())
-    return template_loop(sock, template_env)
+    return template_loop(sock, template_env, limits)
 
 
-def template_loop(sock, template_env):
+def template_loop(sock, template_env, limits):
     """Fork the next call's child once idle SPARE_IDLE_MS with none ready, or
     when the server asks ({"want": true}; {"took": pid} says one was taken);
     report each child's end. A pidfd (Linux 5.3+) says when a child ends; it
     is reaped and its orphans (ours: we are a subreaper) killed, and only then
-    is the exit reported. -> in a spare, once its call came: its config."""
+    is the exit reported. The template ends if its `limits` (_rlimits()) were
+    changed. -> in a spare, once its call came: its config."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     # pidfd -> a child's pid: a call's, or a spare
     roots = {}
-    limits = _rlimits()
     # the spares forked ahead that the server has not taken
     spares = set()
     while True:
@@ -4024,7 +4024,7 @@ def fork_spare(sock, roots, poller, template_env, warm=True):
         adopt_fds(request, fds, template_env)
         return request
     theirs.close()
-    follow_child(pid, (), roots, poller)
+    follow_child(pid, roots, poller)
     with ours:
         socket.send_fds(sock, [json.dumps({"spare": pid}).encode()], [ours.fileno()])
     return pid
@@ -4183,12 +4183,16 @@ class Template:
         for one if none is ready) -> ForkedChild, or None if this template is
         gone or that child died."""
         child = ForkedChild(self, pipes)
+        deadline = time.monotonic() + 30
         with self.lock:
-            if self.alive and not self.spares:
+            # Ask for one while none is ready; again if the one that came went
+            # to another call.
+            while self.alive and not self.spares and time.monotonic() < deadline:
                 # one sendmsg, one record (SOCK_SEQPACKET)
                 with contextlib.suppress(OSError):
                     self.sock.send(b'{"want": true}')
-            forked = self.spare_came.wait_for(lambda: bool(self.spares) or not self.alive, 30)
+                self.spare_came.wait(deadline - time.monotonic())
+            forked = bool(self.spares) or not self.alive
             if self.spares:
                 child.pid, to_spare = self.spares.pop(0)
                 self.running[child.pid] = child
@@ -4218,11 +4222,14 @@ class Template:
         """Reader thread: each spare the template forked (its pid, its socket),
         each ForkedChild's exit status once it ended."""
         while True:
+            fds = []
             try:
                 data, fds, _, _ = socket.recv_fds(self.sock, 65536, 1)
                 message = json.loads(data or b"null")
             except (OSError, ValueError):
                 message = None
+                for fd in fds:
+                    os.close(fd)
             with self.lock:
                 if message is None:
                     self.template_ended()
@@ -4587,7 +4594,6 @@ def install_fork_server():
     """What section 6 adds: the fork server: templates, and the step
     that forks each call from one."""
     register_lifecycle(setup=become_subreaper, shutdown=reap_orphans)
-    register_lifecycle(setup=give_back_memory)
     register_hook("child_setup", lambda config: become_subreaper())
     register_hook("child_killed", reap_orphans)
     # no containment: templates are not sandboxed, and keep no privilege
@@ -5417,21 +5423,27 @@ class CallCgroups:
 
     def make(self, name):
         """Make the call's cgroups, with their limits (none where there are
-        none) -> their `tasks` files, open for writing: the child's way in
-        (join_cgroups)."""
+        none) -> (their `tasks` files, open for writing: the child's way in
+        (join_cgroups); None, or why one could not be made: the call is then
+        stopped before its code)."""
         limits = {"pids": ("pids.max", EXEC_MAX_PROCS),
                   "memory": ("memory.limit_in_bytes", EXEC_MEMORY_MB << 20)}
-        tasks = []
+        tasks, problem = [], None
         for controller, base in self.bases.items():
             knob, value = limits[controller]
             if value <= 0:
                 continue
             path = os.path.join(base, name)
-            with contextlib.suppress(OSError):
+            try:
                 os.mkdir(path)
                 _write_text(os.path.join(path, knob), str(value))
                 tasks.append(os.open(os.path.join(path, "tasks"), os.O_WRONLY | os.O_CLOEXEC))
-        return tasks
+            except OSError as exc:
+                problem = "%s: %s" % (path, exc.strerror)
+        if problem:
+            log("a call's cgroup could not be made (%s); the call is stopped "
+                "(EXEC_CGROUPS=false turns the cgroups off)" % problem)
+        return tasks, problem
 
     def events(self, name):
         """(OOM kills, forks refused at pids.max) in the cgroups `name` so
@@ -5481,7 +5493,7 @@ class CallCgroups:
         self.close("")
 
 
-def join_cgroups(fds):
+def join_cgroups(fds, problem=None):
     """In the child, first of its containment: move itself into the call's
     cgroups, writing 0 to each one's `tasks` file (CallCgroups.make opened
     them; a fork copies one thread, so that is the whole process). A thread
@@ -5489,15 +5501,19 @@ def join_cgroups(fds):
     RCU grace period (cgroup_procs_write_start(): "If we migrate a single
     thread ... we can skip the global lock"): 2-17 ms a call when the server
     moved the child, none now. The files are closed after: the code cannot move
-    anything in (nor out)."""
+    anything in (nor out). `problem`: a cgroup the server could not make; the
+    call stops here, as where a write fails."""
     for fd in fds:
-        try:
-            os.write(fd, b"0")
-        except OSError as exc:
-            os.write(2, ("Stopped: the call could not be put in its cgroup (%s); it did not "
-                         "run.\n" % exc.strerror).encode())
-            os._exit(1)
+        if problem is None:
+            try:
+                os.write(fd, b"0")
+            except OSError as exc:
+                problem = exc.strerror
         os.close(fd)
+    if problem:
+        os.write(2, ("Stopped: the call could not be put in its cgroup (%s); it did not "
+                     "run.\n" % problem).encode())
+        os._exit(1)
 
 
 def _cgroup_v1_dirs():
@@ -5843,7 +5859,8 @@ def contain_child(config, environ, directory, local):
     if EXEC_DISK_MB:
         limits["RLIMIT_FSIZE"] = min(limits.get("RLIMIT_FSIZE", 1 << 62), EXEC_DISK_MB << 20)
     # the child joins them first thing (join_cgroups)
-    config["pass_fds"] = CGROUPS.make(os.path.basename(directory.root))
+    config["pass_fds"], config["cgroup_problem"] = CGROUPS.make(
+        os.path.basename(directory.root))
     config["sandbox"] = sandbox_config(directory.root, local)
     environ.update(containment_env(directory, local))
 
@@ -5890,7 +5907,7 @@ def exec_after_setup(config, fresh_modules):
 def sandbox_child(config):
     """The "child_setup" hook, in the child: join the call's cgroups, then
     apply the sandbox its config carries."""
-    join_cgroups(config.get("pass_fds", ()))
+    join_cgroups(config.get("pass_fds", ()), config.get("cgroup_problem"))
     if config.get("sandbox"):
         apply_sandbox(config["sandbox"])
 
@@ -6949,13 +6966,14 @@ class Kernels:
                 self.reasons[kernel.handle] = reason
                 while len(self.reasons) > 100:
                     self.reasons.pop(next(iter(self.reasons)))
-        if kernel.watch:
-            kernel.watch.close()
         with contextlib.suppress(OSError):
             # the interpreter sees EOF and exits ...
             kernel.control.close()
         # ... and whatever it left is killed
         kernel.child.kill()
+        # (its cgroup goes with it)
+        if kernel.watch:
+            kernel.watch.close()
         kernel.directory.remove()
         kernel.env.__exit__()
 
@@ -9372,6 +9390,8 @@ def compose():
     install_jobs()                 # 12. jobs and MCP Tasks
     install_shared()               # 14. REDIS_URL: many instances as one
     install_command_line()         # 15. --help, --version, demo, client
+    # last of the setup: what compiling and setting up left free goes back
+    register_lifecycle(setup=give_back_memory)
     build_parts()
 
 

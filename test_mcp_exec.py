@@ -3750,6 +3750,18 @@ def test_a_call_is_in_its_own_cgroups_before_its_code_and_keeps_no_way_in(start_
     assert seen[0] != seen[1]
 
 
+@pytest.mark.skipif(not CGROUP_V1, reason="per-call cgroups need root and the cgroup v1 pids and "
+                                          "memory controllers, writable")
+def test_a_call_whose_cgroup_cannot_be_made_is_stopped_before_its_code(start_initialized):
+    # pids.max takes at most 4194304 (PID_MAX_LIMIT): the kernel refuses this one, so the call's
+    # cgroup cannot get its limit, and the call must not run without it.
+    s = start_initialized(EXEC_MAX_PROCS="99999999")
+    out = s.run("print('ran')")[1]
+    assert out["returncode"] == 1 and "could not be put in its cgroup" in out["stderr"], out
+    assert out["stdout"] == ""                  # the code never ran
+    assert s.run("print('ran')", session="new")[1]["stdout"] == ""     # nor in a kernel
+
+
 def test_a_sessions_files_are_listed_and_read_by_that_session_alone(web):
     a, _ = web.initialize("2025-11-25")
     b, _ = web.initialize("2025-11-25")
