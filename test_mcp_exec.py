@@ -2679,16 +2679,23 @@ def test_the_orphans_of_a_call_leave_no_zombie_in_its_template(server):
     assert left == [], left
 
 
-@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
-def test_a_call_runs_in_the_child_its_template_forked_before_the_call_came(start_initialized):
-    # fork_spare: an idle template forks the next call's child, which waits for its call; the
-    # call is handed to it, and the next one forked once the template is idle again.
-    s = start_initialized(TEMPLATE_MEMORY_MB=0)          # one template, no preloading one
+def spares_of_the_template(s):
+    """A server's one template (it ran a call) -> a function listing the spares it forked: its
+    children that are still the template's own copy (same command line)."""
     s.run("pass")
     [template] = proc_children(s.proc.pid)
     argv = lambda pid: pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()  # noqa: E731
     spares = lambda: [p for p in proc_children(template) if argv(p) == argv(template)]  # noqa
     assert wait_until(lambda: len(spares()) == 1), proc_children(template)
+    return spares
+
+
+@pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
+def test_a_call_runs_in_the_child_its_template_forked_before_the_call_came(start_initialized):
+    # fork_spare: an idle template forks the next call's child, which waits for its call; the
+    # call is handed to it, and the next one forked once the template is idle again.
+    s = start_initialized(TEMPLATE_MEMORY_MB=0)          # one template, no preloading one
+    spares = spares_of_the_template(s)
     [spare] = spares()
     out = s.run("import os, random\nprint(os.getpid(), random.random())")[1]
     assert int(out["stdout"].split()[0]) == spare, (out, spare)
@@ -2699,14 +2706,9 @@ def test_a_call_runs_in_the_child_its_template_forked_before_the_call_came(start
 
 @pytest.mark.skipif(not (LINUX and HAS_PROC), reason="the fork server and /proc are Linux's")
 def test_a_call_given_to_a_spare_that_died_still_runs(start_initialized):
-    # A spare killed while it waited: the call the server hands it is spawned instead.
+    # A spare killed while it waited is dropped: the call goes to the next one, or is spawned.
     s = start_initialized(TEMPLATE_MEMORY_MB=0)
-    s.run("pass")
-    [template] = proc_children(s.proc.pid)
-    argv = lambda pid: pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()  # noqa: E731
-    spares = lambda: [p for p in proc_children(template) if argv(p) == argv(template)]  # noqa
-    assert wait_until(lambda: len(spares()) == 1), proc_children(template)
-    [spare] = spares()
+    [spare] = spares_of_the_template(s)()
     os.kill(spare, signal.SIGKILL)
     # dead and reaped (a spare killed while its call is handed over takes the call with it)
     assert wait_until(lambda: not os.path.exists("/proc/%d" % spare))
