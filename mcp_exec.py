@@ -3969,8 +3969,18 @@ def report_exit(fd, roots, poller, sock):
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     # and reaped: no zombie is left
     kill_orphans(lambda: set(roots.values()))
-    sock.send(json.dumps({"exit": pid, "code": code}).encode())
+    tell_server(sock, {"exit": pid, "code": code})
     return pid
+
+
+def tell_server(sock, message, fds=()):
+    """Send the server one message (and fds) from the template; where the
+    server is gone (it stopped meanwhile), end, with all we started."""
+    try:
+        socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+    except OSError:
+        kill_orphans(set)
+        os._exit(0)
 
 
 def warm_up():
@@ -4026,7 +4036,7 @@ def fork_spare(sock, roots, poller, template_env, warm=True):
     theirs.close()
     follow_child(pid, roots, poller)
     with ours:
-        socket.send_fds(sock, [json.dumps({"spare": pid}).encode()], [ours.fileno()])
+        tell_server(sock, {"spare": pid}, [ours.fileno()])
     return pid
 
 
