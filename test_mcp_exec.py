@@ -7507,13 +7507,18 @@ def record_has_result(redis_server, handle):
     return wait_until(lambda: b"result" in job_record(redis_server, handle), seconds=HANG)
 
 
+def file_store_shares(router):
+    """The set of every instance's share of OUTPUT_STORE_MB, as its /health says."""
+    return {json.loads(i.request("GET", "/health")[2])["files_capacity"]
+            for i in router.instances}
+
+
 @needs_redis
 def test_returned_files_share_one_output_store_mb_across_the_service(service):
     # OUTPUT_STORE_MB=3 over three instances: each keeps 1 MB (the heartbeat sets the share).
     router, _, _ = service
-    shares = lambda: {json.loads(i.request("GET", "/health")[2])["files_capacity"]
-                      for i in router.instances}
-    assert wait_until(lambda: shares() == {1 << 20}, seconds=HANG), shares()
+    assert wait_until(lambda: file_store_shares(router) == {1 << 20}, seconds=HANG), \
+        file_store_shares(router)
     sid = routed_initialize(router)
     for _ in range(3):
         out = tool_output(routed_call(router, sid, "open('big.bin', 'wb').write(b'x' * 1500000)"))
@@ -7634,16 +7639,15 @@ def test_a_replayed_inbox_message_is_dropped(service):
 @needs_redis
 def test_forged_heartbeats_do_not_shrink_the_file_store(service):
     router, redis_server, _ = service
-    shares = lambda: {json.loads(i.request("GET", "/health")[2])["files_capacity"]
-                      for i in router.instances}
-    assert wait_until(lambda: shares() == {1 << 20}, seconds=HANG), shares()
+    assert wait_until(lambda: file_store_shares(router) == {1 << 20}, seconds=HANG), \
+        file_store_shares(router)
     client = redis_server.client()
     for n in range(5):
         client.set("mcp-exec:hb:fake.%d" % n, "1", px=60000)
     try:
         forged_seen = lambda: all("hb:fake.4" in log_text(i) for i in router.instances)
         assert wait_until(forged_seen, seconds=HANG)        # a heartbeat round read them
-        assert shares() == {1 << 20}, shares()
+        assert file_store_shares(router) == {1 << 20}, file_store_shares(router)
     finally:
         client.delete(*["mcp-exec:hb:fake.%d" % n for n in range(5)])
 
